@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Install what heatshield's demo and tests need, if it is missing:
+#   - redis-server and redis-cli (Debian/Ubuntu packages redis-server, redis-tools)
+#   - the python3 `redis` package (used by test helpers / scripts)
+# Idempotent, and fast (no apt/pip calls) when everything is already present.
+set -euo pipefail
+
+log() { printf '[ensure-deps] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# Run a command as root: directly if we are root, else through sudo.
+as_root() {
+    if [[ "$(id -u)" -eq 0 ]]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        die "not root and sudo is not available; cannot run: $*"
+    fi
+}
+
+APT_UPDATED=0
+apt_install() {
+    command -v apt-get >/dev/null 2>&1 ||
+        die "apt-get not found; please install manually: $*"
+    if [[ "$APT_UPDATED" -eq 0 ]]; then
+        log "apt-get update"
+        as_root apt-get update -qq
+        APT_UPDATED=1
+    fi
+    log "apt-get install $*"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
+}
+
+# --- redis-server / redis-cli -------------------------------------------------
+pkgs=()
+command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || pkgs+=(redis-tools)
+if [[ ${#pkgs[@]} -gt 0 ]]; then
+    apt_install "${pkgs[@]}"
+    # The Debian package starts a system redis-server on 6379; leave it alone,
+    # heatshield's tests and demo use their own ports.
+fi
+command -v redis-server >/dev/null 2>&1 || die "redis-server still missing"
+command -v redis-cli >/dev/null 2>&1 || die "redis-cli still missing"
+
+# --- python3 + the redis package ----------------------------------------------
+command -v python3 >/dev/null 2>&1 || apt_install python3
+if ! python3 -c 'import redis' >/dev/null 2>&1; then
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        apt_install python3-pip
+    fi
+    log "pip install redis"
+    pip_install=(python3 -m pip install --quiet --disable-pip-version-check)
+    if [[ "$(id -u)" -ne 0 ]]; then
+        pip_install+=(--user)
+    fi
+    if ! "${pip_install[@]}" redis; then
+        # PEP 668 "externally managed environment" (Debian 12+, Ubuntu 23.04+).
+        log "pip refused; retrying with --break-system-packages"
+        "${pip_install[@]}" --break-system-packages redis
+    fi
+    python3 -c 'import redis' >/dev/null 2>&1 || die "python3 redis package still missing"
+fi
+
+# --- Rust toolchain (not installed here, only checked) ------------------------
+if ! command -v cargo >/dev/null 2>&1; then
+    log "warning: cargo not found on PATH; install a Rust toolchain (rustup) to build heatshield"
+fi
+
+exit 0

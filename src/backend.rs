@@ -1,0 +1,382 @@
+//! Backend connections: a few pipelined connections per Redis node, shared by all clients.
+//!
+//! A [`Backend`] is a handle to one connection task. Sessions hand it [`BackendRequest`]s
+//! (the RESP bytes plus where the reply must go); the task writes everything queued in one
+//! syscall, remembers the order in a FIFO, and sends each reply (the exact bytes Redis sent,
+//! split off the read buffer without copying or decoding) back to the session that asked.
+//!
+//! When the connection breaks, requests already written fail with
+//! [`BackendError::Lost`] (they may have run), queued ones are sent on the next connection,
+//! and while the node cannot be reached new requests fail at once with
+//! [`BackendError::NotSent`] (safe to retry elsewhere). It reconnects with backoff. A reply
+//! that does not come within the command timeout breaks the connection the same way.
+//! This module knows nothing about slots or commands.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::protocol::reply::{ReplyScanner, error_text};
+use crate::protocol::request::Request;
+
+/// Where a reply goes: the session's channel, with the request's place in it.
+pub type ReplyTx = mpsc::UnboundedSender<BackendReply>;
+
+/// A request for one backend connection.
+pub struct BackendRequest {
+    pub data: Bytes,
+    /// Send `ASKING` first (and swallow its `+OK`).
+    pub asking: bool,
+    /// Opaque to the backend: identifies the request to its session.
+    pub tag: Tag,
+    pub reply_to: ReplyTx,
+}
+
+/// Identifies a reply to the session: which queued command, and which part of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tag {
+    pub seq: u64,
+    pub part: u32,
+}
+
+/// A reply (or failure) for a [`Tag`].
+#[derive(Debug)]
+pub struct BackendReply {
+    pub tag: Tag,
+    pub result: Result<Bytes, BackendError>,
+}
+
+/// Why a backend request has no reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// Never written to the node: safe to retry.
+    #[error("could not connect to {0}")]
+    NotSent(Arc<str>),
+    /// Written, but the connection failed before the reply: it may or may not have run.
+    #[error("connection to {0} lost before the reply")]
+    Lost(Arc<str>),
+    /// No reply within the command timeout.
+    #[error("timeout waiting for {0}")]
+    Timeout(Arc<str>),
+}
+
+/// Protocol and credentials used on backend connections.
+#[derive(Debug, Clone)]
+pub struct BackendOptions {
+    pub connect_timeout: Duration,
+    pub command_timeout: Duration,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// Negotiate RESP3 (`HELLO 3`) on connect.
+    pub resp3: bool,
+}
+
+/// Connection state, for admin views.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ConnState {
+    Connecting = 0,
+    Up = 1,
+    Down = 2,
+}
+
+/// Shared counters of one connection.
+#[derive(Debug, Default)]
+pub struct ConnStats {
+    state: AtomicU8,
+    /// Requests written whose reply has not come yet.
+    pub inflight: AtomicUsize,
+}
+
+impl ConnStats {
+    pub fn state(&self) -> ConnState {
+        match self.state.load(Ordering::Relaxed) {
+            1 => ConnState::Up,
+            2 => ConnState::Down,
+            _ => ConnState::Connecting,
+        }
+    }
+    fn set(&self, s: ConnState) {
+        self.state.store(s as u8, Ordering::Relaxed);
+    }
+}
+
+/// A handle to one backend connection task. Dropping every handle ends the task.
+#[derive(Clone)]
+pub struct Backend {
+    tx: mpsc::UnboundedSender<BackendRequest>,
+    pub stats: Arc<ConnStats>,
+}
+
+impl Backend {
+    /// Starts a connection task to `addr`. Must be called inside a tokio runtime.
+    pub fn spawn(addr: Arc<str>, opts: BackendOptions) -> Backend {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stats = Arc::new(ConnStats::default());
+        tokio::spawn(run(addr, opts, rx, stats.clone()));
+        Backend { tx, stats }
+    }
+
+    /// Queues a request. If the task is gone the request is answered `NotSent` at once.
+    #[inline]
+    pub fn send(&self, req: BackendRequest) {
+        if let Err(mpsc::error::SendError(req)) = self.tx.send(req) {
+            let _ = req.reply_to.send(BackendReply {
+                tag: req.tag,
+                result: Err(BackendError::NotSent(Arc::from("closed backend"))),
+            });
+        }
+    }
+}
+
+/// What the FIFO remembers about a written request.
+struct Inflight {
+    tag: Tag,
+    reply_to: ReplyTx,
+    /// An ASKING reply precedes this request's reply.
+    asking: bool,
+    sent: Instant,
+}
+
+const ASKING: &[u8] = b"*1\r\n$6\r\nASKING\r\n";
+const BATCH_BYTES: usize = 256 * 1024;
+
+async fn run(
+    addr: Arc<str>,
+    opts: BackendOptions,
+    mut rx: mpsc::UnboundedReceiver<BackendRequest>,
+    stats: Arc<ConnStats>,
+) {
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        stats.set(ConnState::Connecting);
+        match connect(&addr, &opts).await {
+            Ok(stream) => {
+                info!(node = %addr, "backend connected");
+                stats.set(ConnState::Up);
+                backoff = Duration::from_millis(20);
+                let closed = serve(stream, &addr, &opts, &mut rx, &stats).await;
+                stats.set(ConnState::Down);
+                if closed {
+                    return;
+                }
+            }
+            Err(e) => {
+                stats.set(ConnState::Down);
+                warn!(node = %addr, error = %e, "backend connect failed");
+                // Fail what is queued now and whatever arrives while we wait.
+                let deadline = tokio::time::sleep(backoff);
+                tokio::pin!(deadline);
+                loop {
+                    tokio::select! {
+                        _ = &mut deadline => break,
+                        r = rx.recv() => match r {
+                            Some(req) => fail(req, BackendError::NotSent(addr.clone())),
+                            None => return,
+                        }
+                    }
+                }
+                backoff = (backoff * 2).min(Duration::from_millis(1000));
+            }
+        }
+    }
+}
+
+fn fail(req: BackendRequest, e: BackendError) {
+    let _ = req.reply_to.send(BackendReply {
+        tag: req.tag,
+        result: Err(e),
+    });
+}
+
+/// Opens a connection and runs the handshake (AUTH, HELLO 3).
+pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<TcpStream> {
+    let fut = async {
+        let mut s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        let mut hs: Vec<Request> = Vec::new();
+        if opts.resp3 {
+            let mut args: Vec<&[u8]> = vec![b"HELLO", b"3"];
+            if let Some(p) = &opts.password {
+                args.extend([
+                    b"AUTH".as_slice(),
+                    opts.username.as_deref().unwrap_or("default").as_bytes(),
+                    p.as_bytes(),
+                ]);
+            }
+            hs.push(Request::from_args(&args));
+        } else if let Some(p) = &opts.password {
+            match &opts.username {
+                Some(u) => hs.push(Request::from_args(&[b"AUTH".as_slice(), u.as_bytes(), p.as_bytes()])),
+                None => hs.push(Request::from_args(&[b"AUTH".as_slice(), p.as_bytes()])),
+            }
+        }
+        for req in hs {
+            let reply = roundtrip(&mut s, req.raw()).await?;
+            if let Some(e) = error_text(&reply) {
+                return Err(std::io::Error::other(format!(
+                    "handshake refused: {}",
+                    String::from_utf8_lossy(e)
+                )));
+            }
+        }
+        Ok(s)
+    };
+    match tokio::time::timeout(opts.connect_timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timeout")),
+    }
+}
+
+/// Sends one request on a fresh connection and reads one whole reply (handshakes, topology).
+pub async fn roundtrip(s: &mut TcpStream, req: &[u8]) -> std::io::Result<Bytes> {
+    s.write_all(req).await?;
+    let mut buf = BytesMut::with_capacity(4096);
+    let mut sc = ReplyScanner::new();
+    loop {
+        if s.read_buf(&mut buf).await? == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed"));
+        }
+        if let Some(n) = sc.scan(&buf).map_err(std::io::Error::other)? {
+            return Ok(buf.split_to(n).freeze());
+        }
+    }
+}
+
+/// Serves one live connection until it fails (false) or every handle is dropped (true).
+async fn serve(
+    mut stream: TcpStream,
+    addr: &Arc<str>,
+    opts: &BackendOptions,
+    rx: &mut mpsc::UnboundedReceiver<BackendRequest>,
+    stats: &ConnStats,
+) -> bool {
+    let (mut rd, mut wr) = stream.split();
+    // The writer and reader futures run in this one task, never at the same instant, so
+    // the FIFO's lock is never contended (it is there because the task must be Send).
+    let fifo: parking_lot::Mutex<VecDeque<Inflight>> = parking_lot::Mutex::new(VecDeque::with_capacity(256));
+    let mut closed = false;
+
+    let writer = async {
+        let mut wbuf = BytesMut::with_capacity(64 * 1024);
+        loop {
+            let Some(first) = rx.recv().await else {
+                closed = true;
+                return Ok::<(), std::io::Error>(());
+            };
+            let now = Instant::now();
+            let mut next = Some(first);
+            while let Some(req) = next.take() {
+                if req.asking {
+                    wbuf.extend_from_slice(ASKING);
+                }
+                let big = req.data.len() > 64 * 1024;
+                if !big {
+                    wbuf.extend_from_slice(&req.data);
+                }
+                fifo.lock().push_back(Inflight {
+                    tag: req.tag,
+                    reply_to: req.reply_to,
+                    asking: req.asking,
+                    sent: now,
+                });
+                stats.inflight.fetch_add(1, Ordering::Relaxed);
+                if big {
+                    // large values go straight from the client's buffer to the socket
+                    wr.write_all(&wbuf).await?;
+                    wbuf.clear();
+                    wr.write_all(&req.data).await?;
+                }
+                if wbuf.len() < BATCH_BYTES {
+                    next = rx.try_recv().ok();
+                }
+            }
+            if !wbuf.is_empty() {
+                wr.write_all(&wbuf).await?;
+                wbuf.clear();
+                if wbuf.capacity() > 4 * BATCH_BYTES {
+                    wbuf = BytesMut::with_capacity(64 * 1024);
+                }
+            }
+        }
+    };
+
+    let reader = async {
+        let mut rbuf = BytesMut::with_capacity(64 * 1024);
+        let mut scanner = ReplyScanner::new();
+        loop {
+            if rbuf.capacity() - rbuf.len() < 16 * 1024 {
+                rbuf.reserve(64 * 1024);
+            }
+            if rd.read_buf(&mut rbuf).await? == 0 {
+                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed by peer"));
+            }
+            while let Some(n) = scanner.scan(&rbuf).map_err(std::io::Error::other)? {
+                let frame = rbuf.split_to(n).freeze();
+                if frame[0] == b'>' {
+                    continue; // a RESP3 push we did not ask for
+                }
+                let mut q = fifo.lock();
+                let Some(front) = q.front_mut() else {
+                    return Err(std::io::Error::other("reply with no request"));
+                };
+                if front.asking {
+                    front.asking = false; // this was ASKING's +OK
+                    continue;
+                }
+                let inf = q.pop_front().expect("front exists");
+                drop(q);
+                stats.inflight.fetch_sub(1, Ordering::Relaxed);
+                let _ = inf.reply_to.send(BackendReply {
+                    tag: inf.tag,
+                    result: Ok(frame),
+                });
+            }
+        }
+    };
+
+    let timeout = opts.command_timeout;
+    let watchdog = async {
+        let tick = (timeout / 4).max(Duration::from_millis(10));
+        loop {
+            tokio::time::sleep(tick).await;
+            if let Some(f) = fifo.lock().front()
+                && f.sent.elapsed() > timeout
+            {
+                return;
+            }
+        }
+    };
+
+    let mut timed_out = false;
+    let result = tokio::select! {
+        r = writer => r,
+        r = reader => r,
+        _ = watchdog => { timed_out = true; Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "command timeout")) }
+    };
+    if let Err(e) = &result {
+        warn!(node = %addr, error = %e, pending = fifo.lock().len(), "backend connection failed");
+    } else {
+        debug!(node = %addr, "backend connection closing");
+    }
+    for inf in fifo.lock().drain(..) {
+        stats.inflight.fetch_sub(1, Ordering::Relaxed);
+        let e = if timed_out {
+            BackendError::Timeout(addr.clone())
+        } else {
+            BackendError::Lost(addr.clone())
+        };
+        let _ = inf.reply_to.send(BackendReply {
+            tag: inf.tag,
+            result: Err(e),
+        });
+    }
+    closed
+}

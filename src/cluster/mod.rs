@@ -1,0 +1,426 @@
+//! Cluster topology and routing: which master owns each slot, the backend connection pools
+//! per node, and keeping that picture current.
+//!
+//! The slot table is an immutable [`Topology`] snapshot swapped atomically (readers never
+//! lock). It is learned from `CLUSTER SLOTS` on any reachable node (known masters first,
+//! then the seeds), refreshed periodically, after connection errors, and after a `MOVED`
+//! (which also patches the one slot immediately, so the retry goes to the right node).
+//! In standalone mode the topology is one node owning every slot and never changes.
+
+pub mod slot;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use redis_protocol::resp2::decode::decode;
+use redis_protocol::resp2::types::OwnedFrame;
+use tokio::sync::Notify;
+use tracing::{debug, info, warn};
+
+use crate::backend::{self, Backend, BackendOptions};
+use crate::protocol::{Proto, Request};
+pub use slot::{SLOTS, slot};
+
+/// Marks a slot no master serves.
+pub const UNASSIGNED: u16 = u16::MAX;
+
+/// The backend connections to one node: `n` RESP2 connections, and `n` RESP3 ones made
+/// when the first RESP3 client needs them.
+pub struct NodePool {
+    pub addr: Arc<str>,
+    opts: BackendOptions,
+    resp2: Vec<Backend>,
+    resp3: OnceLock<Vec<Backend>>,
+}
+
+impl NodePool {
+    fn new(addr: &str, opts: &BackendOptions, n: usize) -> NodePool {
+        let addr: Arc<str> = Arc::from(addr);
+        let o2 = BackendOptions {
+            resp3: false,
+            ..opts.clone()
+        };
+        let resp2 = (0..n).map(|_| Backend::spawn(addr.clone(), o2.clone())).collect();
+        NodePool {
+            addr,
+            opts: opts.clone(),
+            resp2,
+            resp3: OnceLock::new(),
+        }
+    }
+
+    /// The connection a client uses: fixed per client (`affinity`), so one client's
+    /// commands to one node stay in order.
+    #[inline]
+    pub fn conn(&self, proto: Proto, affinity: u64) -> &Backend {
+        let conns = match proto {
+            Proto::Resp2 => &self.resp2,
+            Proto::Resp3 => self.resp3.get_or_init(|| {
+                let o3 = BackendOptions {
+                    resp3: true,
+                    ..self.opts.clone()
+                };
+                (0..self.resp2.len())
+                    .map(|_| Backend::spawn(self.addr.clone(), o3.clone()))
+                    .collect()
+            }),
+        };
+        &conns[(affinity % conns.len() as u64) as usize]
+    }
+
+    /// All connections made so far (for admin views).
+    pub fn connections(&self) -> impl Iterator<Item = (Proto, &Backend)> {
+        self.resp2
+            .iter()
+            .map(|b| (Proto::Resp2, b))
+            .chain(self.resp3.get().into_iter().flatten().map(|b| (Proto::Resp3, b)))
+    }
+}
+
+/// One consistent view of the cluster.
+pub struct Topology {
+    /// Increases with every change.
+    pub epoch: u64,
+    /// Slot -> index into `masters`, or [`UNASSIGNED`].
+    slots: Vec<u16>,
+    /// Masters, sorted by address (the order SCAN cursors refer to).
+    pub masters: Vec<Arc<NodePool>>,
+    /// Replica addresses of each master, same order.
+    pub replicas: Vec<Vec<String>>,
+}
+
+impl Topology {
+    /// The master serving `slot`.
+    #[inline]
+    pub fn master_for_slot(&self, slot: u16) -> Option<&Arc<NodePool>> {
+        match self.slots[slot as usize] {
+            UNASSIGNED => None,
+            i => Some(&self.masters[i as usize]),
+        }
+    }
+
+    /// Slot ranges served by master `i`.
+    pub fn ranges_of(&self, i: usize) -> Vec<(u16, u16)> {
+        let mut out: Vec<(u16, u16)> = Vec::new();
+        for (s, &m) in self.slots.iter().enumerate() {
+            if m as usize == i {
+                match out.last_mut() {
+                    Some(r) if r.1 as usize + 1 == s => r.1 = s as u16,
+                    _ => out.push((s as u16, s as u16)),
+                }
+            }
+        }
+        out
+    }
+
+    fn empty() -> Topology {
+        Topology {
+            epoch: 0,
+            slots: vec![UNASSIGNED; SLOTS],
+            masters: vec![],
+            replicas: vec![],
+        }
+    }
+}
+
+/// Backend mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    Cluster { seeds: Vec<String> },
+    Standalone { addr: String },
+}
+
+/// The cluster as the proxy sees it.
+pub struct Cluster {
+    pub mode: Mode,
+    topo: ArcSwap<Topology>,
+    pools: Mutex<HashMap<String, Arc<NodePool>>>,
+    opts: BackendOptions,
+    conns_per_node: usize,
+    epoch: AtomicU64,
+    wake: Notify,
+    /// Refreshes done, successful or not (for INFO/metrics).
+    pub refreshes: AtomicU64,
+}
+
+impl Cluster {
+    /// Creates the cluster view; in standalone mode the topology is complete at once.
+    /// Must be called inside a tokio runtime (connections are started).
+    pub fn new(mode: Mode, opts: BackendOptions, conns_per_node: usize) -> Arc<Cluster> {
+        let c = Arc::new(Cluster {
+            mode: mode.clone(),
+            topo: ArcSwap::from_pointee(Topology::empty()),
+            pools: Mutex::new(HashMap::new()),
+            opts,
+            conns_per_node: conns_per_node.max(1),
+            epoch: AtomicU64::new(0),
+            wake: Notify::new(),
+            refreshes: AtomicU64::new(0),
+        });
+        if let Mode::Standalone { addr } = &mode {
+            let pool = c.pool(addr);
+            c.install(vec![0; SLOTS], vec![pool], vec![vec![]]);
+        }
+        c
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.mode, Mode::Cluster { .. })
+    }
+
+    /// The current snapshot.
+    #[inline]
+    pub fn topology(&self) -> arc_swap::Guard<Arc<Topology>> {
+        self.topo.load()
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    /// The pool for `addr`, created on first use.
+    pub fn pool(&self, addr: &str) -> Arc<NodePool> {
+        let mut pools = self.pools.lock();
+        if let Some(p) = pools.get(addr) {
+            return p.clone();
+        }
+        let p = Arc::new(NodePool::new(addr, &self.opts, self.conns_per_node));
+        pools.insert(addr.to_string(), p.clone());
+        p
+    }
+
+    fn install(&self, slots: Vec<u16>, masters: Vec<Arc<NodePool>>, replicas: Vec<Vec<String>>) {
+        let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
+        self.topo.store(Arc::new(Topology {
+            epoch,
+            slots,
+            masters,
+            replicas,
+        }));
+    }
+
+    /// Applies a `MOVED slot addr` at once and asks for a full refresh.
+    pub fn moved(&self, slot: u16, addr: &str) {
+        let cur = self.topology();
+        if cur.master_for_slot(slot).is_some_and(|p| &*p.addr == addr) {
+            return;
+        }
+        let mut masters = cur.masters.clone();
+        let mut replicas = cur.replicas.clone();
+        let idx = match masters.iter().position(|p| &*p.addr == addr) {
+            Some(i) => i,
+            None => {
+                masters.push(self.pool(addr));
+                replicas.push(vec![]);
+                masters.len() - 1
+            }
+        };
+        let mut slots = cur.slots.clone();
+        slots[slot as usize] = idx as u16;
+        drop(cur);
+        self.install(slots, masters, replicas);
+        self.request_refresh();
+    }
+
+    /// Wakes the refresher (it coalesces bursts of requests).
+    pub fn request_refresh(&self) {
+        if self.is_cluster() {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Fetches the slot map from the first node that answers and installs it.
+    pub async fn refresh(&self) -> Result<(), String> {
+        let Mode::Cluster { seeds } = &self.mode else {
+            return Ok(());
+        };
+        self.refreshes.fetch_add(1, Ordering::Relaxed);
+        let mut candidates: Vec<String> = self.topology().masters.iter().map(|p| p.addr.to_string()).collect();
+        for r in self.topology().replicas.iter().flatten() {
+            candidates.push(r.clone());
+        }
+        candidates.extend(seeds.iter().cloned());
+        candidates.dedup();
+        let mut last_err = String::from("no seed nodes");
+        for addr in candidates {
+            match self.fetch_slots(&addr).await {
+                Ok(map) => {
+                    self.apply(map);
+                    return Ok(());
+                }
+                Err(e) => {
+                    debug!(node = %addr, error = %e, "topology fetch failed");
+                    last_err = format!("{addr}: {e}");
+                }
+            }
+        }
+        Err(last_err)
+    }
+
+    async fn fetch_slots(&self, addr: &str) -> Result<SlotMap, String> {
+        let opts = BackendOptions {
+            resp3: false,
+            ..self.opts.clone()
+        };
+        let mut s = backend::connect(addr, &opts).await.map_err(|e| e.to_string())?;
+        let req = Request::from_args(&["CLUSTER", "SLOTS"]);
+        let reply = tokio::time::timeout(opts.command_timeout, backend::roundtrip(&mut s, req.raw()))
+            .await
+            .map_err(|_| "timeout".to_string())?
+            .map_err(|e| e.to_string())?;
+        let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or("127.0.0.1");
+        parse_cluster_slots(&reply, host)
+    }
+
+    fn apply(&self, map: SlotMap) {
+        let mut addrs: Vec<String> = map.iter().map(|r| r.master.clone()).collect();
+        addrs.sort();
+        addrs.dedup();
+        let mut slots = vec![UNASSIGNED; SLOTS];
+        let mut replicas = vec![vec![]; addrs.len()];
+        for r in &map {
+            let i = addrs.binary_search(&r.master).expect("collected above");
+            for s in r.start..=r.end {
+                slots[s as usize] = i as u16;
+            }
+            for rep in &r.replicas {
+                if !replicas[i].contains(rep) {
+                    replicas[i].push(rep.clone());
+                }
+            }
+        }
+        let cur = self.topology();
+        let same = cur.slots == slots
+            && cur.masters.len() == addrs.len()
+            && cur.masters.iter().zip(&addrs).all(|(p, a)| &*p.addr == a)
+            && cur.replicas == replicas;
+        drop(cur);
+        if same {
+            return;
+        }
+        let masters: Vec<Arc<NodePool>> = addrs.iter().map(|a| self.pool(a)).collect();
+        info!(masters = ?addrs, "topology updated");
+        self.install(slots, masters, replicas);
+        // Forget pools of nodes that are no longer masters: their tasks finish what is in
+        // flight and exit once no snapshot or session holds them.
+        self.pools.lock().retain(|a, _| addrs.iter().any(|m| m == a));
+    }
+
+    /// Runs refreshes: every `interval`, and soon after any [`request_refresh`].
+    pub fn spawn_refresher(self: &Arc<Self>, interval: Duration) {
+        if !self.is_cluster() {
+            return;
+        }
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(c) = me.upgrade() else { return };
+                let woke = tokio::select! {
+                    _ = c.wake.notified() => true,
+                    _ = tokio::time::sleep(interval) => false,
+                };
+                if let Err(e) = c.refresh().await {
+                    warn!(error = %e, "topology refresh failed");
+                }
+                drop(c);
+                if woke {
+                    // coalesce bursts (many MOVED replies during one migration)
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        });
+    }
+}
+
+/// One row of CLUSTER SLOTS.
+struct SlotRange {
+    start: u16,
+    end: u16,
+    master: String,
+    replicas: Vec<String>,
+}
+type SlotMap = Vec<SlotRange>;
+
+fn node_addr(f: &OwnedFrame, default_host: &str) -> Option<String> {
+    let OwnedFrame::Array(parts) = f else { return None };
+    let host = match parts.first()? {
+        OwnedFrame::BulkString(h) | OwnedFrame::SimpleString(h) => String::from_utf8_lossy(h).into_owned(),
+        _ => return None,
+    };
+    let port = match parts.get(1)? {
+        OwnedFrame::Integer(p) => *p,
+        _ => return None,
+    };
+    let host = if host.is_empty() || host == "?" {
+        default_host.to_string()
+    } else {
+        host
+    };
+    Some(if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    })
+}
+
+/// Parses a `CLUSTER SLOTS` reply (decoded with redis-protocol).
+fn parse_cluster_slots(reply: &[u8], default_host: &str) -> Result<SlotMap, String> {
+    let (frame, _) = decode(reply)
+        .map_err(|e| e.to_string())?
+        .ok_or("incomplete CLUSTER SLOTS reply")?;
+    let rows = match frame {
+        OwnedFrame::Array(rows) => rows,
+        OwnedFrame::Error(e) => return Err(e),
+        _ => return Err("unexpected CLUSTER SLOTS reply".into()),
+    };
+    let mut out = Vec::new();
+    for row in rows {
+        let OwnedFrame::Array(f) = row else {
+            return Err("bad CLUSTER SLOTS row".into());
+        };
+        let (Some(OwnedFrame::Integer(start)), Some(OwnedFrame::Integer(end))) = (f.first(), f.get(1)) else {
+            return Err("bad CLUSTER SLOTS range".into());
+        };
+        if !(0..SLOTS as i64).contains(start) || !(0..SLOTS as i64).contains(end) || start > end {
+            return Err("slot out of range".into());
+        }
+        let master = f
+            .get(2)
+            .and_then(|n| node_addr(n, default_host))
+            .ok_or("bad master entry")?;
+        let replicas = f[3..].iter().filter_map(|n| node_addr(n, default_host)).collect();
+        out.push(SlotRange {
+            start: *start as u16,
+            end: *end as u16,
+            master,
+            replicas,
+        });
+    }
+    if out.is_empty() {
+        return Err("no slots assigned".into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cluster_slots() {
+        let reply = b"*2\r\n*4\r\n:0\r\n:5460\r\n*3\r\n$9\r\n127.0.0.1\r\n:7000\r\n$2\r\nid\r\n*3\r\n$0\r\n\r\n:7003\r\n$2\r\nid\r\n*3\r\n:5461\r\n:16383\r\n*3\r\n$9\r\n127.0.0.1\r\n:7001\r\n$2\r\nid\r\n";
+        let m = parse_cluster_slots(reply, "127.0.0.1").unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            (m[0].start, m[0].end, m[0].master.as_str()),
+            (0, 5460, "127.0.0.1:7000")
+        );
+        assert_eq!(m[0].replicas, vec!["127.0.0.1:7003".to_string()]);
+        assert_eq!(m[1].master, "127.0.0.1:7001");
+        assert!(parse_cluster_slots(b"-ERR This instance has cluster support disabled\r\n", "h").is_err());
+    }
+}

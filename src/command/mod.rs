@@ -1,0 +1,534 @@
+//! The command table: one place that says, for every command a client may send, its
+//! arity, where its keys are, whether it reads or writes, and how the proxy routes it.
+//!
+//! Redis's own `COMMAND INFO` (generated.rs) supplies names, arities, flags and legacy key
+//! positions; [`route_of`] and [`keys_of`] overlay what the proxy does with each command.
+//! Every other part of heatshield asks this table instead of matching on names.
+
+mod generated;
+pub(crate) mod spec;
+
+use std::collections::HashMap;
+
+use smallvec::SmallVec;
+use spec::{RawSpec, flags};
+
+use crate::protocol::Request;
+
+/// Where a command's keys are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySpec {
+    /// No keys.
+    None,
+    /// Keys at first, first+step, ... up to last (negative: counted from the end).
+    Range { first: u32, last: i32, step: u32 },
+    /// `numkeys` at position `at`, then that many keys; `dest` is a key before it.
+    NumKeys { dest: Option<u32>, at: u32 },
+    /// XREAD / XREADGROUP: the first half of the arguments after `STREAMS`.
+    Streams,
+    /// SORT / SORT_RO: the key at 1, plus the `STORE` destination.
+    Sort,
+    /// GEORADIUS[BYMEMBER]: the key at 1, plus `STORE`/`STOREDIST` destinations.
+    GeoStore,
+}
+
+/// How a split multi-key command is sent and merged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// MGET: values merged back in request order.
+    Mget,
+    /// MSET: key/value pairs; one OK when every part succeeded.
+    Mset,
+    /// DEL, UNLINK, EXISTS, TOUCH: integer replies summed.
+    Sum,
+}
+
+/// Commands sent to every master, and how their replies merge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FanOut {
+    /// KEYS: arrays concatenated.
+    Keys,
+    /// SCAN: one node at a time, the node encoded in the cursor.
+    Scan,
+    /// RANDOMKEY: any non-nil reply.
+    RandomKey,
+    /// DBSIZE: integers summed.
+    Dbsize,
+    /// FLUSHALL/FLUSHDB: every master, allowed only when configured.
+    Flush,
+    /// SCRIPT LOAD / SCRIPT FLUSH / FUNCTION LOAD|DELETE|FLUSH: every master must succeed;
+    /// the first reply is returned.
+    AllSame,
+    /// SCRIPT EXISTS: element-wise AND of the 0/1 arrays.
+    ScriptExists,
+}
+
+/// Commands the proxy answers itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Local {
+    Ping,
+    Echo,
+    Quit,
+    Select,
+    Hello,
+    Auth,
+    Time,
+    Info,
+    Reset,
+    /// READONLY / READWRITE: accepted and ignored (reads go to masters).
+    Ok,
+    ClientSetName,
+    ClientGetName,
+    ClientId,
+    ClientSetInfo,
+    ClientInfo,
+}
+
+/// What the proxy does with a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Sent to the master owning its keys' slot (all keys must share it); keyless: any master.
+    Forward,
+    /// Split by slot and merged when its keys span slots; forwarded whole otherwise.
+    Split(Split),
+    FanOut(FanOut),
+    Local(Local),
+    /// Any one master (COMMAND and its subcommands: they describe Redis itself).
+    AnyMaster,
+    /// Refused with `-ERR heatshield does not support '<name>'` (and the reason, if any).
+    Unsupported(&'static str),
+}
+
+/// One resolved command (or subcommand).
+#[derive(Debug)]
+pub struct Command {
+    /// Uppercase name, `PARENT|SUB` for subcommands.
+    pub name: String,
+    /// Lowercase full name, as Redis writes it in error messages.
+    pub lower: String,
+    pub arity: i32,
+    pub flags: u32,
+    pub keys: KeySpec,
+    pub route: Route,
+    /// Subcommands, by uppercase name.
+    subs: HashMap<Vec<u8>, Command>,
+}
+
+impl Command {
+    /// A command that changes data (scripts count as writes: they may).
+    pub fn is_write(&self) -> bool {
+        self.flags & flags::WRITE != 0 || matches!(self.name.as_str(), "EVAL" | "EVALSHA" | "FCALL")
+    }
+
+    pub fn is_readonly(&self) -> bool {
+        self.flags & flags::READONLY != 0 && !self.is_write()
+    }
+
+    pub fn has_subcommands(&self) -> bool {
+        !self.subs.is_empty()
+    }
+
+    fn arity_ok(&self, argc: usize) -> bool {
+        let a = self.arity;
+        (a >= 0 && argc == a as usize) || (a < 0 && argc >= (-a) as usize)
+    }
+}
+
+/// Why a request could not be matched to a command; rendered with Redis's texts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LookupError {
+    Unknown(String),
+    UnknownSub(String),
+    Arity(String),
+}
+
+impl LookupError {
+    pub fn message(&self) -> &str {
+        match self {
+            LookupError::Unknown(s) | LookupError::UnknownSub(s) | LookupError::Arity(s) => s,
+        }
+    }
+}
+
+/// All commands, built once at start-up.
+#[derive(Debug)]
+pub struct CommandTable {
+    by_name: HashMap<Vec<u8>, Command>,
+}
+
+impl Default for CommandTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CommandTable {
+    pub fn new() -> Self {
+        let mut by_name = HashMap::new();
+        for raw in generated::REDIS_COMMANDS {
+            by_name.insert(raw.name.as_bytes().to_vec(), build(raw, None));
+        }
+        CommandTable { by_name }
+    }
+
+    /// Number of top-level commands.
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    /// Finds the command for a request, checking arity and resolving subcommands.
+    pub fn lookup(&self, req: &Request) -> Result<&Command, LookupError> {
+        let name = req.arg(0);
+        let cmd = self
+            .get(name)
+            .ok_or_else(|| LookupError::Unknown(unknown_command_text(req)))?;
+        if cmd.has_subcommands() && req.argc() >= 2 {
+            let sub = req.arg(1);
+            let mut up = [0u8; 32];
+            let sub_cmd = if sub.len() <= up.len() {
+                up[..sub.len()].copy_from_slice(sub);
+                up[..sub.len()].make_ascii_uppercase();
+                cmd.subs.get(&up[..sub.len()])
+            } else {
+                None
+            };
+            let Some(sub_cmd) = sub_cmd else {
+                return Err(LookupError::UnknownSub(format!(
+                    "ERR unknown subcommand '{}'. Try {} HELP.",
+                    truncate_lossy(sub, 128),
+                    cmd.name
+                )));
+            };
+            if !sub_cmd.arity_ok(req.argc()) {
+                return Err(LookupError::Arity(arity_text(&sub_cmd.lower)));
+            }
+            return Ok(sub_cmd);
+        }
+        if !cmd.arity_ok(req.argc()) {
+            return Err(LookupError::Arity(arity_text(&cmd.lower)));
+        }
+        Ok(cmd)
+    }
+
+    /// Looks a top-level command up by name, case-insensitively, without allocating.
+    #[inline]
+    pub fn get(&self, name: &[u8]) -> Option<&Command> {
+        let mut up = [0u8; 32];
+        if name.len() > up.len() {
+            return None;
+        }
+        let up = &mut up[..name.len()];
+        up.copy_from_slice(name);
+        up.make_ascii_uppercase();
+        self.by_name.get(&up[..])
+    }
+}
+
+fn arity_text(lower: &str) -> String {
+    format!("ERR wrong number of arguments for '{lower}' command")
+}
+
+fn truncate_lossy(b: &[u8], max: usize) -> String {
+    String::from_utf8_lossy(&b[..b.len().min(max)]).into_owned()
+}
+
+/// Redis's text for an unknown command.
+fn unknown_command_text(req: &Request) -> String {
+    let mut args = String::new();
+    for i in 1..req.argc() {
+        if args.len() >= 128 {
+            break;
+        }
+        let room = 128 - args.len();
+        args.push('\'');
+        args.push_str(&truncate_lossy(req.arg(i), room));
+        args.push_str("' ");
+    }
+    format!(
+        "ERR unknown command '{}', with args beginning with: {}",
+        truncate_lossy(req.arg(0), 128),
+        args
+    )
+}
+
+fn build(raw: &'static RawSpec, parent: Option<&'static RawSpec>) -> Command {
+    let name = match parent {
+        Some(p) => format!("{}|{}", p.name, raw.name),
+        None => raw.name.to_string(),
+    };
+    let subs = raw
+        .subs
+        .iter()
+        .map(|s| (s.name.as_bytes().to_vec(), build(s, Some(raw))))
+        .collect();
+    Command {
+        lower: name.to_ascii_lowercase(),
+        arity: raw.arity,
+        flags: raw.flags,
+        keys: keyspec_of(&name, raw),
+        route: route_of(&name, raw.flags),
+        name,
+        subs,
+    }
+}
+
+fn keyspec_of(name: &str, raw: &RawSpec) -> KeySpec {
+    match name {
+        "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" | "FCALL" | "FCALL_RO" => KeySpec::NumKeys { dest: None, at: 2 },
+        "ZUNIONSTORE" | "ZINTERSTORE" | "ZDIFFSTORE" => KeySpec::NumKeys { dest: Some(1), at: 2 },
+        "ZUNION" | "ZINTER" | "ZDIFF" | "ZINTERCARD" | "SINTERCARD" | "LMPOP" | "ZMPOP" => {
+            KeySpec::NumKeys { dest: None, at: 1 }
+        }
+        "XREAD" | "XREADGROUP" => KeySpec::Streams,
+        "SORT" | "SORT_RO" => KeySpec::Sort,
+        "GEORADIUS" | "GEORADIUSBYMEMBER" => KeySpec::GeoStore,
+        _ if raw.first > 0 => KeySpec::Range {
+            first: raw.first as u32,
+            last: raw.last,
+            step: raw.step.max(1) as u32,
+        },
+        _ => KeySpec::None,
+    }
+}
+
+/// The routing overlay: what heatshield does with each command.
+pub fn route_of(name: &str, fl: u32) -> Route {
+    use Route::*;
+    match name {
+        "PING" => Local(self::Local::Ping),
+        "ECHO" => Local(self::Local::Echo),
+        "QUIT" => Local(self::Local::Quit),
+        "SELECT" => Local(self::Local::Select),
+        "HELLO" => Local(self::Local::Hello),
+        "AUTH" => Local(self::Local::Auth),
+        "TIME" => Local(self::Local::Time),
+        "INFO" => Local(self::Local::Info),
+        "RESET" => Local(self::Local::Reset),
+        "READONLY" | "READWRITE" => Local(self::Local::Ok),
+        "CLIENT|SETNAME" => Local(self::Local::ClientSetName),
+        "CLIENT|GETNAME" => Local(self::Local::ClientGetName),
+        "CLIENT|ID" => Local(self::Local::ClientId),
+        "CLIENT|SETINFO" => Local(self::Local::ClientSetInfo),
+        "CLIENT|INFO" => Local(self::Local::ClientInfo),
+        "MGET" => Split(self::Split::Mget),
+        "MSET" => Split(self::Split::Mset),
+        "DEL" | "UNLINK" | "EXISTS" | "TOUCH" => Split(self::Split::Sum),
+        "KEYS" => FanOut(self::FanOut::Keys),
+        "SCAN" => FanOut(self::FanOut::Scan),
+        "RANDOMKEY" => FanOut(self::FanOut::RandomKey),
+        "DBSIZE" => FanOut(self::FanOut::Dbsize),
+        "FLUSHALL" | "FLUSHDB" => FanOut(self::FanOut::Flush),
+        "SCRIPT|LOAD" | "SCRIPT|FLUSH" | "FUNCTION|LOAD" | "FUNCTION|DELETE" | "FUNCTION|FLUSH" => {
+            FanOut(self::FanOut::AllSame)
+        }
+        "SCRIPT|EXISTS" => FanOut(self::FanOut::ScriptExists),
+        "COMMAND" => AnyMaster,
+        n if n.starts_with("COMMAND|") => AnyMaster,
+        "FUNCTION|LIST" | "FUNCTION|DUMP" | "FUNCTION|STATS" => AnyMaster,
+        "MULTI" | "EXEC" | "DISCARD" | "WATCH" | "UNWATCH" => Unsupported("transactions are not supported yet"),
+        "MONITOR" => Unsupported(""),
+        "MOVE" | "SWAPDB" => Unsupported("only database 0 exists behind the proxy"),
+        "WAIT" => Unsupported("backend connections are shared between clients"),
+        "MIGRATE" | "ASKING" => Unsupported("cluster administration is not supported"),
+        n if n.starts_with("CLUSTER") => Unsupported("cluster administration is not supported"),
+        n if n.starts_with("CLIENT|") => Unsupported("backend connections are shared between clients"),
+        "XREAD" | "XREADGROUP" => Forward, // refused at run time when BLOCK is given
+        _ if fl & flags::PUBSUB != 0 => Unsupported("pub/sub is not supported yet"),
+        _ if fl & flags::BLOCKING != 0 => Unsupported("blocking commands are not supported yet"),
+        _ if fl & flags::ADMIN != 0 => Unsupported("administrative commands are not forwarded"),
+        _ => Forward,
+    }
+}
+
+/// Positions of the keys of `req` (as resolved to `cmd`). Malformed numkeys give an error
+/// text in Redis's words.
+pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'static str> {
+    let argc = req.argc() as i64;
+    let mut out = SmallVec::new();
+    match cmd.keys {
+        KeySpec::None => {}
+        KeySpec::Range { first, last, step } => {
+            let last = if last < 0 {
+                argc + last as i64
+            } else {
+                (last as i64).min(argc - 1)
+            };
+            let mut i = first as i64;
+            while i <= last {
+                out.push(i as u32);
+                i += step as i64;
+            }
+        }
+        KeySpec::NumKeys { dest, at } => {
+            if let Some(d) = dest {
+                out.push(d);
+            }
+            let n = crate::protocol::request::parse_i64(req.arg(at as usize))
+                .ok_or("ERR value is not an integer or out of range")?;
+            if n < 0 {
+                return Err("ERR Number of keys can't be negative");
+            }
+            if n > argc - at as i64 - 1 {
+                return Err("ERR Number of keys can't be greater than number of args");
+            }
+            if n == 0
+                && dest.is_none()
+                && matches!(
+                    cmd.name.as_str(),
+                    "ZUNION" | "ZINTER" | "ZDIFF" | "ZINTERCARD" | "SINTERCARD" | "LMPOP" | "ZMPOP"
+                )
+            {
+                return Err("ERR numkeys should be greater than 0");
+            }
+            for i in 0..n {
+                out.push(at + 1 + i as u32);
+            }
+        }
+        KeySpec::Streams => {
+            let pos = (1..req.argc()).find(|&i| req.arg(i).eq_ignore_ascii_case(b"STREAMS"));
+            let Some(pos) = pos else { return Err("ERR syntax error") };
+            let rest = req.argc() - pos - 1;
+            if rest == 0 || !rest.is_multiple_of(2) {
+                return Err(
+                    "ERR Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.",
+                );
+            }
+            for i in 0..rest / 2 {
+                out.push((pos + 1 + i) as u32);
+            }
+        }
+        KeySpec::Sort | KeySpec::GeoStore => {
+            out.push(1);
+            let words: &[&[u8]] = if cmd.keys == KeySpec::Sort {
+                &[b"STORE"]
+            } else {
+                &[b"STORE", b"STOREDIST"]
+            };
+            let mut i = 2;
+            while i + 1 < req.argc() {
+                if words.iter().any(|w| req.arg(i).eq_ignore_ascii_case(w)) {
+                    out.push(i as u32 + 1);
+                    i += 1;
+                }
+                i += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(args: &[&str]) -> Request {
+        Request::from_args(args)
+    }
+
+    #[test]
+    fn lookup_and_arity() {
+        let t = CommandTable::new();
+        assert!(t.len() > 200);
+        let c = t.lookup(&req(&["get", "k"])).unwrap();
+        assert_eq!(c.name, "GET");
+        assert_eq!(c.route, Route::Forward);
+        assert!(c.is_readonly());
+        assert_eq!(
+            t.lookup(&req(&["GET"])).unwrap_err(),
+            LookupError::Arity("ERR wrong number of arguments for 'get' command".into())
+        );
+        assert_eq!(
+            t.lookup(&req(&["nosuch", "a", "b"])).unwrap_err().message(),
+            "ERR unknown command 'nosuch', with args beginning with: 'a' 'b' "
+        );
+        let c = t.lookup(&req(&["client", "setname", "x"])).unwrap();
+        assert_eq!(c.route, Route::Local(Local::ClientSetName));
+        assert_eq!(
+            t.lookup(&req(&["client", "bogus"])).unwrap_err().message(),
+            "ERR unknown subcommand 'bogus'. Try CLIENT HELP."
+        );
+        assert_eq!(
+            t.lookup(&req(&["client", "setname"])).unwrap_err().message(),
+            "ERR wrong number of arguments for 'client|setname' command"
+        );
+        assert_eq!(t.lookup(&req(&["command"])).unwrap().route, Route::AnyMaster);
+    }
+
+    #[test]
+    fn routes() {
+        let t = CommandTable::new();
+        let r = |a: &[&str]| t.lookup(&req(a)).unwrap().route;
+        assert_eq!(r(&["MGET", "a", "b"]), Route::Split(Split::Mget));
+        assert_eq!(r(&["del", "a"]), Route::Split(Split::Sum));
+        assert_eq!(r(&["keys", "*"]), Route::FanOut(FanOut::Keys));
+        assert_eq!(r(&["script", "load", "x"]), Route::FanOut(FanOut::AllSame));
+        assert!(matches!(r(&["blpop", "a", "0"]), Route::Unsupported(_)));
+        assert!(matches!(r(&["subscribe", "a"]), Route::Unsupported(_)));
+        assert!(matches!(r(&["multi"]), Route::Unsupported(_)));
+        assert!(matches!(r(&["config", "get", "x"]), Route::Unsupported(_)));
+        assert_eq!(r(&["msetnx", "a", "1"]), Route::Forward);
+        assert!(t.lookup(&req(&["eval", "s", "0"])).unwrap().is_write());
+        assert!(t.lookup(&req(&["set", "a", "b"])).unwrap().is_write());
+    }
+
+    #[test]
+    fn every_movable_key_command_is_understood() {
+        // Commands whose keys first/last/step cannot describe must have their own key spec,
+        // or be refused; otherwise routing would look at the wrong argument.
+        fn check(raw: &RawSpec, t: &CommandTable) {
+            let c = t.get(raw.name.as_bytes());
+            if raw.movable
+                && let Some(c) = c
+            {
+                let special = !matches!(c.keys, KeySpec::Range { .. } | KeySpec::None);
+                assert!(
+                    special || matches!(c.route, Route::Unsupported(_)),
+                    "{} has movable keys",
+                    raw.name
+                );
+            }
+        }
+        let t = CommandTable::new();
+        for raw in generated::REDIS_COMMANDS {
+            check(raw, &t);
+        }
+    }
+
+    #[test]
+    fn key_positions() {
+        let t = CommandTable::new();
+        let k = |a: &[&str]| {
+            let r = req(a);
+            keys_of(t.lookup(&r).unwrap(), &r).map(|v| v.to_vec())
+        };
+        assert_eq!(k(&["GET", "a"]), Ok(vec![1]));
+        assert_eq!(k(&["MSET", "a", "1", "b", "2"]), Ok(vec![1, 3]));
+        assert_eq!(k(&["MGET", "a", "b", "c"]), Ok(vec![1, 2, 3]));
+        assert_eq!(k(&["EVAL", "s", "2", "a", "b", "x"]), Ok(vec![3, 4]));
+        assert_eq!(k(&["EVAL", "s", "0"]), Ok(vec![]));
+        assert_eq!(
+            k(&["EVAL", "s", "3", "a"]),
+            Err("ERR Number of keys can't be greater than number of args")
+        );
+        assert_eq!(
+            k(&["EVAL", "s", "x"]),
+            Err("ERR value is not an integer or out of range")
+        );
+        assert_eq!(
+            k(&["ZUNIONSTORE", "d", "2", "a", "b", "WEIGHTS", "1", "2"]),
+            Ok(vec![1, 3, 4])
+        );
+        assert_eq!(
+            k(&["XREAD", "COUNT", "1", "STREAMS", "a", "b", "0", "0"]),
+            Ok(vec![4, 5])
+        );
+        assert_eq!(k(&["SORT", "a", "LIMIT", "0", "1", "STORE", "d"]), Ok(vec![1, 6]));
+        assert_eq!(k(&["OBJECT", "ENCODING", "a"]), Ok(vec![2]));
+        assert_eq!(k(&["BITOP", "AND", "d", "a", "b"]), Ok(vec![2, 3, 4]));
+        assert_eq!(k(&["PING"]), Ok(vec![]));
+    }
+}

@@ -1,0 +1,311 @@
+//! Configuration: the TOML file (conf/heatshield.toml documents every key), command-line
+//! overrides, defaults, and validation that reports every problem at once, naming the key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::cluster::Mode;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub backend: BackendConfig,
+    pub limits: LimitsConfig,
+}
+
+/// `[server]`: the client-facing side.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address to listen on for Redis clients.
+    pub listen: String,
+    /// Worker threads; 0 means one per CPU core.
+    pub threads: usize,
+    /// Client connections beyond this are refused with an error reply.
+    pub max_clients: usize,
+    /// When set, clients must AUTH with this password first.
+    pub password: Option<String>,
+    /// Allow FLUSHALL / FLUSHDB, which are sent to every master.
+    pub allow_flush: bool,
+    /// On shutdown, how long in-flight replies may take before connections are closed.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:6380".into(),
+            threads: 0,
+            max_clients: 10_000,
+            password: None,
+            allow_flush: false,
+            shutdown_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// `[backend]`: the Redis servers behind the proxy.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackendConfig {
+    /// "cluster" or "standalone".
+    pub mode: String,
+    /// Cluster seed nodes, HOST:PORT.
+    pub seeds: Vec<String>,
+    /// The server in standalone mode, HOST:PORT.
+    pub address: Option<String>,
+    /// Pipelined connections per backend node (per protocol), shared by all clients.
+    pub connections_per_node: usize,
+    pub connect_timeout_ms: u64,
+    /// A backend that does not reply within this long is treated as failed.
+    pub command_timeout_ms: u64,
+    /// How often the slot map is re-read even when nothing looks wrong.
+    pub refresh_interval_ms: u64,
+    /// Credentials for the backend (ACL user and password, or password only).
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            mode: "cluster".into(),
+            seeds: vec![],
+            address: None,
+            connections_per_node: 2,
+            connect_timeout_ms: 1_000,
+            command_timeout_ms: 5_000,
+            refresh_interval_ms: 5_000,
+            username: None,
+            password: None,
+        }
+    }
+}
+
+/// `[limits]`: protection against oversized or runaway clients.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest request accepted (and so largest bulk string), in bytes. Redis: 512 MiB.
+    pub max_request_bytes: u64,
+    /// Commands one client may have in flight before the proxy stops reading from it.
+    pub max_pipeline: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_request_bytes: 512 * 1024 * 1024,
+            max_pipeline: 1024,
+        }
+    }
+}
+
+/// Command-line values that override the file.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub cluster: Option<String>,
+    pub standalone: Option<String>,
+    pub threads: Option<usize>,
+}
+
+/// A configuration that failed to load; each line names a key.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration{}:\n  {}", .file.as_ref().map(|f| format!(" in {}", f.display())).unwrap_or_default(), .problems.join("\n  "))]
+pub struct ConfigError {
+    pub file: Option<PathBuf>,
+    pub problems: Vec<String>,
+}
+
+impl Config {
+    /// Loads `path` (if any), applies overrides and validates.
+    pub fn load(path: Option<&Path>, ov: &Overrides) -> Result<Config, ConfigError> {
+        let err = |p: Vec<String>| ConfigError {
+            file: path.map(Path::to_path_buf),
+            problems: p,
+        };
+        let mut cfg = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| err(vec![format!("cannot read file: {e}")]))?;
+                Config::parse(&text).map_err(|e| err(vec![e]))?
+            }
+            None => Config::default(),
+        };
+        cfg.apply(ov);
+        cfg.validate().map_err(err)?;
+        Ok(cfg)
+    }
+
+    /// Parses TOML text (no validation).
+    pub fn parse(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| e.to_string().trim().to_string())
+    }
+
+    pub fn apply(&mut self, ov: &Overrides) {
+        if let Some(l) = &ov.listen {
+            self.server.listen = l.clone();
+        }
+        if let Some(c) = &ov.cluster {
+            self.backend.mode = "cluster".into();
+            self.backend.seeds = c
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+        }
+        if let Some(s) = &ov.standalone {
+            self.backend.mode = "standalone".into();
+            self.backend.address = Some(s.clone());
+        }
+        if let Some(t) = ov.threads {
+            self.server.threads = t;
+        }
+    }
+
+    /// Every problem, each naming its key.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let mut p = Vec::new();
+        if self.server.listen.parse::<SocketAddr>().is_err() {
+            p.push(format!(
+                "server.listen: '{}' is not an IP:PORT address",
+                self.server.listen
+            ));
+        }
+        if self.server.max_clients == 0 {
+            p.push("server.max_clients: must be at least 1".into());
+        }
+        if self.server.threads > 1024 {
+            p.push("server.threads: at most 1024".into());
+        }
+        if self.server.password.as_deref() == Some("") {
+            p.push("server.password: must not be empty (remove the key to disable AUTH)".into());
+        }
+        match self.backend.mode.as_str() {
+            "cluster" => {
+                if self.backend.seeds.is_empty() {
+                    p.push("backend.seeds: list at least one HOST:PORT (or pass --cluster) when backend.mode = \"cluster\"".into());
+                }
+                for s in &self.backend.seeds {
+                    if !valid_host_port(s) {
+                        p.push(format!("backend.seeds: '{s}' is not HOST:PORT"));
+                    }
+                }
+            }
+            "standalone" => match &self.backend.address {
+                None => {
+                    p.push("backend.address: required when backend.mode = \"standalone\" (or pass --standalone)".into())
+                }
+                Some(a) if !valid_host_port(a) => p.push(format!("backend.address: '{a}' is not HOST:PORT")),
+                _ => {}
+            },
+            other => p.push(format!(
+                "backend.mode: '{other}' is neither \"cluster\" nor \"standalone\""
+            )),
+        }
+        if !(1..=64).contains(&self.backend.connections_per_node) {
+            p.push("backend.connections_per_node: must be between 1 and 64".into());
+        }
+        for (k, v) in [
+            ("backend.connect_timeout_ms", self.backend.connect_timeout_ms),
+            ("backend.command_timeout_ms", self.backend.command_timeout_ms),
+            ("backend.refresh_interval_ms", self.backend.refresh_interval_ms),
+        ] {
+            if v == 0 {
+                p.push(format!("{k}: must be greater than 0"));
+            }
+        }
+        if self.limits.max_request_bytes < 1024 || self.limits.max_request_bytes > u32::MAX as u64 {
+            p.push("limits.max_request_bytes: must be between 1024 and 4294967295".into());
+        }
+        if self.limits.max_pipeline == 0 {
+            p.push("limits.max_pipeline: must be at least 1".into());
+        }
+        if p.is_empty() { Ok(()) } else { Err(p) }
+    }
+
+    /// The backend mode (after validation).
+    pub fn mode(&self) -> Mode {
+        if self.backend.mode == "standalone" {
+            Mode::Standalone {
+                addr: self.backend.address.clone().unwrap_or_default(),
+            }
+        } else {
+            Mode::Cluster {
+                seeds: self.backend.seeds.clone(),
+            }
+        }
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.backend.connect_timeout_ms)
+    }
+    pub fn command_timeout(&self) -> Duration {
+        Duration::from_millis(self.backend.command_timeout_ms)
+    }
+    pub fn refresh_interval(&self) -> Duration {
+        Duration::from_millis(self.backend.refresh_interval_ms)
+    }
+}
+
+fn valid_host_port(s: &str) -> bool {
+    match s.rsplit_once(':') {
+        Some((h, port)) => !h.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_config_parses() {
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/heatshield.toml")).unwrap();
+        let cfg = Config::parse(&text).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.server.listen, "127.0.0.1:6380");
+    }
+
+    #[test]
+    fn every_problem_named() {
+        let mut cfg =
+            Config::parse("[server]\nlisten = 'nope'\n[backend]\nmode = 'cluster'\nconnections_per_node = 0\n")
+                .unwrap();
+        cfg.apply(&Overrides::default());
+        let p = cfg.validate().unwrap_err();
+        assert!(p.iter().any(|l| l.starts_with("server.listen:")), "{p:?}");
+        assert!(p.iter().any(|l| l.starts_with("backend.seeds:")), "{p:?}");
+        assert!(
+            p.iter().any(|l| l.starts_with("backend.connections_per_node:")),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_key_rejected() {
+        let e = Config::parse("[server]\nlisten_on = '1'\n").unwrap_err();
+        assert!(e.contains("listen_on"), "{e}");
+    }
+
+    #[test]
+    fn overrides_win() {
+        let mut cfg = Config::default();
+        cfg.apply(&Overrides {
+            standalone: Some("127.0.0.1:7000".into()),
+            ..Default::default()
+        });
+        cfg.validate().unwrap();
+        assert_eq!(
+            cfg.mode(),
+            Mode::Standalone {
+                addr: "127.0.0.1:7000".into()
+            }
+        );
+    }
+}

@@ -1,0 +1,23 @@
+//! heatshield: a Redis-protocol proxy for Redis Cluster.
+//!
+//! The modules, leaves first:
+//! - [`protocol`]: RESP request reader, reply scanner/decoder, reply writer (no I/O);
+//! - [`command`]: the command table (arity, keys, flags, routing);
+//! - [`config`]: the TOML configuration and its validation;
+//! - [`backend`]: pipelined connections to one Redis node;
+//! - [`cluster`]: slot function, slot map, node pools, topology refresh;
+//! - [`proxy`]: the request path (route, split, fan out, redirect, merge);
+//! - [`local`]: commands the proxy answers itself;
+//! - [`session`]: one client connection, replies in order;
+//! - [`server`]: the listener, connection limit and graceful shutdown.
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod cluster;
+pub mod command;
+pub mod config;
+pub mod local;
+pub mod protocol;
+pub mod proxy;
+pub mod server;
+pub mod session;

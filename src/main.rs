@@ -1,0 +1,149 @@
+//! The `heatshield` binary: command line, logging, runtime, signals.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use tracing::{error, info, warn};
+
+use heatshield::backend::{self, BackendOptions};
+use heatshield::cluster::Cluster;
+use heatshield::config::{Config, Overrides};
+use heatshield::protocol::Request;
+use heatshield::proxy::Proxy;
+
+/// A Redis-protocol proxy for Redis Cluster.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    /// Configuration file (TOML); see conf/heatshield.toml.
+    #[arg(long, short = 'c')]
+    config: Option<PathBuf>,
+    /// Address to listen on (overrides server.listen).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Redis Cluster seed nodes, HOST:PORT[,HOST:PORT...] (overrides [backend]).
+    #[arg(long, conflicts_with = "standalone")]
+    cluster: Option<String>,
+    /// One standalone Redis server, HOST:PORT (overrides [backend]).
+    #[arg(long)]
+    standalone: Option<String>,
+    /// Worker threads, 0 = one per core (overrides server.threads).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Log format.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    /// Validate the configuration and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    let ov = Overrides {
+        listen: cli.listen.clone(),
+        cluster: cli.cluster.clone(),
+        standalone: cli.standalone.clone(),
+        threads: cli.threads,
+    };
+    let config = match Config::load(cli.config.as_deref(), &ov) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("heatshield: {e}");
+            std::process::exit(2);
+        }
+    };
+    if cli.check {
+        println!("configuration ok");
+        return;
+    }
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if config.server.threads > 0 {
+        rt.worker_threads(config.server.threads);
+    }
+    let rt = match rt.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("heatshield: cannot start runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = rt.block_on(run(config, cli.config.map(|p| p.display().to_string())));
+    rt.shutdown_timeout(std::time::Duration::from_millis(200));
+    std::process::exit(code);
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+async fn run(config: Config, config_file: Option<String>) -> i32 {
+    let opts = BackendOptions {
+        connect_timeout: config.connect_timeout(),
+        command_timeout: config.command_timeout(),
+        username: config.backend.username.clone(),
+        password: config.backend.password.clone(),
+        resp3: false,
+    };
+    let listener = match tokio::net::TcpListener::bind(&config.server.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            error!(listen = %config.server.listen, error = %e, "cannot listen");
+            return 1;
+        }
+    };
+    let cluster = Cluster::new(config.mode(), opts.clone(), config.backend.connections_per_node);
+    if cluster.is_cluster() {
+        // Wait briefly for a first slot map; without one, requests get CLUSTERDOWN until
+        // the refresher finds a node.
+        match tokio::time::timeout(std::time::Duration::from_secs(5), cluster.refresh()).await {
+            Ok(Ok(())) => info!(masters = cluster.topology().masters.len(), "slot map loaded"),
+            Ok(Err(e)) => warn!(error = %e, "no seed node answered; will keep trying"),
+            Err(_) => warn!("seed nodes did not answer in time; will keep trying"),
+        }
+    }
+    cluster.spawn_refresher(config.refresh_interval());
+    let proxy = Arc::new(Proxy::new(config, cluster.clone(), config_file));
+    if let Some(node) = cluster.topology().masters.first()
+        && let Ok(mut s) = backend::connect(&node.addr, &opts).await
+        && let Ok(reply) = backend::roundtrip(&mut s, Request::from_args(&["INFO", "server"]).raw()).await
+        && let Some(v) = heatshield::local::redis_version_of(&reply)
+    {
+        *proxy.redis_version.write() = v;
+    }
+    info!(listen = %proxy.config.server.listen, "heatshield ready");
+    heatshield::server::serve(proxy, listener, shutdown_signal()).await;
+    0
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    info!("shutdown signal received");
+}

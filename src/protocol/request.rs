@@ -1,0 +1,501 @@
+//! The client-facing request reader: turns untrusted bytes into [`Request`]s.
+//!
+//! Clients send either RESP arrays of bulk strings (`*2\r\n$3\r\nGET\r\n$1\r\nk\r\n`) or
+//! inline commands (`GET k\r\n`, as typed into telnet). This reader is:
+//! - **bounded**: a bulk or a whole request larger than `max_request_bytes`, a header line
+//!   that never ends, or an inline line over 64 KiB is a protocol error, never a buffer
+//!   that grows without limit; requests are flat (arrays of bulk strings), so nesting
+//!   cannot recurse;
+//! - **resumable**: a request that arrives in pieces is parsed where the previous read
+//!   stopped (the state machine keeps its position and the argument offsets already
+//!   found), so a 100 MiB MSET costs one pass, not one pass per read;
+//! - **zero-copy**: a complete request is split off the read buffer as one `Bytes` and its
+//!   arguments are offsets into it, so forwarding it means handing those bytes on.
+//!
+//! It does no I/O and knows nothing about commands.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use smallvec::SmallVec;
+
+/// Longest inline command line, and longest `*`/`$` header line, as in Redis.
+pub const MAX_INLINE: usize = 64 * 1024;
+
+/// A protocol error; the text follows `-ERR ` in the reply, matching Redis's wording.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Protocol error: {0}")]
+pub struct ProtocolError(pub String);
+
+impl ProtocolError {
+    fn new(s: &str) -> Self {
+        ProtocolError(s.to_string())
+    }
+}
+
+/// One client request: the RESP encoding of the command plus where each argument lies in it.
+#[derive(Debug, Clone)]
+pub struct Request {
+    raw: Bytes,
+    /// (start, len) of each argument inside `raw`.
+    args: SmallVec<[(u32, u32); 6]>,
+}
+
+impl Request {
+    /// Builds a request from arguments (used for inline commands and by the proxy itself
+    /// when it composes a command).
+    pub fn from_args<A: AsRef<[u8]>>(args: &[A]) -> Request {
+        let mut buf = BytesMut::with_capacity(16 + args.iter().map(|a| a.as_ref().len() + 16).sum::<usize>());
+        let mut offs = SmallVec::new();
+        write_array_header(&mut buf, args.len());
+        for a in args {
+            let a = a.as_ref();
+            write_bulk_header(&mut buf, a.len());
+            offs.push((buf.len() as u32, a.len() as u32));
+            buf.extend_from_slice(a);
+            buf.extend_from_slice(b"\r\n");
+        }
+        Request {
+            raw: buf.freeze(),
+            args: offs,
+        }
+    }
+
+    /// Number of arguments, the command name included.
+    #[inline]
+    pub fn argc(&self) -> usize {
+        self.args.len()
+    }
+
+    /// Argument `i` (0 is the command name). Panics when out of range.
+    #[inline]
+    pub fn arg(&self, i: usize) -> &[u8] {
+        let (s, l) = self.args[i];
+        &self.raw[s as usize..(s + l) as usize]
+    }
+
+    /// Argument `i` as a `Bytes` sharing the request's buffer.
+    pub fn arg_bytes(&self, i: usize) -> Bytes {
+        let (s, l) = self.args[i];
+        self.raw.slice(s as usize..(s + l) as usize)
+    }
+
+    /// The request exactly as RESP (what is sent to Redis when it is forwarded unchanged).
+    #[inline]
+    pub fn raw(&self) -> &Bytes {
+        &self.raw
+    }
+
+    /// Iterates over all arguments.
+    pub fn args(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        (0..self.argc()).map(move |i| self.arg(i))
+    }
+}
+
+/// Appends `*n\r\n`.
+pub fn write_array_header(buf: &mut BytesMut, n: usize) {
+    buf.put_u8(b'*');
+    buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    buf.extend_from_slice(b"\r\n");
+}
+
+/// Appends `$n\r\n`.
+pub fn write_bulk_header(buf: &mut BytesMut, n: usize) {
+    buf.put_u8(b'$');
+    buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    buf.extend_from_slice(b"\r\n");
+}
+
+/// Appends one bulk string.
+pub fn write_bulk(buf: &mut BytesMut, b: &[u8]) {
+    write_bulk_header(buf, b.len());
+    buf.extend_from_slice(b);
+    buf.extend_from_slice(b"\r\n");
+}
+
+/// Limits applied to client input.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest single request (and so the largest bulk), in bytes.
+    pub max_request_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_request_bytes: 512 * 1024 * 1024,
+        }
+    }
+}
+
+/// Where the reader is inside a multibulk request that has not fully arrived.
+#[derive(Debug, Default)]
+struct Partial {
+    /// Arguments the header announced.
+    expected: usize,
+    /// Bytes of the buffer consumed so far by this request.
+    pos: usize,
+    args: SmallVec<[(u32, u32); 6]>,
+}
+
+/// The resumable request reader. One per client connection.
+#[derive(Debug)]
+pub struct RequestReader {
+    limits: Limits,
+    partial: Option<Partial>,
+}
+
+/// What `next` found.
+#[derive(Debug)]
+pub enum Next {
+    /// A complete request, removed from the buffer.
+    Request(Request),
+    /// More bytes are needed; `hint` is how many more at least (to size the next read).
+    Incomplete { hint: usize },
+}
+
+impl RequestReader {
+    pub fn new(limits: Limits) -> Self {
+        RequestReader { limits, partial: None }
+    }
+
+    /// Parses the next request at the front of `buf`. Empty requests (`*0`, `*-1`, blank
+    /// inline lines) are consumed and skipped, as Redis does.
+    pub fn next(&mut self, buf: &mut BytesMut) -> Result<Next, ProtocolError> {
+        loop {
+            if self.partial.is_none() {
+                if buf.is_empty() {
+                    return Ok(Next::Incomplete { hint: 0 });
+                }
+                if buf[0] != b'*' {
+                    match self.inline(buf)? {
+                        Some(Some(r)) => return Ok(Next::Request(r)),
+                        Some(None) => continue, // blank line
+                        None => return Ok(Next::Incomplete { hint: 0 }),
+                    }
+                }
+                // multibulk header
+                let Some((n, after)) = read_line_int(buf, 1, "too big mbulk count string")? else {
+                    return Ok(Next::Incomplete { hint: 0 });
+                };
+                let n = n.map_err(|_| ProtocolError::new("invalid multibulk length"))?;
+                if n <= 0 {
+                    let _ = buf.split_to(after);
+                    continue;
+                }
+                // every argument takes at least 4 bytes ("$0\r\n" + "\r\n" is 6)
+                if n as u64 > (self.limits.max_request_bytes / 4) as u64 || n > i32::MAX as i64 {
+                    return Err(ProtocolError::new("invalid multibulk length"));
+                }
+                let n = n as usize;
+                self.partial = Some(Partial {
+                    expected: n,
+                    pos: after,
+                    args: SmallVec::with_capacity(n.min(64)),
+                });
+            }
+            let p = self.partial.as_mut().expect("partial set above");
+            while p.args.len() < p.expected {
+                if p.pos >= buf.len() {
+                    return Ok(Next::Incomplete { hint: 0 });
+                }
+                if buf[p.pos] != b'$' {
+                    let got = buf[p.pos] as char;
+                    return Err(ProtocolError(format!("expected '$', got '{got}'")));
+                }
+                let Some((len, after)) = read_line_int(buf, p.pos + 1, "too big bulk count string")? else {
+                    return Ok(Next::Incomplete { hint: 0 });
+                };
+                let len = match len {
+                    Ok(l) if l >= 0 && (l as u64) <= self.limits.max_request_bytes as u64 => l as usize,
+                    _ => return Err(ProtocolError::new("invalid bulk length")),
+                };
+                let end = after + len + 2;
+                if end > self.limits.max_request_bytes.saturating_add(MAX_INLINE) {
+                    return Err(ProtocolError::new("request too large"));
+                }
+                if end > buf.len() {
+                    return Ok(Next::Incomplete { hint: end - buf.len() });
+                }
+                p.args.push((after as u32, len as u32));
+                p.pos = end;
+            }
+            let p = self.partial.take().expect("partial set above");
+            let raw = buf.split_to(p.pos).freeze();
+            return Ok(Next::Request(Request { raw, args: p.args }));
+        }
+    }
+
+    /// Parses an inline command. `Ok(None)`: incomplete; `Ok(Some(None))`: blank line skipped.
+    fn inline(&mut self, buf: &mut BytesMut) -> Result<Option<Option<Request>>, ProtocolError> {
+        let Some(nl) = memchr::memchr(b'\n', &buf[..buf.len().min(MAX_INLINE + 1)]) else {
+            if buf.len() > MAX_INLINE {
+                return Err(ProtocolError::new("too big inline request"));
+            }
+            return Ok(None);
+        };
+        let line = buf.split_to(nl + 1);
+        let mut l = &line[..nl];
+        if l.last() == Some(&b'\r') {
+            l = &l[..l.len() - 1];
+        }
+        let args = split_args(l).ok_or_else(|| ProtocolError::new("unbalanced quotes in request"))?;
+        if args.is_empty() {
+            return Ok(Some(None));
+        }
+        Ok(Some(Some(Request::from_args(&args))))
+    }
+}
+
+/// Reads `<int>\r\n` starting at `start`. `Ok(None)` when the line is not complete yet;
+/// the inner `Err` when it is complete but not an integer.
+#[allow(clippy::type_complexity)]
+fn read_line_int(buf: &[u8], start: usize, too_big: &str) -> Result<Option<(Result<i64, ()>, usize)>, ProtocolError> {
+    let window = &buf[start.min(buf.len())..buf.len().min(start + MAX_INLINE)];
+    let Some(cr) = memchr::memchr(b'\r', window) else {
+        if buf.len() - start.min(buf.len()) >= MAX_INLINE {
+            return Err(ProtocolError::new(too_big));
+        }
+        return Ok(None);
+    };
+    if start + cr + 1 >= buf.len() {
+        return Ok(None);
+    }
+    Ok(Some((parse_i64(&window[..cr]).ok_or(()), start + cr + 2)))
+}
+
+/// Parses a decimal i64 exactly as Redis's `string2ll`: optional '-', digits, no spaces,
+/// no leading '+', no leading zeros except "0".
+pub fn parse_i64(s: &[u8]) -> Option<i64> {
+    if s.is_empty() || s.len() > 20 {
+        return None;
+    }
+    let (neg, digits) = if s[0] == b'-' { (true, &s[1..]) } else { (false, s) };
+    if digits.is_empty() || (digits[0] == b'0' && (digits.len() > 1 || neg)) {
+        return None;
+    }
+    let mut v: i64 = 0;
+    for &c in digits {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        let d = (c - b'0') as i64;
+        v = if neg {
+            v.checked_mul(10)?.checked_sub(d)?
+        } else {
+            v.checked_mul(10)?.checked_add(d)?
+        };
+    }
+    Some(v)
+}
+
+/// Splits an inline command line like Redis's `sdssplitargs`: whitespace separates
+/// arguments; "double quotes" understand \n \r \t \b \a \\ \" and \xHH; 'single quotes'
+/// understand only \'. A closing quote must be followed by whitespace or the end.
+/// Returns `None` for unbalanced quotes.
+pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    let n = line.len();
+    loop {
+        while i < n && line[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i >= n {
+            return Some(out);
+        }
+        let mut cur = Vec::new();
+        let mut inq = false; // double quotes
+        let mut insq = false; // single quotes
+        loop {
+            if inq {
+                if i >= n {
+                    return None;
+                }
+                let c = line[i];
+                if c == b'\\'
+                    && i + 3 < n
+                    && line[i + 1] == b'x'
+                    && line[i + 2].is_ascii_hexdigit()
+                    && line[i + 3].is_ascii_hexdigit()
+                {
+                    let h = |b: u8| (b as char).to_digit(16).unwrap_or(0) as u8;
+                    cur.push(h(line[i + 2]) * 16 + h(line[i + 3]));
+                    i += 3;
+                } else if c == b'\\' && i + 1 < n {
+                    i += 1;
+                    cur.push(match line[i] {
+                        b'n' => b'\n',
+                        b'r' => b'\r',
+                        b't' => b'\t',
+                        b'b' => 8,
+                        b'a' => 7,
+                        o => o,
+                    });
+                } else if c == b'"' {
+                    if i + 1 < n && !line[i + 1].is_ascii_whitespace() {
+                        return None;
+                    }
+                    i += 1;
+                    break;
+                } else {
+                    cur.push(c);
+                }
+            } else if insq {
+                if i >= n {
+                    return None;
+                }
+                let c = line[i];
+                if c == b'\\' && i + 1 < n && line[i + 1] == b'\'' {
+                    i += 1;
+                    cur.push(b'\'');
+                } else if c == b'\'' {
+                    if i + 1 < n && !line[i + 1].is_ascii_whitespace() {
+                        return None;
+                    }
+                    i += 1;
+                    break;
+                } else {
+                    cur.push(c);
+                }
+            } else {
+                if i >= n {
+                    break;
+                }
+                match line[i] {
+                    b' ' | b'\n' | b'\r' | b'\t' | 0 => break,
+                    b'"' => inq = true,
+                    b'\'' => insq = true,
+                    c => cur.push(c),
+                }
+            }
+            i += 1;
+        }
+        out.push(cur);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_all(input: &[u8]) -> Result<Vec<Vec<Vec<u8>>>, ProtocolError> {
+        let mut r = RequestReader::new(Limits::default());
+        let mut buf = BytesMut::from(input);
+        let mut out = vec![];
+        while let Next::Request(req) = r.next(&mut buf)? {
+            out.push(req.args().map(|a| a.to_vec()).collect());
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn multibulk_and_inline() {
+        let got = parse_all(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\nSET a \"b c\"\r\n\r\n*0\r\nPING\n").unwrap();
+        assert_eq!(
+            got,
+            vec![
+                vec![b"GET".to_vec(), b"k".to_vec()],
+                vec![b"SET".to_vec(), b"a".to_vec(), b"b c".to_vec()],
+                vec![b"PING".to_vec()],
+            ]
+        );
+    }
+
+    #[test]
+    fn byte_by_byte_equals_whole() {
+        let input = b"*3\r\n$3\r\nSET\r\n$5\r\nhello\r\n$11\r\nworld\r\n\r\nxx\r\n*1\r\n$4\r\nPING\r\n";
+        let mut r = RequestReader::new(Limits::default());
+        let mut buf = BytesMut::new();
+        let mut got = vec![];
+        for &b in input.iter() {
+            buf.extend_from_slice(&[b]);
+            while let Next::Request(req) = r.next(&mut buf).unwrap() {
+                got.push(req.args().map(|a| a.to_vec()).collect::<Vec<_>>());
+            }
+        }
+        assert_eq!(got, parse_all(input).unwrap());
+        assert_eq!(got[0][2], b"world\r\n\r\nxx");
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn raw_is_forwardable() {
+        let input = b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n";
+        let mut r = RequestReader::new(Limits::default());
+        let mut buf = BytesMut::from(&input[..]);
+        let Next::Request(req) = r.next(&mut buf).unwrap() else {
+            panic!()
+        };
+        assert_eq!(&req.raw()[..], &input[..]);
+        let inline = Request::from_args(&["GET", "k"]);
+        assert_eq!(&inline.raw()[..], &input[..]);
+    }
+
+    #[test]
+    fn errors_match_redis() {
+        let e = |s: &[u8]| parse_all(s).unwrap_err().to_string();
+        assert_eq!(e(b"*x\r\n"), "Protocol error: invalid multibulk length");
+        assert_eq!(e(b"*1\r\n+GET\r\n"), "Protocol error: expected '$', got '+'");
+        assert_eq!(e(b"*1\r\n$-5\r\n"), "Protocol error: invalid bulk length");
+        assert_eq!(
+            e(b"*1\r\n$9223372036854775807\r\n"),
+            "Protocol error: invalid bulk length"
+        );
+        assert_eq!(e(b"SET a \"b\r\n"), "Protocol error: unbalanced quotes in request");
+        assert_eq!(
+            e(&vec![b'a'; MAX_INLINE + 10]),
+            "Protocol error: too big inline request"
+        );
+        let mut big = b"*1\r\n$".to_vec();
+        big.extend(vec![b'1'; MAX_INLINE + 10]);
+        assert_eq!(e(&big), "Protocol error: too big bulk count string");
+    }
+
+    #[test]
+    fn bulk_over_limit() {
+        let mut r = RequestReader::new(Limits { max_request_bytes: 100 });
+        let mut buf = BytesMut::from(&b"*2\r\n$3\r\nSET\r\n$101\r\n"[..]);
+        assert_eq!(
+            r.next(&mut buf).unwrap_err().to_string(),
+            "Protocol error: invalid bulk length"
+        );
+    }
+
+    #[test]
+    fn nested_arrays_are_rejected_not_recursed() {
+        let input: Vec<u8> = b"*1\r\n".repeat(100_000);
+        assert_eq!(
+            parse_all(&input).unwrap_err().to_string(),
+            "Protocol error: expected '$', got '*'"
+        );
+    }
+
+    #[test]
+    fn split_args_like_redis() {
+        let s = |l: &str| {
+            split_args(l.as_bytes()).map(|v| {
+                v.into_iter()
+                    .map(|a| String::from_utf8_lossy(&a).to_string())
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(s("  set  a   b "), Some(vec!["set".into(), "a".into(), "b".into()]));
+        assert_eq!(
+            s(r#"set "a\x41\n" 'it\'s'"#),
+            Some(vec!["set".into(), "aA\n".into(), "it's".into()])
+        );
+        assert_eq!(s(r#"set "a"b"#), None);
+        assert_eq!(s(r#"set 'a"#), None);
+        assert_eq!(s(""), Some(vec![]));
+    }
+
+    #[test]
+    fn parse_i64_strict() {
+        assert_eq!(parse_i64(b"0"), Some(0));
+        assert_eq!(parse_i64(b"-12"), Some(-12));
+        assert_eq!(parse_i64(b"012"), None);
+        assert_eq!(parse_i64(b"+1"), None);
+        assert_eq!(parse_i64(b"-0"), None);
+        assert_eq!(parse_i64(b"9223372036854775808"), None);
+        assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
+    }
+}

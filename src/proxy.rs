@@ -1,0 +1,756 @@
+//! The request path: for one parsed request, decide what happens (answer locally, forward,
+//! split, fan out), send the parts to the backends, and when their replies come back act
+//! on redirections and retries and merge them into the one reply a single Redis would give.
+//!
+//! [`Proxy`] is the shared context (config, command table, cluster view, counters).
+//! [`Pending`] is the state of one request waiting for backend replies; it lives in the
+//! session's reply queue, so nothing here spawns a task per request.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use smallvec::{SmallVec, smallvec};
+
+use crate::backend::{BackendError, BackendReply, BackendRequest, ReplyTx, Tag};
+use crate::cluster::{Cluster, NodePool, slot};
+use crate::command::{Command, CommandTable, FanOut, Route, Split, keys_of};
+use crate::config::Config;
+use crate::local;
+use crate::protocol::reply::{Redirect, Value, error_text, parse_redirect, reply_len};
+use crate::protocol::request::parse_i64;
+use crate::protocol::{Proto, Request, Writer};
+use crate::session::ClientState;
+
+/// Redirections followed for one part before the error is passed to the client.
+const MAX_REDIRECTS: u16 = 5;
+/// Retries (100 ms apart) of a part whose node could not be reached or answered
+/// TRYAGAIN / CLUSTERDOWN, e.g. while a failover promotes a replica.
+const MAX_RETRIES: u16 = 50;
+const RETRY_DELAY: Duration = Duration::from_millis(100);
+/// Bits of a proxy SCAN cursor that name the master.
+const SCAN_NODE_BITS: u32 = 10;
+
+/// Process-wide counters.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub clients: AtomicUsize,
+    pub accepted: AtomicU64,
+    pub rejected: AtomicU64,
+    pub commands: AtomicU64,
+    pub next_client_id: AtomicU64,
+}
+
+/// Shared by every session.
+pub struct Proxy {
+    pub config: Config,
+    pub commands: CommandTable,
+    pub cluster: Arc<Cluster>,
+    pub stats: Stats,
+    pub started: Instant,
+    /// `redis_version` of the backends, learned at start-up (reported by HELLO and INFO).
+    pub redis_version: parking_lot::RwLock<String>,
+    pub config_file: Option<String>,
+}
+
+/// Where a part goes.
+#[derive(Clone)]
+enum Target {
+    /// Whichever master owns the slot now.
+    Slot(u16),
+    /// This node (fan-out parts).
+    Node(Arc<NodePool>),
+    /// After an ASK: this node, with ASKING first.
+    Ask(Arc<NodePool>),
+}
+
+struct Part {
+    data: Bytes,
+    target: Target,
+    attempts: u16,
+    reply: Option<Bytes>,
+}
+
+/// How the parts' replies become one.
+enum Merge {
+    /// One part; its reply is the reply.
+    Pass,
+    /// Split MGET: for each part, the positions of its keys in the request.
+    Mget {
+        positions: Vec<SmallVec<[u32; 4]>>,
+        total: usize,
+    },
+    Mset,
+    Sum,
+    Keys,
+    Scan {
+        node: usize,
+        nodes: usize,
+    },
+    RandomKey,
+    Dbsize,
+    AllSame,
+    ScriptExists,
+    Info {
+        sections: Vec<String>,
+    },
+}
+
+/// A request waiting for backend replies.
+pub struct Pending {
+    merge: Merge,
+    parts: SmallVec<[Part; 1]>,
+    remaining: u32,
+}
+
+/// What dispatching a request produced.
+pub enum Outcome {
+    /// The reply is known now.
+    Ready(Bytes),
+    /// Parts were sent; replies will come through the session's channel.
+    Waiting(Pending),
+}
+
+/// Context a session passes with each call.
+pub struct Ctx<'a> {
+    pub client: &'a mut ClientState,
+    pub seq: u64,
+    pub reply_to: &'a ReplyTx,
+    pub scratch: &'a mut BytesMut,
+}
+
+impl Ctx<'_> {
+    /// Builds a reply with a [`Writer`] in the client's protocol.
+    pub fn reply(&mut self, f: impl FnOnce(&mut Writer)) -> Outcome {
+        let mut w = Writer::new(self.scratch, self.client.proto);
+        f(&mut w);
+        Outcome::Ready(self.scratch.split().freeze())
+    }
+
+    pub fn error(&mut self, e: &str) -> Outcome {
+        self.reply(|w| w.error(e))
+    }
+}
+
+impl Proxy {
+    pub fn new(config: Config, cluster: Arc<Cluster>, config_file: Option<String>) -> Proxy {
+        Proxy {
+            config,
+            commands: CommandTable::new(),
+            cluster,
+            stats: Stats::default(),
+            started: Instant::now(),
+            redis_version: parking_lot::RwLock::new("7.0.0".into()),
+            config_file,
+        }
+    }
+
+    /// Handles one request.
+    pub fn dispatch(&self, ctx: &mut Ctx, req: Request) -> Outcome {
+        self.stats.commands.fetch_add(1, Ordering::Relaxed);
+        let cmd = match self.commands.lookup(&req) {
+            Ok(c) => c,
+            Err(e) => return ctx.error(e.message()),
+        };
+        if !ctx.client.authed && !matches!(cmd.route, Route::Local(l) if local::auth_free(l)) {
+            return ctx.error("NOAUTH Authentication required.");
+        }
+        match cmd.route {
+            Route::Local(l) => local::run(self, ctx, l, &req),
+            Route::Forward => self.forward(ctx, cmd, req),
+            Route::Split(kind) => self.split(ctx, cmd, req, kind),
+            Route::FanOut(kind) => self.fan_out(ctx, cmd, req, kind),
+            Route::AnyMaster => {
+                let topo = self.cluster.topology();
+                let Some(node) = topo
+                    .masters
+                    .get((ctx.client.id % topo.masters.len().max(1) as u64) as usize)
+                else {
+                    return ctx.error("CLUSTERDOWN heatshield has no slot map yet");
+                };
+                let node = node.clone();
+                drop(topo);
+                self.start(
+                    ctx,
+                    Merge::Pass,
+                    smallvec![Part::new(req.raw().clone(), Target::Node(node))],
+                )
+            }
+            Route::Unsupported(why) => {
+                let name = if cmd.name.contains('|') {
+                    cmd.name.replace('|', " ")
+                } else {
+                    cmd.name.clone()
+                };
+                if why.is_empty() {
+                    ctx.error(&format!("ERR heatshield does not support '{name}'"))
+                } else {
+                    ctx.error(&format!("ERR heatshield does not support '{name}': {why}"))
+                }
+            }
+        }
+    }
+
+    /// Sends a command to the master owning its keys (all in one slot).
+    fn forward(&self, ctx: &mut Ctx, cmd: &Command, req: Request) -> Outcome {
+        if matches!(cmd.name.as_str(), "XREAD" | "XREADGROUP") && req.args().any(|a| a.eq_ignore_ascii_case(b"BLOCK")) {
+            return ctx.error(&format!(
+                "ERR heatshield does not support '{}' with BLOCK: blocking commands are not supported yet",
+                cmd.name
+            ));
+        }
+        let keys = match keys_of(cmd, &req) {
+            Ok(k) => k,
+            Err(e) => return ctx.error(e),
+        };
+        let target = match keys.first() {
+            None => {
+                let topo = self.cluster.topology();
+                match topo
+                    .masters
+                    .get((ctx.client.id % topo.masters.len().max(1) as u64) as usize)
+                {
+                    Some(n) => Target::Node(n.clone()),
+                    None => return ctx.error("CLUSTERDOWN heatshield has no slot map yet"),
+                }
+            }
+            Some(&k0) => {
+                let s = slot(req.arg(k0 as usize));
+                if self.cluster.is_cluster() && keys[1..].iter().any(|&k| slot(req.arg(k as usize)) != s) {
+                    return ctx.error("CROSSSLOT Keys in request don't hash to the same slot");
+                }
+                Target::Slot(s)
+            }
+        };
+        self.start(ctx, Merge::Pass, smallvec![Part::new(req.raw().clone(), target)])
+    }
+
+    /// MGET / MSET / DEL-like: forwarded whole when one slot holds every key, else split by slot.
+    fn split(&self, ctx: &mut Ctx, cmd: &Command, req: Request, kind: Split) -> Outcome {
+        let step = if kind == Split::Mset { 2 } else { 1 };
+        if kind == Split::Mset && !(req.argc() - 1).is_multiple_of(2) {
+            return ctx.error(&format!("ERR wrong number of arguments for '{}' command", cmd.lower));
+        }
+        let nkeys = (req.argc() - 1) / step;
+        let s0 = slot(req.arg(1));
+        let one_slot = !self.cluster.is_cluster() || (1..nkeys).all(|i| slot(req.arg(1 + i * step)) == s0);
+        if one_slot {
+            return self.start(
+                ctx,
+                Merge::Pass,
+                smallvec![Part::new(req.raw().clone(), Target::Slot(s0))],
+            );
+        }
+        // group key indices by slot, keeping request order inside each group
+        let mut order: Vec<(u16, u32)> = (0..nkeys).map(|i| (slot(req.arg(1 + i * step)), i as u32)).collect();
+        order.sort_by_key(|&(s, _)| s);
+        let mut parts: SmallVec<[Part; 1]> = SmallVec::new();
+        let mut positions: Vec<SmallVec<[u32; 4]>> = Vec::new();
+        let name = req.arg(0);
+        let mut i = 0;
+        while i < order.len() {
+            let s = order[i].0;
+            let j = i + order[i..].iter().take_while(|(x, _)| *x == s).count();
+            let mut buf = BytesMut::new();
+            crate::protocol::request::write_array_header(&mut buf, 1 + (j - i) * step);
+            crate::protocol::request::write_bulk(&mut buf, name);
+            let mut pos = SmallVec::new();
+            for &(_, k) in &order[i..j] {
+                let a = 1 + k as usize * step;
+                crate::protocol::request::write_bulk(&mut buf, req.arg(a));
+                if step == 2 {
+                    crate::protocol::request::write_bulk(&mut buf, req.arg(a + 1));
+                }
+                pos.push(k);
+            }
+            parts.push(Part::new(buf.freeze(), Target::Slot(s)));
+            positions.push(pos);
+            i = j;
+        }
+        let merge = match kind {
+            Split::Mget => Merge::Mget {
+                positions,
+                total: nkeys,
+            },
+            Split::Mset => Merge::Mset,
+            Split::Sum => Merge::Sum,
+        };
+        self.start(ctx, merge, parts)
+    }
+
+    /// Commands that go to every master (or, for SCAN, the master the cursor names).
+    fn fan_out(&self, ctx: &mut Ctx, cmd: &Command, req: Request, kind: FanOut) -> Outcome {
+        let topo = self.cluster.topology();
+        if topo.masters.is_empty() {
+            return ctx.error("CLUSTERDOWN heatshield has no slot map yet");
+        }
+        let all = |data: &Bytes| -> SmallVec<[Part; 1]> {
+            topo.masters
+                .iter()
+                .map(|n| Part::new(data.clone(), Target::Node(n.clone())))
+                .collect()
+        };
+        let (merge, parts) = match kind {
+            FanOut::Keys => (Merge::Keys, all(req.raw())),
+            FanOut::RandomKey => (Merge::RandomKey, all(req.raw())),
+            FanOut::Dbsize => (Merge::Dbsize, all(req.raw())),
+            FanOut::AllSame => (Merge::AllSame, all(req.raw())),
+            FanOut::ScriptExists => (Merge::ScriptExists, all(req.raw())),
+            FanOut::Flush => {
+                if !self.config.server.allow_flush {
+                    return ctx.error(&format!(
+                        "ERR {} is disabled in heatshield (it would empty every master); set server.allow_flush = true to enable it",
+                        cmd.name
+                    ));
+                }
+                (Merge::AllSame, all(req.raw()))
+            }
+            FanOut::Scan => {
+                let Some(cursor) = std::str::from_utf8(req.arg(1)).ok().and_then(|s| s.parse::<u64>().ok()) else {
+                    return ctx.error("ERR invalid cursor");
+                };
+                let node = (cursor & ((1 << SCAN_NODE_BITS) - 1)) as usize;
+                if node >= topo.masters.len() {
+                    return ctx.error("ERR invalid cursor");
+                }
+                let backend_cursor = (cursor >> SCAN_NODE_BITS).to_string();
+                let mut args: Vec<&[u8]> = req.args().collect();
+                args[1] = backend_cursor.as_bytes();
+                let data = Request::from_args(&args).raw().clone();
+                let nodes = topo.masters.len();
+                (
+                    Merge::Scan { node, nodes },
+                    smallvec![Part::new(data, Target::Node(topo.masters[node].clone()))],
+                )
+            }
+        };
+        drop(topo);
+        self.start(ctx, merge, parts)
+    }
+
+    /// Sends INFO to every master and builds the proxy's INFO from the replies.
+    pub(crate) fn info_fan_out(&self, ctx: &mut Ctx, sections: Vec<String>) -> Outcome {
+        let topo = self.cluster.topology();
+        let data = Request::from_args(&["INFO", "server", "keyspace"]).raw().clone();
+        let parts: SmallVec<[Part; 1]> = topo
+            .masters
+            .iter()
+            .map(|n| Part::new(data.clone(), Target::Node(n.clone())))
+            .collect();
+        drop(topo);
+        if parts.is_empty() {
+            return Outcome::Ready(local::info_text(self, ctx, &sections, &[]));
+        }
+        self.start(ctx, Merge::Info { sections }, parts)
+    }
+
+    fn start(&self, ctx: &mut Ctx, merge: Merge, parts: SmallVec<[Part; 1]>) -> Outcome {
+        let mut p = Pending {
+            remaining: parts.len() as u32,
+            merge,
+            parts,
+        };
+        for i in 0..p.parts.len() {
+            if let Err(e) = self.send(ctx, &p.parts[i], i as u32) {
+                // not routable now (slot unserved): answer that part with the error at once
+                p.parts[i].reply = Some(e);
+                p.remaining -= 1;
+            }
+        }
+        if p.remaining == 0 {
+            return Outcome::Ready(self.finish(ctx, p));
+        }
+        Outcome::Waiting(p)
+    }
+
+    /// Sends one part to its node now.
+    fn send(&self, ctx: &Ctx, part: &Part, idx: u32) -> Result<(), Bytes> {
+        let tag = Tag {
+            seq: ctx.seq,
+            part: idx,
+        };
+        let (node, asking) = match &part.target {
+            Target::Slot(s) => {
+                let topo = self.cluster.topology();
+                match topo.master_for_slot(*s) {
+                    Some(n) => (n.clone(), false),
+                    None => return Err(Bytes::from(format!("-CLUSTERDOWN Hash slot {s} not served\r\n"))),
+                }
+            }
+            Target::Node(n) => (n.clone(), false),
+            Target::Ask(n) => (n.clone(), true),
+        };
+        node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
+            data: part.data.clone(),
+            asking,
+            tag,
+            reply_to: ctx.reply_to.clone(),
+        });
+        Ok(())
+    }
+
+    /// Sends one part again after `RETRY_DELAY`, to whichever node owns its slot by then.
+    fn send_later(&self, ctx: &Ctx, part: &Part, idx: u32) {
+        let cluster = self.cluster.clone();
+        let target = part.target.clone();
+        let data = part.data.clone();
+        let reply_to = ctx.reply_to.clone();
+        let (proto, affinity) = (ctx.client.proto, ctx.client.id);
+        let tag = Tag {
+            seq: ctx.seq,
+            part: idx,
+        };
+        tokio::spawn(async move {
+            tokio::time::sleep(RETRY_DELAY).await;
+            let node = match &target {
+                Target::Slot(s) => cluster.topology().master_for_slot(*s).cloned(),
+                Target::Node(n) | Target::Ask(n) => Some(n.clone()),
+            };
+            match node {
+                Some(n) => n.conn(proto, affinity).send(BackendRequest {
+                    data,
+                    asking: false,
+                    tag,
+                    reply_to,
+                }),
+                None => {
+                    let _ = reply_to.send(BackendReply {
+                        tag,
+                        result: Err(BackendError::NotSent(Arc::from("unserved slot"))),
+                    });
+                }
+            }
+        });
+    }
+
+    /// A backend reply for part `idx` of `p`. Returns the final reply once every part is in.
+    pub fn on_reply(&self, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
+        let idx = reply.tag.part as usize;
+        let part = p.parts.get_mut(idx)?;
+        if part.reply.is_some() {
+            return None;
+        }
+        let data = match reply.result {
+            Ok(data) => {
+                if let Some(err) = error_text(&data)
+                    && self.cluster.is_cluster()
+                {
+                    if let Some(r) = parse_redirect(err)
+                        && part.attempts < MAX_REDIRECTS
+                    {
+                        part.attempts += 1;
+                        match r {
+                            Redirect::Moved { slot, addr } => {
+                                self.cluster.moved(slot, &addr);
+                                if let Target::Ask(_) | Target::Node(_) = part.target {
+                                    part.target = Target::Node(self.cluster.pool(&addr));
+                                }
+                            }
+                            Redirect::Ask { addr, .. } => part.target = Target::Ask(self.cluster.pool(&addr)),
+                        }
+                        let part = &p.parts[idx];
+                        if let Err(e) = self.send(ctx, part, idx as u32) {
+                            return self.complete(ctx, p, idx, e);
+                        }
+                        return None;
+                    }
+                    if (err.starts_with(b"TRYAGAIN") || err.starts_with(b"CLUSTERDOWN")) && part.attempts < MAX_RETRIES
+                    {
+                        part.attempts += 1;
+                        self.cluster.request_refresh();
+                        let part = &p.parts[idx];
+                        self.send_later(ctx, part, idx as u32);
+                        return None;
+                    }
+                }
+                data
+            }
+            Err(BackendError::NotSent(addr)) => {
+                self.cluster.request_refresh();
+                if matches!(part.target, Target::Slot(_)) && part.attempts < MAX_RETRIES {
+                    part.attempts += 1;
+                    let part = &p.parts[idx];
+                    self.send_later(ctx, part, idx as u32);
+                    return None;
+                }
+                Bytes::from(format!("-CLUSTERDOWN heatshield cannot reach node {addr}\r\n"))
+            }
+            Err(e) => {
+                self.cluster.request_refresh();
+                Bytes::from(format!("-ERR heatshield: {e}\r\n"))
+            }
+        };
+        self.complete(ctx, p, idx, data)
+    }
+
+    fn complete(&self, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Bytes) -> Option<Bytes> {
+        p.parts[idx].reply = Some(data);
+        p.remaining -= 1;
+        if p.remaining > 0 {
+            return None;
+        }
+        let done = std::mem::replace(
+            p,
+            Pending {
+                merge: Merge::Pass,
+                parts: SmallVec::new(),
+                remaining: 0,
+            },
+        );
+        Some(self.finish(ctx, done))
+    }
+
+    /// Merges the replies of a finished request.
+    fn finish(&self, ctx: &mut Ctx, mut p: Pending) -> Bytes {
+        if let Merge::Pass = p.merge {
+            return p.parts[0].reply.take().unwrap_or_default();
+        }
+        let replies: Vec<Bytes> = p.parts.iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
+        // Any error among the parts is the answer (Redis would have failed the whole command).
+        let first_error = replies.iter().find(|r| r.first() == Some(&b'-')).cloned();
+        if let Merge::Info { sections } = &p.merge {
+            let texts: Vec<&[u8]> = replies
+                .iter()
+                .filter_map(|r| Value::parse(r).ok())
+                .filter_map(|(v, _)| v.as_bytes())
+                .collect();
+            return local::info_text(self, ctx, sections, &texts);
+        }
+        if let Some(e) = first_error {
+            return e;
+        }
+        let merged = merge_replies(&p.merge, &replies, ctx.client.proto, ctx.scratch);
+        match merged {
+            Ok(b) => b,
+            Err(what) => {
+                let mut w = Writer::new(ctx.scratch, ctx.client.proto);
+                w.error(&format!("ERR heatshield could not merge replies: {what}"));
+                ctx.scratch.split().freeze()
+            }
+        }
+    }
+}
+
+impl Part {
+    fn new(data: Bytes, target: Target) -> Part {
+        Part {
+            data,
+            target,
+            attempts: 0,
+            reply: None,
+        }
+    }
+}
+
+/// The elements of an array reply, as raw byte slices.
+fn array_elements(r: &[u8]) -> Result<(usize, Vec<&[u8]>), &'static str> {
+    let nl = memchr::memchr(b'\n', r).ok_or("truncated")?;
+    if !matches!(r.first(), Some(b'*' | b'~')) {
+        return Err("expected an array");
+    }
+    let n = parse_i64(&r[1..nl - 1]).ok_or("bad array length")?;
+    let mut pos = nl + 1;
+    let mut out = Vec::with_capacity(n.max(0) as usize);
+    for _ in 0..n.max(0) {
+        let len = reply_len(&r[pos..]).map_err(|e| e.0)?.ok_or("truncated element")?;
+        out.push(&r[pos..pos + len]);
+        pos += len;
+    }
+    Ok((n.max(0) as usize, out))
+}
+
+fn int_of(r: &[u8]) -> Result<i64, &'static str> {
+    Value::parse(r)
+        .map_err(|e| e.0)?
+        .0
+        .as_int()
+        .ok_or("expected an integer")
+}
+
+/// Merges part replies (none of which is an error) into the reply for the client.
+fn merge_replies(
+    merge: &Merge,
+    replies: &[Bytes],
+    proto: Proto,
+    scratch: &mut BytesMut,
+) -> Result<Bytes, &'static str> {
+    let mut w = Writer::new(scratch, proto);
+    match merge {
+        Merge::Pass | Merge::Info { .. } => unreachable!("handled by finish"),
+        Merge::Mget { positions, total } => {
+            let mut slots: Vec<&[u8]> = vec![&[]; *total];
+            for (r, pos) in replies.iter().zip(positions) {
+                let (n, elems) = array_elements(r)?;
+                if n != pos.len() {
+                    return Err("MGET part returned the wrong number of values");
+                }
+                for (e, &p) in elems.into_iter().zip(pos.iter()) {
+                    slots[p as usize] = e;
+                }
+            }
+            w.array(*total);
+            for e in slots {
+                w.raw(e);
+            }
+        }
+        Merge::Mset => w.ok(),
+        Merge::Sum | Merge::Dbsize => {
+            let mut sum = 0i64;
+            for r in replies {
+                sum += int_of(r)?;
+            }
+            w.int(sum);
+        }
+        Merge::Keys => {
+            let mut all = Vec::new();
+            for r in replies {
+                all.extend(array_elements(r)?.1);
+            }
+            w.array(all.len());
+            for e in all {
+                w.raw(e);
+            }
+        }
+        Merge::Scan { node, nodes } => {
+            let (v, _) = Value::parse(&replies[0]).map_err(|e| e.0)?;
+            let Value::Array(items) = v else {
+                return Err("SCAN reply is not an array");
+            };
+            let (Some(c), Some(Value::Array(keys))) = (items.first().and_then(|c| c.as_bytes()), items.get(1)) else {
+                return Err("SCAN reply has an unexpected shape");
+            };
+            let backend: u64 = std::str::from_utf8(c)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or("bad SCAN cursor")?;
+            let next = if backend != 0 {
+                if backend >= 1 << (64 - SCAN_NODE_BITS) {
+                    return Err("backend SCAN cursor too large");
+                }
+                (backend << SCAN_NODE_BITS) | *node as u64
+            } else if node + 1 < *nodes {
+                (node + 1) as u64
+            } else {
+                0
+            };
+            w.array(2);
+            w.bulk(itoa::Buffer::new().format(next).as_bytes());
+            w.array(keys.len());
+            for k in keys {
+                w.bulk(k.as_bytes().unwrap_or_default());
+            }
+        }
+        Merge::RandomKey => {
+            let found: Vec<&Bytes> = replies
+                .iter()
+                .filter(|r| !matches!(Value::parse(r), Ok((Value::Nil, _))))
+                .collect();
+            if found.is_empty() {
+                w.nil();
+            } else {
+                let pick = (std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .subsec_nanos() as usize)
+                    % found.len();
+                w.raw(found[pick]);
+            }
+        }
+        Merge::AllSame => w.raw(&replies[0]),
+        Merge::ScriptExists => {
+            let mut acc: Vec<i64> = Vec::new();
+            for (i, r) in replies.iter().enumerate() {
+                let (v, _) = Value::parse(r).map_err(|e| e.0)?;
+                let Value::Array(items) = v else {
+                    return Err("SCRIPT EXISTS reply is not an array");
+                };
+                let vals: Vec<i64> = items.iter().map(|x| x.as_int().unwrap_or(0)).collect();
+                if i == 0 {
+                    acc = vals;
+                } else {
+                    for (a, b) in acc.iter_mut().zip(vals) {
+                        *a = (*a != 0 && b != 0) as i64;
+                    }
+                }
+            }
+            w.array(acc.len());
+            for a in acc {
+                w.int(a);
+            }
+        }
+    }
+    Ok(scratch.split().freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(s: &[u8]) -> Bytes {
+        Bytes::copy_from_slice(s)
+    }
+
+    #[test]
+    fn mget_merge_restores_order() {
+        let m = Merge::Mget {
+            positions: vec![smallvec![0, 2], smallvec![1]],
+            total: 3,
+        };
+        let replies = vec![b(b"*2\r\n$1\r\na\r\n$-1\r\n"), b(b"*1\r\n$1\r\nb\r\n")];
+        let mut s = BytesMut::new();
+        let out = merge_replies(&m, &replies, Proto::Resp2, &mut s).unwrap();
+        assert_eq!(&out[..], b"*3\r\n$1\r\na\r\n$1\r\nb\r\n$-1\r\n");
+        let replies3 = vec![b(b"*2\r\n$1\r\na\r\n_\r\n"), b(b"*1\r\n$1\r\nb\r\n")];
+        let out = merge_replies(&m, &replies3, Proto::Resp3, &mut s).unwrap();
+        assert_eq!(&out[..], b"*3\r\n$1\r\na\r\n$1\r\nb\r\n_\r\n");
+    }
+
+    #[test]
+    fn sums_and_keys() {
+        let mut s = BytesMut::new();
+        let out = merge_replies(&Merge::Sum, &[b(b":2\r\n"), b(b":3\r\n")], Proto::Resp2, &mut s).unwrap();
+        assert_eq!(&out[..], b":5\r\n");
+        let out = merge_replies(
+            &Merge::Keys,
+            &[b(b"*1\r\n$1\r\na\r\n"), b(b"*0\r\n"), b(b"*1\r\n$1\r\nb\r\n")],
+            Proto::Resp2,
+            &mut s,
+        )
+        .unwrap();
+        assert_eq!(&out[..], b"*2\r\n$1\r\na\r\n$1\r\nb\r\n");
+        let out = merge_replies(
+            &Merge::ScriptExists,
+            &[b(b"*2\r\n:1\r\n:1\r\n"), b(b"*2\r\n:1\r\n:0\r\n")],
+            Proto::Resp2,
+            &mut s,
+        )
+        .unwrap();
+        assert_eq!(&out[..], b"*2\r\n:1\r\n:0\r\n");
+    }
+
+    #[test]
+    fn scan_cursor_walks_nodes() {
+        let mut s = BytesMut::new();
+        let page = |node, nodes, r: &[u8], s: &mut BytesMut| {
+            merge_replies(&Merge::Scan { node, nodes }, &[b(r)], Proto::Resp2, s).unwrap()
+        };
+        // backend has more: cursor keeps the node
+        let out = page(1, 3, b"*2\r\n$2\r\n17\r\n*1\r\n$1\r\nk\r\n", &mut s);
+        assert_eq!(
+            &out[..],
+            format!(
+                "*2\r\n${}\r\n{}\r\n*1\r\n$1\r\nk\r\n",
+                ((17u64 << 10) | 1).to_string().len(),
+                (17u64 << 10) | 1
+            )
+            .as_bytes()
+        );
+        // backend done: next node
+        let out = page(1, 3, b"*2\r\n$1\r\n0\r\n*0\r\n", &mut s);
+        assert_eq!(&out[..], b"*2\r\n$1\r\n2\r\n*0\r\n");
+        // last node done: 0
+        let out = page(2, 3, b"*2\r\n$1\r\n0\r\n*0\r\n", &mut s);
+        assert_eq!(&out[..], b"*2\r\n$1\r\n0\r\n*0\r\n");
+    }
+}

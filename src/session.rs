@@ -1,0 +1,237 @@
+//! One client connection: read requests, hand each to the request path, and write the
+//! replies back strictly in request order.
+//!
+//! The session is one task. Requests a client pipelines are dispatched as soon as they are
+//! parsed, so commands for different nodes are in flight together; each takes a place in
+//! the reply queue, and backend replies arrive on the session's own channel tagged with
+//! that place. Whenever the front of the queue is complete, every complete reply at the
+//! front is written in one syscall. A client with `max_pipeline` unanswered commands is
+//! not read from until replies drain (its commands wait in the socket, not in memory).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info};
+
+use crate::backend::BackendReply;
+use crate::protocol::request::Limits;
+use crate::protocol::{Next, Proto, RequestReader, Writer};
+use crate::proxy::{Ctx, Outcome, Pending, Proxy};
+
+/// What the proxy knows about a client connection.
+pub struct ClientState {
+    pub id: u64,
+    pub proto: Proto,
+    pub authed: bool,
+    pub name: Option<Bytes>,
+    pub lib_name: String,
+    pub lib_ver: String,
+    pub addr: String,
+    pub laddr: String,
+    pub created: Instant,
+    /// QUIT was received: close once its reply is written.
+    pub quit: bool,
+}
+
+enum Entry {
+    Ready(Bytes),
+    Waiting(Pending),
+    /// The reply after which the connection closes (QUIT, protocol error).
+    Last(Bytes),
+}
+
+/// The in-order reply queue.
+struct Queue {
+    entries: VecDeque<Entry>,
+    /// Sequence number of `entries[0]`.
+    head: u64,
+}
+
+impl Queue {
+    fn next_seq(&self) -> u64 {
+        self.head + self.entries.len() as u64
+    }
+    fn get_mut(&mut self, seq: u64) -> Option<&mut Entry> {
+        let i = seq.checked_sub(self.head)?;
+        self.entries.get_mut(i as usize)
+    }
+}
+
+/// Serves one client until it disconnects, sends QUIT, breaks the protocol, or the proxy
+/// shuts down.
+pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::Receiver<bool>) {
+    let id = proxy
+        .stats
+        .next_client_id
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    let addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let laddr = stream.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let _ = stream.set_nodelay(true);
+    info!(client = id, %addr, "client connected");
+    let mut client = ClientState {
+        id,
+        proto: Proto::Resp2,
+        authed: proxy.config.server.password.is_none(),
+        name: None,
+        lib_name: String::new(),
+        lib_ver: String::new(),
+        addr,
+        laddr,
+        created: Instant::now(),
+        quit: false,
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
+    let mut reader = RequestReader::new(Limits {
+        max_request_bytes: proxy.config.limits.max_request_bytes as usize,
+    });
+    let mut rbuf = BytesMut::with_capacity(16 * 1024);
+    let mut wbuf = BytesMut::with_capacity(16 * 1024);
+    let mut scratch = BytesMut::with_capacity(4 * 1024);
+    let mut queue = Queue {
+        entries: VecDeque::with_capacity(64),
+        head: 0,
+    };
+    let max_pipeline = proxy.config.limits.max_pipeline;
+    let mut reading = true; // false after EOF, QUIT, a protocol error, or shutdown
+    let mut read_hint = 0usize;
+    let (mut rd, mut wr) = stream.split();
+
+    loop {
+        let can_read = reading && queue.entries.len() < max_pipeline;
+        tokio::select! {
+            biased;
+            Some(r) = rx.recv() => {
+                let mut next = Some(r);
+                while let Some(r) = next.take() {
+                    let seq = r.tag.seq;
+                    if let Some(Entry::Waiting(p)) = queue.get_mut(seq) {
+                        let mut ctx = Ctx { client: &mut client, seq, reply_to: &tx, scratch: &mut scratch };
+                        if let Some(done) = proxy.on_reply(&mut ctx, p, r) {
+                            *queue.get_mut(seq).expect("entry exists") = Entry::Ready(done);
+                        }
+                    }
+                    next = rx.try_recv().ok();
+                }
+            }
+            res = async {
+                let want = read_hint.clamp(16 * 1024, 4 * 1024 * 1024);
+                if rbuf.capacity() - rbuf.len() < want {
+                    rbuf.reserve(want);
+                }
+                rd.read_buf(&mut rbuf).await
+            }, if can_read => {
+                if !matches!(res, Ok(n) if n > 0) {
+                    debug!(client = id, "client closed its side");
+                    reading = false;
+                }
+            }
+            _ = shutdown.changed(), if reading => {
+                reading = false;
+            }
+        }
+
+        // Dispatch what is buffered (up to the pipeline limit) and write every complete
+        // reply at the front of the queue; repeat while that makes progress.
+        let mut last;
+        loop {
+            let mut parsed = 0;
+            while reading && queue.entries.len() < max_pipeline && !rbuf.is_empty() {
+                let seq = queue.next_seq();
+                let entry = match reader.next(&mut rbuf) {
+                    Ok(Next::Incomplete { hint }) => {
+                        read_hint = hint;
+                        break;
+                    }
+                    Ok(Next::Request(req)) => {
+                        let mut ctx = Ctx {
+                            client: &mut client,
+                            seq,
+                            reply_to: &tx,
+                            scratch: &mut scratch,
+                        };
+                        match proxy.dispatch(&mut ctx, req) {
+                            Outcome::Ready(b) if client.quit => Entry::Last(b),
+                            Outcome::Ready(b) => Entry::Ready(b),
+                            Outcome::Waiting(p) => Entry::Waiting(p),
+                        }
+                    }
+                    Err(e) => {
+                        info!(client = id, error = %e, "protocol error; closing");
+                        Writer::new(&mut scratch, client.proto).error(&format!("ERR {e}"));
+                        Entry::Last(scratch.split().freeze())
+                    }
+                };
+                if matches!(entry, Entry::Last(_)) {
+                    reading = false;
+                }
+                queue.entries.push_back(entry);
+                parsed += 1;
+            }
+            match flush(&mut wr, &mut queue, &mut wbuf).await {
+                Ok(l) => last = l,
+                Err(_) => return finish(&proxy, id),
+            }
+            if last || parsed == 0 || queue.entries.len() >= max_pipeline {
+                break;
+            }
+        }
+        if last || (!reading && queue.entries.is_empty()) {
+            break;
+        }
+    }
+    let _ = wr.shutdown().await;
+    finish(&proxy, id);
+}
+
+fn finish(_proxy: &Proxy, id: u64) {
+    info!(client = id, "client disconnected");
+}
+
+/// Writes every complete reply at the front of the queue, small ones batched into one
+/// write. Returns true when the connection's last reply (QUIT, protocol error) was written.
+async fn flush(
+    wr: &mut tokio::net::tcp::WriteHalf<'_>,
+    queue: &mut Queue,
+    wbuf: &mut BytesMut,
+) -> std::io::Result<bool> {
+    let mut last = false;
+    while let Some(front) = queue.entries.front() {
+        let b = match front {
+            Entry::Waiting(_) => break,
+            Entry::Ready(b) => b,
+            Entry::Last(b) => {
+                last = true;
+                b
+            }
+        };
+        if b.len() > 64 * 1024 {
+            // large replies go out as they are, without a copy
+            if !wbuf.is_empty() {
+                wr.write_all(wbuf).await?;
+                wbuf.clear();
+            }
+            wr.write_all(b).await?;
+        } else {
+            wbuf.extend_from_slice(b);
+        }
+        queue.entries.pop_front();
+        queue.head += 1;
+        if last {
+            break;
+        }
+    }
+    if !wbuf.is_empty() {
+        wr.write_all(wbuf).await?;
+        wbuf.clear();
+        if wbuf.capacity() > 1024 * 1024 {
+            *wbuf = BytesMut::with_capacity(16 * 1024);
+        }
+    }
+    Ok(last)
+}
