@@ -45,7 +45,8 @@ port_in_use() {
 # True if the redis on port $1 is one of ours (its working dir is under DEMO_DIR).
 is_our_redis() {
     local dir
-    dir="$(redis-cli -h "$HOST" -p "$1" --raw config get dir 2>/dev/null | sed -n '2p')" || return 1
+    # timeout: a non-Redis listener may accept and never answer.
+    dir="$(timeout 3 redis-cli -h "$HOST" -p "$1" --raw config get dir 2>/dev/null | sed -n '2p')" || return 1
     [[ -n "$dir" && ("$dir" == "$DEMO_DIR"/* || "$dir" == "$DEMO_DIR_REAL"/*) ]]
 }
 

@@ -268,9 +268,17 @@ async fn serve(
         let mut wbuf = BytesMut::with_capacity(64 * 1024);
         loop {
             let Some(first) = rx.recv().await else {
+                // Every handle is gone (the node left the topology): let the replies
+                // already on their way arrive (the watchdog bounds this), then stop.
                 closed = true;
+                while !fifo.lock().is_empty() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 return Ok::<(), std::io::Error>(());
             };
+            // Let the sessions that are ready right now run first: their requests join this
+            // batch, so one write (and one read of the replies) serves many clients.
+            tokio::task::yield_now().await;
             let now = Instant::now();
             let mut next = Some(first);
             while let Some(req) = next.take() {

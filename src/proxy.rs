@@ -242,31 +242,11 @@ impl Proxy {
                 smallvec![Part::new(req.raw().clone(), Target::Slot(s0))],
             );
         }
-        // group key indices by slot, keeping request order inside each group
-        let mut order: Vec<(u16, u32)> = (0..nkeys).map(|i| (slot(req.arg(1 + i * step)), i as u32)).collect();
-        order.sort_by_key(|&(s, _)| s);
         let mut parts: SmallVec<[Part; 1]> = SmallVec::new();
         let mut positions: Vec<SmallVec<[u32; 4]>> = Vec::new();
-        let name = req.arg(0);
-        let mut i = 0;
-        while i < order.len() {
-            let s = order[i].0;
-            let j = i + order[i..].iter().take_while(|(x, _)| *x == s).count();
-            let mut buf = BytesMut::new();
-            crate::protocol::request::write_array_header(&mut buf, 1 + (j - i) * step);
-            crate::protocol::request::write_bulk(&mut buf, name);
-            let mut pos = SmallVec::new();
-            for &(_, k) in &order[i..j] {
-                let a = 1 + k as usize * step;
-                crate::protocol::request::write_bulk(&mut buf, req.arg(a));
-                if step == 2 {
-                    crate::protocol::request::write_bulk(&mut buf, req.arg(a + 1));
-                }
-                pos.push(k);
-            }
-            parts.push(Part::new(buf.freeze(), Target::Slot(s)));
-            positions.push(pos);
-            i = j;
+        for group in split_by_slot(&req, step) {
+            parts.push(Part::new(group.data, Target::Slot(group.slot)));
+            positions.push(group.positions);
         }
         let merge = match kind {
             Split::Mget => Merge::Mget {
@@ -532,6 +512,73 @@ impl Proxy {
     }
 }
 
+/// One slot's share of a split multi-key command.
+pub struct SlotGroup {
+    pub slot: u16,
+    /// The command for this slot's keys (and values), in request order.
+    pub data: Bytes,
+    /// Positions (0-based, in keys) of this group's keys in the original request.
+    pub positions: SmallVec<[u32; 4]>,
+}
+
+/// Splits a MGET/MSET/DEL-like request (`step` 2 for key/value pairs) into one command per
+/// slot, keeping request order inside each.
+pub fn split_by_slot(req: &Request, step: usize) -> Vec<SlotGroup> {
+    use crate::protocol::request::{write_array_header, write_bulk};
+    let nkeys = (req.argc() - 1) / step;
+    let mut order: Vec<(u16, u32)> = (0..nkeys).map(|i| (slot(req.arg(1 + i * step)), i as u32)).collect();
+    order.sort_by_key(|&(s, _)| s);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < order.len() {
+        let s = order[i].0;
+        let j = i + order[i..].iter().take_while(|(x, _)| *x == s).count();
+        let mut buf = BytesMut::with_capacity(16 + (j - i) * 32);
+        write_array_header(&mut buf, 1 + (j - i) * step);
+        write_bulk(&mut buf, req.arg(0));
+        let mut positions = SmallVec::new();
+        for &(_, k) in &order[i..j] {
+            let a = 1 + k as usize * step;
+            for arg in a..a + step {
+                write_bulk(&mut buf, req.arg(arg));
+            }
+            positions.push(k);
+        }
+        out.push(SlotGroup {
+            slot: s,
+            data: buf.freeze(),
+            positions,
+        });
+        i = j;
+    }
+    out
+}
+
+/// Merges the array replies of a split MGET (one per [`SlotGroup`], in group order) into
+/// one array in request order. Elements are copied as the bytes Redis sent.
+pub fn merge_mget(
+    replies: &[Bytes],
+    groups: &[SmallVec<[u32; 4]>],
+    total: usize,
+    out: &mut BytesMut,
+) -> Result<(), &'static str> {
+    let mut slots: Vec<&[u8]> = vec![&[]; total];
+    for (r, pos) in replies.iter().zip(groups) {
+        let (n, elems) = array_elements(r)?;
+        if n != pos.len() {
+            return Err("MGET part returned the wrong number of values");
+        }
+        for (e, &p) in elems.into_iter().zip(pos.iter()) {
+            slots[p as usize] = e;
+        }
+    }
+    crate::protocol::request::write_array_header(out, total);
+    for e in slots {
+        out.extend_from_slice(e);
+    }
+    Ok(())
+}
+
 impl Part {
     fn new(data: Bytes, target: Target) -> Part {
         Part {
@@ -578,22 +625,7 @@ fn merge_replies(
     let mut w = Writer::new(scratch, proto);
     match merge {
         Merge::Pass | Merge::Info { .. } => unreachable!("handled by finish"),
-        Merge::Mget { positions, total } => {
-            let mut slots: Vec<&[u8]> = vec![&[]; *total];
-            for (r, pos) in replies.iter().zip(positions) {
-                let (n, elems) = array_elements(r)?;
-                if n != pos.len() {
-                    return Err("MGET part returned the wrong number of values");
-                }
-                for (e, &p) in elems.into_iter().zip(pos.iter()) {
-                    slots[p as usize] = e;
-                }
-            }
-            w.array(*total);
-            for e in slots {
-                w.raw(e);
-            }
-        }
+        Merge::Mget { positions, total } => merge_mget(replies, positions, *total, w.buf)?,
         Merge::Mset => w.ok(),
         Merge::Sum | Merge::Dbsize => {
             let mut sum = 0i64;

@@ -168,6 +168,34 @@ impl CommandTable {
         for raw in generated::REDIS_COMMANDS {
             by_name.insert(raw.name.as_bytes().to_vec(), build(raw, None));
         }
+        // Newer than the Redis the table was generated from, and sent by current clients
+        // (redis-py, Jedis, go-redis) right after connecting.
+        if let Some(client) = by_name.get_mut(b"CLIENT".as_slice()) {
+            static CLIENT: RawSpec = RawSpec {
+                name: "CLIENT",
+                arity: -2,
+                flags: 0,
+                first: 0,
+                last: 0,
+                step: 0,
+                movable: false,
+                subs: &[],
+            };
+            static SETINFO: RawSpec = RawSpec {
+                name: "SETINFO",
+                arity: 4,
+                flags: flags::NOSCRIPT | flags::LOADING | flags::STALE,
+                first: 0,
+                last: 0,
+                step: 0,
+                movable: false,
+                subs: &[],
+            };
+            client
+                .subs
+                .entry(b"SETINFO".to_vec())
+                .or_insert_with(|| build(&SETINFO, Some(&CLIENT)));
+        }
         CommandTable { by_name }
     }
 
@@ -445,6 +473,8 @@ mod tests {
             t.lookup(&req(&["nosuch", "a", "b"])).unwrap_err().message(),
             "ERR unknown command 'nosuch', with args beginning with: 'a' 'b' "
         );
+        let c = t.lookup(&req(&["client", "setinfo", "lib-name", "x"])).unwrap();
+        assert_eq!(c.route, Route::Local(Local::ClientSetInfo));
         let c = t.lookup(&req(&["client", "setname", "x"])).unwrap();
         assert_eq!(c.route, Route::Local(Local::ClientSetName));
         assert_eq!(

@@ -292,11 +292,14 @@ pub fn parse_i64(s: &[u8]) -> Option<i64> {
 /// understand only \'. A closing quote must be followed by whitespace or the end.
 /// Returns `None` for unbalanced quotes.
 pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
+    // Redis splits a C string: a NUL byte ends the line.
+    let line = &line[..memchr::memchr(0, line).unwrap_or(line.len())];
+    let is_space = |c: u8| c.is_ascii_whitespace() || c == 0x0b;
     let mut out = Vec::new();
     let mut i = 0;
     let n = line.len();
     loop {
-        while i < n && line[i].is_ascii_whitespace() {
+        while i < n && is_space(line[i]) {
             i += 1;
         }
         if i >= n {
@@ -331,7 +334,7 @@ pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
                         o => o,
                     });
                 } else if c == b'"' {
-                    if i + 1 < n && !line[i + 1].is_ascii_whitespace() {
+                    if i + 1 < n && !is_space(line[i + 1]) {
                         return None;
                     }
                     i += 1;
@@ -348,7 +351,7 @@ pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
                     i += 1;
                     cur.push(b'\'');
                 } else if c == b'\'' {
-                    if i + 1 < n && !line[i + 1].is_ascii_whitespace() {
+                    if i + 1 < n && !is_space(line[i + 1]) {
                         return None;
                     }
                     i += 1;
@@ -361,7 +364,7 @@ pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
                     break;
                 }
                 match line[i] {
-                    b' ' | b'\n' | b'\r' | b'\t' | 0 => break,
+                    c if is_space(c) => break,
                     b'"' => inq = true,
                     b'\'' => insq = true,
                     c => cur.push(c),
@@ -486,6 +489,10 @@ mod tests {
         assert_eq!(s(r#"set "a"b"#), None);
         assert_eq!(s(r#"set 'a"#), None);
         assert_eq!(s(""), Some(vec![]));
+        // a NUL ends the line (Redis splits a C string); this once looped forever
+        assert_eq!(s("get a\0b c"), Some(vec!["get".into(), "a".into()]));
+        assert_eq!(s("\0\0\0"), Some(vec![]));
+        assert_eq!(s("a\x0b\x0cb"), Some(vec!["a".into(), "b".into()]));
     }
 
     #[test]

@@ -1,0 +1,172 @@
+//! Criterion benchmarks of the hot-path pieces: request framing (ours against
+//! redis-protocol's decoder), reply boundary scanning, slot computation, command-table
+//! lookup, and MGET split + merge. Run: `cargo bench --bench hot_path`.
+
+use bytes::{Bytes, BytesMut};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use std::hint::black_box;
+
+use heatshield::cluster::slot;
+use heatshield::command::CommandTable;
+use heatshield::protocol::reply::ReplyScanner;
+use heatshield::protocol::request::{Limits, Next, Request, RequestReader};
+use heatshield::proxy::{merge_mget, split_by_slot};
+
+fn pipeline_batch(n: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    for i in 0..n {
+        let key = format!("key:{i:012}");
+        let r = if i % 2 == 0 {
+            Request::from_args(&[b"SET".as_slice(), key.as_bytes(), &[b'x'; 100]])
+        } else {
+            Request::from_args(&[b"GET".as_slice(), key.as_bytes()])
+        };
+        v.extend_from_slice(r.raw());
+    }
+    v
+}
+
+fn framing(c: &mut Criterion) {
+    let batch = pipeline_batch(100);
+    let mut g = c.benchmark_group("frame_100_pipelined");
+    g.throughput(Throughput::Elements(100));
+    g.bench_function("heatshield_reader", |b| {
+        let mut reader = RequestReader::new(Limits::default());
+        b.iter(|| {
+            let mut buf = BytesMut::from(&batch[..]);
+            let mut n = 0;
+            while let Ok(Next::Request(r)) = reader.next(&mut buf) {
+                n += r.argc();
+            }
+            black_box(n)
+        })
+    });
+    g.bench_function("redis_protocol_decode", |b| {
+        b.iter(|| {
+            let mut pos = 0;
+            let mut n = 0;
+            while let Ok(Some((f, used))) = redis_protocol::resp2::decode::decode(&batch[pos..]) {
+                pos += used;
+                n += matches!(f, redis_protocol::resp2::types::OwnedFrame::Array(_)) as usize;
+            }
+            black_box(n)
+        })
+    });
+    g.finish();
+
+    // A 5.8 MB MSET arriving in 16 KiB reads: resumable parsing against re-parsing.
+    let mut args: Vec<Vec<u8>> = vec![b"MSET".to_vec()];
+    for i in 0..50_000 {
+        args.push(format!("key:{i}").into_bytes());
+        args.push(vec![b'v'; 100]);
+    }
+    let big = Request::from_args(&args).raw().to_vec();
+    let mut g = c.benchmark_group("frame_5MB_mset_in_16KiB_reads");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(big.len() as u64));
+    g.bench_function("heatshield_reader", |b| {
+        b.iter(|| {
+            let mut reader = RequestReader::new(Limits::default());
+            let mut buf = BytesMut::new();
+            let mut got = 0;
+            for chunk in big.chunks(16 * 1024) {
+                buf.extend_from_slice(chunk);
+                if let Ok(Next::Request(r)) = reader.next(&mut buf) {
+                    got = r.argc();
+                }
+            }
+            assert_eq!(got, 100_001);
+        })
+    });
+    g.bench_function("redis_protocol_decode", |b| {
+        b.iter(|| {
+            let mut buf = Vec::new();
+            let mut got = false;
+            for chunk in big.chunks(16 * 1024) {
+                buf.extend_from_slice(chunk);
+                if let Ok(Some(_)) = redis_protocol::resp2::decode::decode(&buf) {
+                    got = true;
+                }
+            }
+            assert!(got);
+        })
+    });
+    g.finish();
+}
+
+fn replies(c: &mut Criterion) {
+    let mut batch = Vec::new();
+    for i in 0..100 {
+        if i % 2 == 0 {
+            batch.extend_from_slice(b"+OK\r\n");
+        } else {
+            batch.extend_from_slice(b"$100\r\n");
+            batch.extend_from_slice(&[b'x'; 100]);
+            batch.extend_from_slice(b"\r\n");
+        }
+    }
+    let mut g = c.benchmark_group("scan_100_replies");
+    g.throughput(Throughput::Elements(100));
+    g.bench_function("heatshield_scanner", |b| {
+        b.iter(|| {
+            let mut s = ReplyScanner::new();
+            let mut pos = 0;
+            while let Ok(Some(n)) = s.scan(&batch[pos..]) {
+                pos += n;
+            }
+            black_box(pos)
+        })
+    });
+    g.finish();
+}
+
+fn slots_and_table(c: &mut Criterion) {
+    c.bench_function("slot/plain_16B_key", |b| {
+        b.iter(|| slot(black_box(b"key:000000012345")))
+    });
+    c.bench_function("slot/hash_tag_key", |b| {
+        b.iter(|| slot(black_box(b"order:{user:42}:list")))
+    });
+    let t = CommandTable::new();
+    let mut g = c.benchmark_group("command_lookup");
+    for name in ["GET", "get", "ZRANGEBYSCORE", "client"] {
+        g.bench_with_input(BenchmarkId::from_parameter(name), name, |b, n| {
+            b.iter(|| t.get(black_box(n.as_bytes())).is_some())
+        });
+    }
+    g.finish();
+}
+
+fn mget_split_merge(c: &mut Criterion) {
+    let keys: Vec<String> = (0..10).map(|i| format!("key:{i:012}")).collect();
+    let mut args = vec!["MGET".to_string()];
+    args.extend(keys.iter().cloned());
+    let req = Request::from_args(&args);
+    c.bench_function("mget10/split_by_slot", |b| {
+        b.iter(|| black_box(split_by_slot(&req, 1).len()))
+    });
+    let groups = split_by_slot(&req, 1);
+    let replies: Vec<Bytes> = groups
+        .iter()
+        .map(|g| {
+            let mut r = BytesMut::new();
+            heatshield::protocol::request::write_array_header(&mut r, g.positions.len());
+            for _ in &g.positions {
+                heatshield::protocol::request::write_bulk(&mut r, &[b'v'; 100]);
+            }
+            r.freeze()
+        })
+        .collect();
+    let positions: Vec<_> = groups.iter().map(|g| g.positions.clone()).collect();
+    c.bench_function("mget10/merge", |b| {
+        let mut out = BytesMut::with_capacity(4096);
+        b.iter(|| {
+            out.clear();
+            merge_mget(&replies, &positions, 10, &mut out).unwrap();
+            black_box(out.len())
+        })
+    });
+}
+
+criterion_group!(benches, framing, replies, slots_and_table, mget_split_merge);
+criterion_main!(benches);

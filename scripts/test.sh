@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Run heatshield's test suite: installs missing deps, then
+# `cargo test --all-targets --no-fail-fast` (unit, integration, examples and
+# benches in test mode; doctests are not part of --all-targets).
+#
+# Usage: scripts/test.sh [extra cargo test args...]
+#   e.g. scripts/test.sh -- --test-threads=1
+# Environment: TEST_THREADS=N adds `-- --test-threads=N` (if no `--` was given).
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_ROOT"
+
+bash scripts/ensure-deps.sh
+
+export RUST_BACKTRACE=1
+
+args=(--all-targets --no-fail-fast "$@")
+if [[ -n "${TEST_THREADS:-}" ]]; then
+    has_sep=0
+    for a in "$@"; do
+        if [[ "$a" == "--" ]]; then
+            has_sep=1
+        fi
+    done
+    if ((has_sep)); then
+        args+=("--test-threads=$TEST_THREADS")
+    else
+        args+=(-- "--test-threads=$TEST_THREADS")
+    fi
+fi
+
+log_file="$(mktemp "${TMPDIR:-/tmp}/heatshield-test.XXXXXX")"
+trap 'rm -f "$log_file"' EXIT
+
+echo "+ cargo test ${args[*]}"
+start=$SECONDS
+rc=0
+cargo test "${args[@]}" 2>&1 | tee "$log_file" || rc=$?
+elapsed=$((SECONDS - start))
+
+# Sum the per-binary "test result:" lines.
+read -r passed failed ignored suites < <(
+    awk '/^test result: / {
+            for (i = 1; i <= NF; i++) {
+                if ($(i + 1) ~ /^passed;?$/) p += $i
+                if ($(i + 1) ~ /^failed;?$/) f += $i
+                if ($(i + 1) ~ /^ignored;?$/) g += $i
+            }
+            n++
+        }
+        END { printf "%d %d %d %d\n", p, f, g, n }' "$log_file"
+)
+
+echo
+echo "==================== heatshield test summary ===================="
+if ((suites == 0)); then
+    echo "no test results: cargo test exited with status $rc before running tests (see above)"
+else
+    # Failing tests, if any (cargo prints them under "failures:").
+    if ((failed > 0)); then
+        echo "failed tests:"
+        grep -E '^test .* \.\.\. FAILED$' "$log_file" | sed -e 's/^test /  /' -e 's/ \.\.\. FAILED$//' | sort -u || true
+    fi
+    echo "$suites test binaries, ${elapsed}s, cargo exit status $rc"
+    echo "summary: $passed passed, $failed failed, $ignored skipped"
+fi
+echo "================================================================="
+exit "$rc"
