@@ -24,7 +24,8 @@ pub struct Config {
 pub struct ServerConfig {
     /// Address to listen on for Redis clients.
     pub listen: String,
-    /// Worker threads; 0 means one per CPU core.
+    /// Worker threads (each a single-threaded runtime with its own listener and backend
+    /// connections); 0 means one per CPU core.
     pub threads: usize,
     /// Client connections beyond this are refused with an error reply.
     pub max_clients: usize,

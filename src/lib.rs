@@ -9,7 +9,8 @@
 //! - [`proxy`]: the request path (route, split, fan out, redirect, merge);
 //! - [`local`]: commands the proxy answers itself;
 //! - [`session`]: one client connection, replies in order;
-//! - [`server`]: the listener, connection limit and graceful shutdown.
+//! - [`server`]: the listeners, connection limit and graceful shutdown;
+//! - [`worker`]: thread-per-core workers (which worker a thread is).
 #![forbid(unsafe_code)]
 
 pub mod backend;
@@ -21,3 +22,4 @@ pub mod protocol;
 pub mod proxy;
 pub mod server;
 pub mod session;
+pub mod worker;

@@ -59,11 +59,9 @@ fn main() {
         println!("configuration ok");
         return;
     }
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if config.server.threads > 0 {
-        rt.worker_threads(config.server.threads);
-    }
-    let rt = match rt.enable_all().build() {
+    // The control runtime runs start-up, topology refreshes and signal handling; clients
+    // are served by the worker threads (see heatshield::worker).
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("heatshield: cannot start runtime: {e}");
@@ -96,14 +94,20 @@ async fn run(config: Config, config_file: Option<String>) -> i32 {
         password: config.backend.password.clone(),
         resp3: false,
     };
-    let listener = match tokio::net::TcpListener::bind(&config.server.listen).await {
+    let workers = heatshield::worker::count(config.server.threads);
+    let listeners = match heatshield::server::bind(&config.server.listen, workers) {
         Ok(l) => l,
         Err(e) => {
             error!(listen = %config.server.listen, error = %e, "cannot listen");
             return 1;
         }
     };
-    let cluster = Cluster::new(config.mode(), opts.clone(), config.backend.connections_per_node);
+    let cluster = Cluster::new(
+        config.mode(),
+        opts.clone(),
+        config.backend.connections_per_node,
+        workers,
+    );
     if cluster.is_cluster() {
         // Wait briefly for a first slot map; without one, requests get CLUSTERDOWN until
         // the refresher finds a node.
@@ -122,8 +126,24 @@ async fn run(config: Config, config_file: Option<String>) -> i32 {
     {
         *proxy.redis_version.write() = v;
     }
-    info!(listen = %proxy.config.server.listen, "heatshield ready");
-    heatshield::server::serve(proxy, listener, shutdown_signal()).await;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let threads = match heatshield::server::spawn_workers(proxy.clone(), listeners, stop_rx) {
+        Ok(t) => t,
+        Err(e) => {
+            error!(error = %e, "cannot start worker threads");
+            return 1;
+        }
+    };
+    info!(listen = %proxy.config.server.listen, workers, "heatshield ready");
+    shutdown_signal().await;
+    let _ = stop_tx.send(true);
+    // Keep refreshing the topology while the workers drain.
+    let _ = tokio::task::spawn_blocking(move || {
+        for t in threads {
+            let _ = t.join();
+        }
+    })
+    .await;
     0
 }
 

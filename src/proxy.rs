@@ -390,7 +390,7 @@ impl Proxy {
             match node {
                 Some(n) => n.conn(proto, affinity).send(BackendRequest {
                     data,
-                    asking: false,
+                    asking: matches!(target, Target::Ask(_)),
                     tag,
                     reply_to,
                 }),

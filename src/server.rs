@@ -1,6 +1,7 @@
-//! The listener: accepts clients, enforces `max_clients`, starts a session task per
-//! connection, and on shutdown stops accepting, lets sessions finish their in-flight
-//! replies (bounded by `shutdown_timeout_ms`) and returns.
+//! The listeners: one per worker thread (SO_REUSEPORT), each accepting clients,
+//! enforcing `max_clients`, and starting a session task per connection on its worker; on
+//! shutdown they stop accepting, let sessions finish their in-flight replies (bounded by
+//! `shutdown_timeout_ms`) and return.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,6 +14,66 @@ use tracing::{info, warn};
 
 use crate::proxy::Proxy;
 use crate::session;
+
+/// Binds `n` listening sockets to `addr` with SO_REUSEPORT, so the kernel spreads new
+/// connections over the workers.
+pub fn bind(addr: &str, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let addr: std::net::SocketAddr = addr.parse().map_err(std::io::Error::other)?;
+    (0..n.max(1))
+        .map(|_| {
+            let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+            s.set_reuse_address(true)?;
+            #[cfg(unix)]
+            s.set_reuse_port(true)?;
+            s.set_nonblocking(true)?;
+            s.bind(&addr.into())?;
+            s.listen(1024)?;
+            Ok(s.into())
+        })
+        .collect()
+}
+
+/// Runs one worker thread per listener, each with its own single-threaded runtime, until
+/// `stop` becomes true and the worker has drained. Returns the threads to join.
+pub fn spawn_workers(
+    proxy: Arc<Proxy>,
+    listeners: Vec<std::net::TcpListener>,
+    stop: watch::Receiver<bool>,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    listeners
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let proxy = proxy.clone();
+            let mut stop = stop.clone();
+            std::thread::Builder::new()
+                .name(format!("heatshield-w{i}"))
+                .spawn(move || {
+                    crate::worker::set_current(i);
+                    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            warn!(worker = i, error = %e, "cannot start worker runtime");
+                            return;
+                        }
+                    };
+                    rt.block_on(async move {
+                        let listener = match TcpListener::from_std(l) {
+                            Ok(l) => l,
+                            Err(e) => {
+                                warn!(worker = i, error = %e, "cannot register listener");
+                                return;
+                            }
+                        };
+                        serve(proxy, listener, async move {
+                            let _ = stop.wait_for(|s| *s).await;
+                        })
+                        .await;
+                    });
+                })
+        })
+        .collect()
+}
 
 /// Serves clients on `listener` until `stop` resolves, then drains and returns.
 pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, stop: impl std::future::Future<Output = ()>) {

@@ -23,61 +23,67 @@ use tracing::{debug, info, warn};
 
 use crate::backend::{self, Backend, BackendOptions};
 use crate::protocol::{Proto, Request};
+use crate::worker;
 pub use slot::{SLOTS, slot};
 
 /// Marks a slot no master serves.
 pub const UNASSIGNED: u16 = u16::MAX;
 
-/// The backend connections to one node: `n` RESP2 connections, and `n` RESP3 ones made
-/// when the first RESP3 client needs them.
+/// The backend connections to one node. Each worker thread has its own set, made on
+/// first use on that thread (so a request and its backend connection never cross threads):
+/// `n` RESP2 connections, and `n` RESP3 ones when the first RESP3 client needs them.
 pub struct NodePool {
     pub addr: Arc<str>,
     opts: BackendOptions,
-    resp2: Vec<Backend>,
+    per_conn: usize,
+    workers: Box<[WorkerConns]>,
+}
+
+#[derive(Default)]
+struct WorkerConns {
+    resp2: OnceLock<Vec<Backend>>,
     resp3: OnceLock<Vec<Backend>>,
 }
 
 impl NodePool {
-    fn new(addr: &str, opts: &BackendOptions, n: usize) -> NodePool {
-        let addr: Arc<str> = Arc::from(addr);
-        let o2 = BackendOptions {
-            resp3: false,
-            ..opts.clone()
-        };
-        let resp2 = (0..n).map(|_| Backend::spawn(addr.clone(), o2.clone())).collect();
+    fn new(addr: &str, opts: &BackendOptions, n: usize, workers: usize) -> NodePool {
         NodePool {
-            addr,
+            addr: Arc::from(addr),
             opts: opts.clone(),
-            resp2,
-            resp3: OnceLock::new(),
+            per_conn: n.max(1),
+            workers: (0..workers.max(1)).map(|_| WorkerConns::default()).collect(),
         }
     }
 
-    /// The connection a client uses: fixed per client (`affinity`), so one client's
-    /// commands to one node stay in order.
+    /// The connection a client uses: this worker's, fixed per client (`affinity`), so one
+    /// client's commands to one node stay in order. Must be called inside the runtime of
+    /// the current worker (connections are started there).
     #[inline]
     pub fn conn(&self, proto: Proto, affinity: u64) -> &Backend {
-        let conns = match proto {
-            Proto::Resp2 => &self.resp2,
-            Proto::Resp3 => self.resp3.get_or_init(|| {
-                let o3 = BackendOptions {
-                    resp3: true,
-                    ..self.opts.clone()
-                };
-                (0..self.resp2.len())
-                    .map(|_| Backend::spawn(self.addr.clone(), o3.clone()))
-                    .collect()
-            }),
+        let w = &self.workers[worker::current() % self.workers.len()];
+        let (cell, resp3) = match proto {
+            Proto::Resp2 => (&w.resp2, false),
+            Proto::Resp3 => (&w.resp3, true),
         };
+        let conns = cell.get_or_init(|| {
+            let o = BackendOptions {
+                resp3,
+                ..self.opts.clone()
+            };
+            (0..self.per_conn)
+                .map(|_| Backend::spawn(self.addr.clone(), o.clone()))
+                .collect()
+        });
         &conns[(affinity % conns.len() as u64) as usize]
     }
 
     /// All connections made so far (for admin views).
     pub fn connections(&self) -> impl Iterator<Item = (Proto, &Backend)> {
-        self.resp2
-            .iter()
-            .map(|b| (Proto::Resp2, b))
-            .chain(self.resp3.get().into_iter().flatten().map(|b| (Proto::Resp3, b)))
+        self.workers.iter().flat_map(|w| {
+            let r2 = w.resp2.get().into_iter().flatten().map(|b| (Proto::Resp2, b));
+            let r3 = w.resp3.get().into_iter().flatten().map(|b| (Proto::Resp3, b));
+            r2.chain(r3)
+        })
     }
 }
 
@@ -141,6 +147,7 @@ pub struct Cluster {
     pools: Mutex<HashMap<String, Arc<NodePool>>>,
     opts: BackendOptions,
     conns_per_node: usize,
+    workers: usize,
     epoch: AtomicU64,
     wake: Notify,
     /// Refreshes done, successful or not (for INFO/metrics).
@@ -148,15 +155,16 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Creates the cluster view; in standalone mode the topology is complete at once.
-    /// Must be called inside a tokio runtime (connections are started).
-    pub fn new(mode: Mode, opts: BackendOptions, conns_per_node: usize) -> Arc<Cluster> {
+    /// Creates the cluster view for `workers` worker threads; in standalone mode the
+    /// topology is complete at once. No connection is made until a worker uses a node.
+    pub fn new(mode: Mode, opts: BackendOptions, conns_per_node: usize, workers: usize) -> Arc<Cluster> {
         let c = Arc::new(Cluster {
             mode: mode.clone(),
             topo: ArcSwap::from_pointee(Topology::empty()),
             pools: Mutex::new(HashMap::new()),
             opts,
             conns_per_node: conns_per_node.max(1),
+            workers: workers.max(1),
             epoch: AtomicU64::new(0),
             wake: Notify::new(),
             refreshes: AtomicU64::new(0),
@@ -188,7 +196,7 @@ impl Cluster {
         if let Some(p) = pools.get(addr) {
             return p.clone();
         }
-        let p = Arc::new(NodePool::new(addr, &self.opts, self.conns_per_node));
+        let p = Arc::new(NodePool::new(addr, &self.opts, self.conns_per_node, self.workers));
         pools.insert(addr.to_string(), p.clone());
         p
     }
