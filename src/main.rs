@@ -119,11 +119,17 @@ async fn run(config: Config, config_file: Option<String>) -> i32 {
     }
     cluster.spawn_refresher(config.refresh_interval());
     let proxy = Arc::new(Proxy::new(config, cluster.clone(), config_file));
-    if let Some(node) = cluster.topology().masters.first()
-        && let Ok(mut s) = backend::connect(&node.addr, &opts).await
-        && let Ok(reply) = backend::roundtrip(&mut s, Request::from_args(&["INFO", "server"]).raw()).await
-        && let Some(v) = heatshield::local::redis_version_of(&reply)
-    {
+    // Learn the backends' version for HELLO/INFO; a node that does not answer in time
+    // only leaves the default in place.
+    let probe = async {
+        let node = cluster.topology().masters.first()?.addr.clone();
+        let mut s = backend::connect(&node, &opts).await.ok()?;
+        let reply = backend::roundtrip(&mut s, Request::from_args(&["INFO", "server"]).raw())
+            .await
+            .ok()?;
+        heatshield::local::redis_version_of(&reply)
+    };
+    if let Ok(Some(v)) = tokio::time::timeout(opts.command_timeout, probe).await {
         *proxy.redis_version.write() = v;
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -156,6 +156,25 @@ impl Proxy {
         if !ctx.client.authed && !matches!(cmd.route, Route::Local(l) if local::auth_free(l)) {
             return ctx.error("NOAUTH Authentication required.");
         }
+        if ctx.client.refused_multi || cmd.name == "MULTI" {
+            match cmd.name.as_str() {
+                "MULTI" if ctx.client.refused_multi => return ctx.error("ERR MULTI calls can not be nested"),
+                "MULTI" => ctx.client.refused_multi = true,
+                "EXEC" => {
+                    ctx.client.refused_multi = false;
+                    return ctx.error("EXECABORT Transaction discarded because of previous errors.");
+                }
+                "DISCARD" => {
+                    ctx.client.refused_multi = false;
+                    return ctx.reply(|w| w.ok());
+                }
+                _ => {
+                    return ctx.error(
+                        "ERR heatshield does not support transactions: command not executed (MULTI was refused; send DISCARD or EXEC)",
+                    );
+                }
+            }
+        }
         match cmd.route {
             Route::Local(l) => local::run(self, ctx, l, &req),
             Route::Forward => self.forward(ctx, cmd, req),

@@ -36,6 +36,9 @@ pub struct ClientState {
     pub created: Instant,
     /// QUIT was received: close once its reply is written.
     pub quit: bool,
+    /// MULTI was refused: until EXEC or DISCARD, commands are refused too, so what the
+    /// client meant as a transaction never half-runs.
+    pub refused_multi: bool,
 }
 
 enum Entry {
@@ -85,6 +88,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
         laddr,
         created: Instant::now(),
         quit: false,
+        refused_multi: false,
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
     let mut reader = RequestReader::new(Limits {

@@ -28,6 +28,8 @@
 
 #![allow(dead_code)]
 
+pub mod client;
+
 use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -120,22 +122,13 @@ pub fn free_port() -> u16 {
 /// that does not happen within `timeout`.
 pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
     poll(timeout, Duration::from_millis(20), what, || {
-        if f() {
-            Ok(())
-        } else {
-            Err("condition false".into())
-        }
+        if f() { Ok(()) } else { Err("condition false".into()) }
     });
 }
 
 /// Like [`wait_until`] but with a configurable interval, and the closure
 /// explains *why* it is not done yet; the last reason ends up in the panic.
-fn poll(
-    timeout: Duration,
-    interval: Duration,
-    what: &str,
-    mut f: impl FnMut() -> Result<(), String>,
-) {
+fn poll(timeout: Duration, interval: Duration, what: &str, mut f: impl FnMut() -> Result<(), String>) {
     let deadline = Instant::now() + timeout;
     loop {
         let reason = match f() {
@@ -185,10 +178,7 @@ fn kill_child(child: &mut Child) -> Option<ExitStatus> {
 
 /// Maps an exit status to a shell-style code (128 + signal if signalled).
 fn exit_code(status: ExitStatus) -> i32 {
-    status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(-1)
+    status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(-1)
 }
 
 // ---------------------------------------------------------------------------
@@ -370,23 +360,18 @@ pub fn try_raw_cmd(port: u16, args: &[&[u8]]) -> io::Result<Vec<u8>> {
 
 /// Like [`try_raw_cmd`] but panics on I/O errors (10 s timeouts).
 pub fn raw_cmd(port: u16, args: &[&[u8]]) -> Vec<u8> {
-    try_raw_cmd(port, args)
-        .unwrap_or_else(|e| panic!("raw_cmd to port {port} {:?} failed: {e}", lossy_args(args)))
+    try_raw_cmd(port, args).unwrap_or_else(|e| panic!("raw_cmd to port {port} {:?} failed: {e}", lossy_args(args)))
 }
 
 fn lossy_args(args: &[&[u8]]) -> Vec<String> {
-    args.iter()
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect()
+    args.iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect()
 }
 
 /// Sends a command of string arguments and returns the parsed reply.
 pub fn try_cmd(port: u16, args: &[&str]) -> io::Result<Resp> {
     let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
     let raw = try_raw_cmd(port, &args)?;
-    Ok(parse_resp(&raw)
-        .expect("exchange returns complete replies")
-        .0)
+    Ok(parse_resp(&raw).expect("exchange returns complete replies").0)
 }
 
 /// [`try_cmd`] that panics on I/O errors.
@@ -722,9 +707,7 @@ impl RedisCluster {
     /// slots identically.
     pub fn start_with(extra: &[&str]) -> RedisCluster {
         // Locals are dropped (killed) on unwind if anything below panics.
-        let nodes: Vec<RedisServer> = (0..Self::NODES)
-            .map(|_| RedisServer::cluster_node(extra))
-            .collect();
+        let nodes: Vec<RedisServer> = (0..Self::NODES).map(|_| RedisServer::cluster_node(extra)).collect();
 
         let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
         let mut args = vec!["--cluster", "create"];
@@ -751,11 +734,7 @@ impl RedisCluster {
 
     /// Comma-separated `127.0.0.1:P` of all 6 nodes (incl. killed ones).
     pub fn seeds(&self) -> String {
-        self.nodes
-            .iter()
-            .map(|n| n.addr())
-            .collect::<Vec<_>>()
-            .join(",")
+        self.nodes.iter().map(|n| n.addr()).collect::<Vec<_>>().join(",")
     }
 
     pub fn nodes(&self) -> &[RedisServer] {
@@ -769,11 +748,7 @@ impl RedisCluster {
 
     /// Ports of nodes whose process is still running.
     pub fn live_ports(&self) -> Vec<u16> {
-        self.nodes
-            .iter()
-            .filter(|n| n.is_alive())
-            .map(|n| n.port())
-            .collect()
+        self.nodes.iter().filter(|n| n.is_alive()).map(|n| n.port()).collect()
     }
 
     fn node(&self, port: u16) -> &RedisServer {
@@ -835,8 +810,7 @@ impl RedisCluster {
         assert!(slot < SLOTS, "slot {slot} out of range");
         for port in self.live_ports() {
             if let Ok(view) = slot_view(port)
-                && let Some(&(_, _, owner)) =
-                    view.iter().find(|&&(lo, hi, _)| lo <= slot && slot <= hi)
+                && let Some(&(_, _, owner)) = view.iter().find(|&&(lo, hi, _)| lo <= slot && slot <= hi)
             {
                 return owner;
             }
@@ -936,8 +910,7 @@ impl RedisCluster {
 
 /// `CLUSTER SLOTS` of the node on `port` as sorted `(first, last, master)`.
 fn slot_view(port: u16) -> Result<Vec<SlotRange>, String> {
-    let reply = try_cmd(port, &["CLUSTER", "SLOTS"])
-        .map_err(|e| format!("{port}: CLUSTER SLOTS failed: {e}"))?;
+    let reply = try_cmd(port, &["CLUSTER", "SLOTS"]).map_err(|e| format!("{port}: CLUSTER SLOTS failed: {e}"))?;
     let bad = || format!("{port}: unexpected CLUSTER SLOTS reply {reply:?}");
     let mut view = Vec::new();
     for entry in reply.items().ok_or_else(bad)? {
@@ -1112,11 +1085,7 @@ impl Proxy {
             .args(["-s", sig, &self.pid.to_string()])
             .status()
             .expect("run kill");
-        assert!(
-            status.success(),
-            "kill -s {sig} {} failed: {status}",
-            self.pid
-        );
+        assert!(status.success(), "kill -s {sig} {} failed: {status}", self.pid);
     }
 
     /// Waits up to `timeout` for the process to exit. Returns its exit code

@@ -1,0 +1,280 @@
+//! Failovers behind the proxy, each test with its own cluster: a manual `CLUSTER FAILOVER`
+//! and a `kill -9` of a master. The proxy must find the new master by itself (no
+//! restart), serve the data written before (acknowledged, replicated), and send new
+//! writes to the promoted replica.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::client::{Conn, Proto, SlotOwners, V};
+use common::{Proxy, RedisCluster, cli, info_field, wait_until};
+
+const KEYS: usize = 60;
+
+fn key(i: usize) -> String {
+    format!("fo:k{i}")
+}
+
+fn role(port: u16) -> Option<String> {
+    common::try_cmd(port, &["INFO", "replication"])
+        .ok()
+        .and_then(|r| r.text())
+        .and_then(|t| info_field(&t, "role"))
+}
+
+/// Writes KEYS keys through the proxy and checks they cover all masters.
+fn write_keys(proxy: &Proxy, owners: &SlotOwners) {
+    let mut c = Conn::connect(proxy.port());
+    for i in 0..KEYS {
+        assert_eq!(c.cmd(&["SET", &key(i), &format!("v{i}")]), V::ok());
+    }
+    let mut masters: Vec<u16> = (0..KEYS).map(|i| owners.of_key(key(i).as_bytes())).collect();
+    masters.sort_unstable();
+    masters.dedup();
+    assert_eq!(masters.len(), 3);
+}
+
+/// Waits until every live node's `CLUSTER NODES` lists `replica` as a replica of
+/// `master` (right after cluster creation some nodes may not know yet, and then a manual
+/// failover times out and votes are refused).
+fn wait_replica_known(cluster: &RedisCluster, master: u16, replica: u16) {
+    let (mid, rid) = (cluster.node_id(master), cluster.node_id(replica));
+    wait_until(
+        Duration::from_secs(20),
+        "every node to see the replica of the master",
+        || {
+            cluster.live_ports().iter().all(|&p| {
+                common::try_cmd(p, &["CLUSTER", "NODES"])
+                    .ok()
+                    .and_then(|r| r.text())
+                    .is_some_and(|t| {
+                        t.lines()
+                            .any(|l| l.starts_with(&rid) && l.contains("slave") && l.contains(&mid))
+                    })
+            })
+        },
+    );
+}
+
+/// Makes sure everything written to `master` so far has reached a replica.
+fn wait_replicated(master: u16, probe_key: &str) {
+    let mut m = Conn::connect(master);
+    assert_eq!(m.cmd(&["SET", probe_key, "sync"]), V::ok());
+    assert_eq!(
+        m.cmd(&["WAIT", "1", "2000"]),
+        V::Int(1),
+        "replica of {master} did not acknowledge"
+    );
+}
+
+/// Retries SET+GET of `k` through the proxy until both work or `deadline` passes;
+/// returns the time it took and the errors seen on the way.
+fn poll_until_serving(port: u16, proto: Proto, k: &str, deadline: Duration) -> (Duration, Vec<String>) {
+    let start = Instant::now();
+    let mut seen = vec![];
+    let mut n = 0;
+    loop {
+        n += 1;
+        let v = format!("poll-{}-{n}", proto.tag());
+        let attempt = Conn::try_connect(port).and_then(|mut c| {
+            if proto == Proto::Resp3 {
+                c.hello3();
+            }
+            let set = c.try_cmd(&["SET", k, &v])?;
+            let get = c.try_cmd(&["GET", k])?;
+            Ok((set, get))
+        });
+        match attempt {
+            Ok((set, get)) if set.is_ok() && get == V::s(&v) => return (start.elapsed(), seen),
+            other => seen.push(format!("{:?}: {other:?}", start.elapsed())),
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "{proto:?}: proxy did not serve {k} again within {deadline:?}; attempts: {seen:?}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A client doing SET/GET on `keys` in a loop; records every failure with its time.
+struct Background {
+    stop: Arc<AtomicBool>,
+    failures: Arc<Mutex<Vec<(Instant, String)>>>,
+    handle: thread::JoinHandle<usize>,
+}
+
+impl Background {
+    fn start(port: u16, keys: Vec<String>) -> Background {
+        let stop = Arc::new(AtomicBool::new(false));
+        let failures = Arc::new(Mutex::new(vec![]));
+        let (s, f) = (stop.clone(), failures.clone());
+        let handle = thread::spawn(move || {
+            let mut c = Conn::connect(port);
+            let mut ops = 0;
+            while !s.load(Ordering::Relaxed) {
+                let k = &keys[ops % keys.len()];
+                let v = format!("bg{ops}");
+                let r = c
+                    .try_cmd(&["SET", k, &v])
+                    .and_then(|set| Ok((set, c.try_cmd(&["GET", k])?)));
+                match r {
+                    Ok((set, get)) if set.is_ok() && get == V::s(&v) => {}
+                    Ok(other) => f.lock().unwrap().push((Instant::now(), format!("{k}: {other:?}"))),
+                    Err(e) => {
+                        f.lock().unwrap().push((Instant::now(), format!("{k}: io {e}")));
+                        thread::sleep(Duration::from_millis(50));
+                        if let Ok(n) = Conn::try_connect(port) {
+                            c = n;
+                        }
+                    }
+                }
+                ops += 1;
+                thread::sleep(Duration::from_millis(2));
+            }
+            ops
+        });
+        Background { stop, failures, handle }
+    }
+
+    fn stop(self) -> (usize, Vec<(Instant, String)>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let ops = self.handle.join().expect("background client");
+        let f = self.failures.lock().unwrap().clone();
+        (ops, f)
+    }
+}
+
+fn check_all_keys(port: u16, skip: &str) {
+    for proto in Proto::BOTH {
+        let mut c = Conn::connect_proto(port, proto);
+        for i in 0..KEYS {
+            if key(i) == skip {
+                continue;
+            }
+            assert_eq!(
+                c.cmd(&["GET", &key(i)]),
+                V::s(format!("v{i}")),
+                "{proto:?} {} after failover",
+                key(i)
+            );
+        }
+        let keys: Vec<String> = (0..KEYS).map(key).filter(|k| k != skip).collect();
+        let mut mget = vec!["MGET"];
+        mget.extend(keys.iter().map(String::as_str));
+        let r = c.cmd(&mget);
+        assert!(
+            r.items().iter().all(|v| matches!(v, V::Str(_))),
+            "{proto:?} MGET after failover: {r:?}"
+        );
+    }
+}
+
+#[test]
+fn manual_cluster_failover() {
+    let cluster = RedisCluster::start();
+    let proxy = Proxy::start_cluster(&cluster, &[]);
+    let owners = SlotOwners::read(&cluster);
+    write_keys(&proxy, &owners);
+
+    let k0 = key(0);
+    let old = owners.of_key(k0.as_bytes());
+    let new = cluster.replica_of(old);
+    wait_replica_known(&cluster, old, new);
+    wait_replicated(old, &owners.tag_on(old, "fo:probe"));
+    let bg_keys: Vec<String> = (0..200)
+        .map(|i| format!("fo:bg{i}"))
+        .filter(|k| owners.of_key(k.as_bytes()) == old)
+        .collect();
+    let bg = Background::start(proxy.port(), bg_keys);
+    thread::sleep(Duration::from_millis(200));
+
+    let started = Instant::now();
+    assert_eq!(cli(new, &["CLUSTER", "FAILOVER"]), "OK");
+    wait_until(Duration::from_secs(15), "replica to become master", || {
+        role(new).as_deref() == Some("master") && role(old).as_deref() == Some("slave")
+    });
+    let promoted = started.elapsed();
+    for proto in Proto::BOTH {
+        let (took, errors) = poll_until_serving(proxy.port(), proto, &k0, Duration::from_secs(15));
+        eprintln!(
+            "{proto:?}: serving {took:?} after the promotion ({} failed attempts)",
+            errors.len()
+        );
+    }
+    thread::sleep(Duration::from_millis(500));
+    let settled = Instant::now();
+    thread::sleep(Duration::from_millis(500));
+    let (ops, failures) = bg.stop();
+    eprintln!(
+        "manual failover: promoted after {promoted:?}; background client {ops} ops, {} failures: {:?}",
+        failures.len(),
+        failures.iter().take(5).map(|(_, e)| e).collect::<Vec<_>>()
+    );
+    let late: Vec<_> = failures.iter().filter(|(t, _)| *t > settled).collect();
+    assert!(late.is_empty(), "errors after the proxy was serving again: {late:?}");
+    // a graceful failover is invisible: the old master answers MOVED, the proxy follows
+    assert!(
+        failures.is_empty(),
+        "a client of the proxy saw errors during a manual failover: {:?}",
+        failures.iter().map(|(_, e)| e).collect::<Vec<_>>()
+    );
+    assert!(ops > 50, "background client made little progress ({ops} ops)");
+
+    // data survived, new writes land on the promoted replica
+    check_all_keys(proxy.port(), &k0);
+    let mut c = Conn::connect(proxy.port());
+    assert_eq!(c.cmd(&["SET", &k0, "after-failover"]), V::ok());
+    assert_eq!(cli(new, &["GET", &k0]), "after-failover");
+    cluster.wait_ok(Duration::from_secs(30));
+    assert_eq!(cluster.master_for_key(k0.as_bytes()), new);
+    assert!(proxy.is_alive());
+}
+
+#[test]
+fn master_killed_with_sigkill() {
+    let cluster = RedisCluster::start();
+    let proxy = Proxy::start_cluster(&cluster, &[]);
+    let owners = SlotOwners::read(&cluster);
+    write_keys(&proxy, &owners);
+
+    let k0 = key(0);
+    let old = owners.of_key(k0.as_bytes());
+    let new = cluster.replica_of(old);
+    wait_replica_known(&cluster, old, new);
+    wait_replicated(old, &owners.tag_on(old, "fo:probe"));
+
+    cluster.kill(old);
+    let killed = Instant::now();
+    let mut first = None;
+    for proto in Proto::BOTH {
+        let (took, errors) = poll_until_serving(proxy.port(), proto, &k0, Duration::from_secs(15));
+        first.get_or_insert(took);
+        eprintln!(
+            "{proto:?}: serving again {:?} after kill -9 ({} failed attempts, first: {:?})",
+            killed.elapsed(),
+            errors.len(),
+            errors.first()
+        );
+    }
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(15), "proxy served again only after {took:?}");
+
+    // every acknowledged write before the kill is readable; writes go to the new master
+    check_all_keys(proxy.port(), &k0);
+    let mut c = Conn::connect(proxy.port());
+    assert_eq!(c.cmd(&["SET", &k0, "after-kill"]), V::ok());
+    assert_eq!(cli(new, &["GET", &k0]), "after-kill");
+    // keys of the other masters were never affected
+    for i in 0..KEYS {
+        if owners.of_key(key(i).as_bytes()) != old {
+            assert_eq!(c.cmd(&["GET", &key(i)]), V::s(format!("v{i}")));
+        }
+    }
+    cluster.wait_ok(Duration::from_secs(30));
+    assert_eq!(cluster.master_for_key(k0.as_bytes()), new);
+    assert!(proxy.is_alive());
+}

@@ -1,0 +1,166 @@
+//! A real client library against the proxy: redis-py with its default configuration
+//! (`redis.Redis(host, port)`, which in redis-py 8 negotiates RESP3 with `HELLO 3` and
+//! sends `CLIENT SETINFO` on connect) and with `protocol=2`. The Python script prints
+//! `name=repr(result)` lines that the test compares with what Redis would answer.
+//!
+//! Needs `python3` with the `redis` package: run scripts/ensure-deps.sh.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use common::client::{Shared, SlotOwners};
+use common::{Proxy, RedisCluster};
+
+struct Env {
+    _cluster: RedisCluster,
+    proxy: Proxy,
+    owners: SlotOwners,
+}
+
+static ENV: Shared<Env> = Shared::new();
+
+fn env() -> Arc<Env> {
+    ENV.get(|| {
+        let cluster = RedisCluster::start();
+        let proxy = Proxy::start_cluster(&cluster, &[]);
+        let owners = SlotOwners::read(&cluster);
+        Env {
+            _cluster: cluster,
+            proxy,
+            owners,
+        }
+    })
+}
+
+const SCRIPT: &str = r#"
+import sys, redis
+port, mode, prefix = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+keys = sys.argv[4:]
+if mode == "default":
+    r = redis.Redis(host="127.0.0.1", port=port)
+else:
+    r = redis.Redis(host="127.0.0.1", port=port, protocol=int(mode))
+
+def out(name, value):
+    print(f"{name}={value!r}", flush=True)
+
+out("ping", r.ping())
+out("resp", r.client_info().get("resp"))
+out("set", r.set(keys[0], "v0"))
+out("get", r.get(keys[0]))
+out("get_missing", r.get(prefix + "missing"))
+out("mset", r.mset({k: f"val-{i}" for i, k in enumerate(keys)}))
+out("mget", r.mget(keys + [prefix + "missing"]))
+out("hset", r.hset(prefix + "h", mapping={"f1": "a", "f2": "b"}))
+out("hgetall", sorted(r.hgetall(prefix + "h").items()))
+out("incr", r.incr(prefix + "ctr"))
+out("incrby", r.incrby(prefix + "ctr", 41))
+out("zadd", r.zadd(prefix + "z", {"m": 1.5}))
+out("zscore", r.zscore(prefix + "z", "m"))
+p = r.pipeline(transaction=False)
+p.set(prefix + "p", "pv")
+p.get(prefix + "p")
+p.incr(prefix + "ctr")
+p.mget([keys[0], keys[1], keys[2], prefix + "missing"])
+p.hget(prefix + "h", "f2")
+p.exists(*keys)
+out("pipeline", p.execute())
+try:
+    r.pipeline().set(prefix + "tx", "x").execute()
+    out("transaction", "no error")
+except redis.ResponseError as e:
+    out("transaction", str(e))
+out("tx_applied", r.exists(prefix + "tx"))
+out("exists", r.exists(*keys))
+out("delete", r.delete(*keys, prefix + "h", prefix + "ctr", prefix + "z", prefix + "p"))
+out("mget_after", r.mget(keys))
+"#;
+
+fn python_with_redis() {
+    let ok = Command::new("python3")
+        .args(["-c", "import redis"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "python3 with the `redis` package is required for this test: run scripts/ensure-deps.sh \
+         (it installs redis-py with pip)"
+    );
+}
+
+fn run_redis_py(mode: &str) {
+    python_with_redis();
+    let env = env();
+    let prefix = format!("py:{mode}:");
+    let keys: Vec<String> = env
+        .owners
+        .key_per_master(&format!("{prefix}k"))
+        .into_iter()
+        .map(|(_, k)| k)
+        .collect();
+    assert_eq!(keys.len(), 3, "one key per master");
+    let port = env.proxy.port().to_string();
+    let out = Command::new("python3")
+        .args(["-c", SCRIPT, &port, mode, &prefix])
+        .args(&keys)
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "redis-py ({mode}) script failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let resp = if mode == "default" { "3" } else { mode };
+    let expected = [
+        "ping=True".to_string(),
+        format!("resp='{resp}'"),
+        "set=True".into(),
+        "get=b'v0'".into(),
+        "get_missing=None".into(),
+        "mset=True".into(),
+        "mget=[b'val-0', b'val-1', b'val-2', None]".into(),
+        "hset=2".into(),
+        "hgetall=[(b'f1', b'a'), (b'f2', b'b')]".into(),
+        "incr=1".into(),
+        "incrby=42".into(),
+        "zadd=1".into(),
+        "zscore=1.5".into(),
+        "pipeline=[True, b'pv', 43, [b'val-0', b'val-1', b'val-2', None], b'b', 3]".into(),
+    ];
+    let lines: Vec<&str> = stdout.lines().collect();
+    for (i, want) in expected.iter().enumerate() {
+        assert_eq!(
+            lines.get(i).copied(),
+            Some(want.as_str()),
+            "redis-py ({mode}) line {i}\nfull output:\n{stdout}\nstderr:\n{stderr}"
+        );
+    }
+    let tx = lines.get(expected.len()).copied().unwrap_or("");
+    assert!(
+        tx.starts_with("transaction=")
+            && (tx.contains("heatshield does not support 'MULTI'")
+                || tx.contains("heatshield does not support 'EXEC'"))
+            && tx.contains("transactions are not supported"),
+        "a MULTI/EXEC pipeline must fail with the proxy's refusal, got {tx:?}"
+    );
+    assert_eq!(
+        &lines[expected.len() + 1..],
+        ["tx_applied=0", "exists=3", "delete=7", "mget_after=[None, None, None]"],
+        "redis-py ({mode})\nfull output:\n{stdout}"
+    );
+    assert!(env.proxy.is_alive());
+}
+
+#[test]
+fn redis_py_default_configuration_resp3() {
+    run_redis_py("default");
+}
+
+#[test]
+fn redis_py_protocol_2() {
+    run_redis_py("2");
+}
