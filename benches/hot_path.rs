@@ -121,12 +121,8 @@ fn replies(c: &mut Criterion) {
 }
 
 fn slots_and_table(c: &mut Criterion) {
-    c.bench_function("slot/plain_16B_key", |b| {
-        b.iter(|| slot(black_box(b"key:000000012345")))
-    });
-    c.bench_function("slot/hash_tag_key", |b| {
-        b.iter(|| slot(black_box(b"order:{user:42}:list")))
-    });
+    c.bench_function("slot/plain_16B_key", |b| b.iter(|| slot(black_box(b"key:000000012345"))));
+    c.bench_function("slot/hash_tag_key", |b| b.iter(|| slot(black_box(b"order:{user:42}:list"))));
     let t = CommandTable::new();
     let mut g = c.benchmark_group("command_lookup");
     for name in ["GET", "get", "ZRANGEBYSCORE", "client"] {
@@ -142,9 +138,7 @@ fn mget_split_merge(c: &mut Criterion) {
     let mut args = vec!["MGET".to_string()];
     args.extend(keys.iter().cloned());
     let req = Request::from_args(&args);
-    c.bench_function("mget10/split_by_slot", |b| {
-        b.iter(|| black_box(split_by_slot(&req, 1).len()))
-    });
+    c.bench_function("mget10/split_by_slot", |b| b.iter(|| black_box(split_by_slot(&req, 1).len())));
     let groups = split_by_slot(&req, 1);
     let replies: Vec<Bytes> = groups
         .iter()

@@ -2,6 +2,7 @@
 # Install what heatshield's demo and tests need, if it is missing:
 #   - redis-server and redis-cli (Debian/Ubuntu packages redis-server, redis-tools)
 #   - the python3 `redis` package (used by test helpers / scripts)
+#   - prometheus and promtool (Debian package prometheus; tests/prometheus.rs)
 # Idempotent, and fast (no apt/pip calls) when everything is already present.
 set -euo pipefail
 
@@ -62,6 +63,19 @@ if ! python3 -c 'import redis' >/dev/null 2>&1; then
     fi
     python3 -c 'import redis' >/dev/null 2>&1 || die "python3 redis package still missing"
 fi
+
+# --- prometheus / promtool ---------------------------------------------------
+# tests/prometheus.rs runs its own prometheus server (free loopback port, its own
+# config and storage in a tempdir) and `promtool check metrics`. The Debian
+# package also installs a system service on :9090; the tests neither use nor
+# collide with it. Where services may be started, we leave it as the package
+# sets it up (policy-rc.d, if present, decides).
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    # Recommends (node-exporter and its collectors) are not needed.
+    apt_install --no-install-recommends prometheus
+fi
+command -v prometheus >/dev/null 2>&1 || die "prometheus still missing"
+command -v promtool >/dev/null 2>&1 || die "promtool still missing"
 
 # --- Rust toolchain (not installed here, only checked) ------------------------
 if ! command -v cargo >/dev/null 2>&1; then

@@ -23,6 +23,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use crate::metrics::NodeMetrics;
 use crate::protocol::reply::{ReplyScanner, error_text};
 use crate::protocol::request::Request;
 
@@ -76,6 +77,8 @@ pub struct BackendOptions {
     pub password: Option<String>,
     /// Negotiate RESP3 (`HELLO 3`) on connect.
     pub resp3: bool,
+    /// Time one backend request in this many for the latency histogram.
+    pub latency_sample_every: u32,
 }
 
 /// Connection state, for admin views.
@@ -117,10 +120,10 @@ pub struct Backend {
 
 impl Backend {
     /// Starts a connection task to `addr`. Must be called inside a tokio runtime.
-    pub fn spawn(addr: Arc<str>, opts: BackendOptions) -> Backend {
+    pub fn spawn(addr: Arc<str>, opts: BackendOptions, metrics: Arc<NodeMetrics>) -> Backend {
         let (tx, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(ConnStats::default());
-        tokio::spawn(run(addr, opts, rx, stats.clone()));
+        tokio::spawn(run(addr, opts, rx, stats.clone(), metrics));
         Backend { tx, stats }
     }
 
@@ -128,10 +131,9 @@ impl Backend {
     #[inline]
     pub fn send(&self, req: BackendRequest) {
         if let Err(mpsc::error::SendError(req)) = self.tx.send(req) {
-            let _ = req.reply_to.send(BackendReply {
-                tag: req.tag,
-                result: Err(BackendError::NotSent(Arc::from("closed backend"))),
-            });
+            let _ = req
+                .reply_to
+                .send(BackendReply { tag: req.tag, result: Err(BackendError::NotSent(Arc::from("closed backend"))) });
         }
     }
 }
@@ -153,6 +155,7 @@ async fn run(
     opts: BackendOptions,
     mut rx: mpsc::UnboundedReceiver<BackendRequest>,
     stats: Arc<ConnStats>,
+    metrics: Arc<NodeMetrics>,
 ) {
     let mut backoff = Duration::from_millis(20);
     loop {
@@ -162,7 +165,7 @@ async fn run(
                 info!(node = %addr, "backend connected");
                 stats.set(ConnState::Up);
                 backoff = Duration::from_millis(20);
-                let closed = serve(stream, &addr, &opts, &mut rx, &stats).await;
+                let closed = serve(stream, &addr, &opts, &mut rx, &stats, &metrics).await;
                 stats.set(ConnState::Down);
                 if closed {
                     return;
@@ -178,7 +181,10 @@ async fn run(
                     tokio::select! {
                         _ = &mut deadline => break,
                         r = rx.recv() => match r {
-                            Some(req) => fail(req, BackendError::NotSent(addr.clone())),
+                            Some(req) => {
+                                metrics.err_connect.increment(1);
+                                fail(req, BackendError::NotSent(addr.clone()))
+                            }
                             None => return,
                         }
                     }
@@ -190,10 +196,7 @@ async fn run(
 }
 
 fn fail(req: BackendRequest, e: BackendError) {
-    let _ = req.reply_to.send(BackendReply {
-        tag: req.tag,
-        result: Err(e),
-    });
+    let _ = req.reply_to.send(BackendReply { tag: req.tag, result: Err(e) });
 }
 
 /// Opens a connection and runs the handshake (AUTH, HELLO 3).
@@ -221,10 +224,7 @@ pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<TcpSt
         for req in hs {
             let reply = roundtrip(&mut s, req.raw()).await?;
             if let Some(e) = error_text(&reply) {
-                return Err(std::io::Error::other(format!(
-                    "handshake refused: {}",
-                    String::from_utf8_lossy(e)
-                )));
+                return Err(std::io::Error::other(format!("handshake refused: {}", String::from_utf8_lossy(e))));
             }
         }
         Ok(s)
@@ -257,6 +257,7 @@ async fn serve(
     opts: &BackendOptions,
     rx: &mut mpsc::UnboundedReceiver<BackendRequest>,
     stats: &ConnStats,
+    metrics: &NodeMetrics,
 ) -> bool {
     let (mut rd, mut wr) = stream.split();
     // The writer and reader futures run in this one task, never at the same instant, so
@@ -289,12 +290,7 @@ async fn serve(
                 if !big {
                     wbuf.extend_from_slice(&req.data);
                 }
-                fifo.lock().push_back(Inflight {
-                    tag: req.tag,
-                    reply_to: req.reply_to,
-                    asking: req.asking,
-                    sent: now,
-                });
+                fifo.lock().push_back(Inflight { tag: req.tag, reply_to: req.reply_to, asking: req.asking, sent: now });
                 stats.inflight.fetch_add(1, Ordering::Relaxed);
                 if big {
                     // large values go straight from the client's buffer to the socket
@@ -342,10 +338,10 @@ async fn serve(
                 let inf = q.pop_front().expect("front exists");
                 drop(q);
                 stats.inflight.fetch_sub(1, Ordering::Relaxed);
-                let _ = inf.reply_to.send(BackendReply {
-                    tag: inf.tag,
-                    result: Ok(frame),
-                });
+                if crate::metrics::sampled(1, metrics.sample_every) {
+                    metrics.duration.record(inf.sent.elapsed().as_secs_f64());
+                }
+                let _ = inf.reply_to.send(BackendReply { tag: inf.tag, result: Ok(frame) });
             }
         }
     };
@@ -377,14 +373,13 @@ async fn serve(
     for inf in fifo.lock().drain(..) {
         stats.inflight.fetch_sub(1, Ordering::Relaxed);
         let e = if timed_out {
+            metrics.err_timeout.increment(1);
             BackendError::Timeout(addr.clone())
         } else {
+            metrics.err_lost.increment(1);
             BackendError::Lost(addr.clone())
         };
-        let _ = inf.reply_to.send(BackendReply {
-            tag: inf.tag,
-            result: Err(e),
-        });
+        let _ = inf.reply_to.send(BackendReply { tag: inf.tag, result: Err(e) });
     }
     closed
 }

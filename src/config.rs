@@ -16,6 +16,56 @@ pub struct Config {
     pub server: ServerConfig,
     pub backend: BackendConfig,
     pub limits: LimitsConfig,
+    pub metrics: MetricsConfig,
+    pub admin: AdminConfig,
+}
+
+/// `[metrics]`: the Prometheus endpoint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Address of the HTTP listener serving `/metrics`, or "off".
+    pub listen: String,
+    /// Latency histograms time one command (and one backend request) in this many; the
+    /// counters count every one. 1 times every command.
+    pub latency_sample_every: u32,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { listen: "127.0.0.1:9180".into(), latency_sample_every: 8 }
+    }
+}
+
+/// `[admin]`: the `PROXY ...` commands, the slow log and the big-key log.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Whether `PROXY ...` commands are answered at all.
+    pub enabled: bool,
+    /// When set, a connection must send `PROXY AUTH <password>` before other PROXY commands.
+    pub password: Option<String>,
+    /// Commands slower than this (microseconds, as the client sees them) enter the slow log.
+    pub slowlog_slower_than_us: u64,
+    /// Entries the slow log keeps.
+    pub slowlog_max_len: usize,
+    /// Requests and replies at least this large (bytes) enter the big-key log.
+    pub bigkey_bytes: u64,
+    /// Entries the big-key log keeps (the largest).
+    pub bigkeys_max_len: usize,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            enabled: true,
+            password: None,
+            slowlog_slower_than_us: 10_000,
+            slowlog_max_len: 128,
+            bigkey_bytes: 64 * 1024,
+            bigkeys_max_len: 64,
+        }
+    }
 }
 
 /// `[server]`: the client-facing side.
@@ -100,10 +150,7 @@ pub struct LimitsConfig {
 
 impl Default for LimitsConfig {
     fn default() -> Self {
-        LimitsConfig {
-            max_request_bytes: 512 * 1024 * 1024,
-            max_pipeline: 1024,
-        }
+        LimitsConfig { max_request_bytes: 512 * 1024 * 1024, max_pipeline: 1024 }
     }
 }
 
@@ -114,6 +161,7 @@ pub struct Overrides {
     pub cluster: Option<String>,
     pub standalone: Option<String>,
     pub threads: Option<usize>,
+    pub metrics: Option<String>,
 }
 
 /// A configuration that failed to load; each line names a key.
@@ -127,10 +175,7 @@ pub struct ConfigError {
 impl Config {
     /// Loads `path` (if any), applies overrides and validates.
     pub fn load(path: Option<&Path>, ov: &Overrides) -> Result<Config, ConfigError> {
-        let err = |p: Vec<String>| ConfigError {
-            file: path.map(Path::to_path_buf),
-            problems: p,
-        };
+        let err = |p: Vec<String>| ConfigError { file: path.map(Path::to_path_buf), problems: p };
         let mut cfg = match path {
             Some(p) => {
                 let text = std::fs::read_to_string(p).map_err(|e| err(vec![format!("cannot read file: {e}")]))?;
@@ -154,11 +199,7 @@ impl Config {
         }
         if let Some(c) = &ov.cluster {
             self.backend.mode = "cluster".into();
-            self.backend.seeds = c
-                .split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect();
+            self.backend.seeds = c.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
         }
         if let Some(s) = &ov.standalone {
             self.backend.mode = "standalone".into();
@@ -167,16 +208,16 @@ impl Config {
         if let Some(t) = ov.threads {
             self.server.threads = t;
         }
+        if let Some(m) = &ov.metrics {
+            self.metrics.listen = m.clone();
+        }
     }
 
     /// Every problem, each naming its key.
     pub fn validate(&self) -> Result<(), Vec<String>> {
         let mut p = Vec::new();
         if self.server.listen.parse::<SocketAddr>().is_err() {
-            p.push(format!(
-                "server.listen: '{}' is not an IP:PORT address",
-                self.server.listen
-            ));
+            p.push(format!("server.listen: '{}' is not an IP:PORT address", self.server.listen));
         }
         if self.server.max_clients == 0 {
             p.push("server.max_clients: must be at least 1".into());
@@ -205,9 +246,7 @@ impl Config {
                 Some(a) if !valid_host_port(a) => p.push(format!("backend.address: '{a}' is not HOST:PORT")),
                 _ => {}
             },
-            other => p.push(format!(
-                "backend.mode: '{other}' is neither \"cluster\" nor \"standalone\""
-            )),
+            other => p.push(format!("backend.mode: '{other}' is neither \"cluster\" nor \"standalone\"")),
         }
         if !(1..=64).contains(&self.backend.connections_per_node) {
             p.push("backend.connections_per_node: must be between 1 and 64".into());
@@ -227,20 +266,36 @@ impl Config {
         if self.limits.max_pipeline == 0 {
             p.push("limits.max_pipeline: must be at least 1".into());
         }
+        if self.metrics.listen != "off" && self.metrics.listen.parse::<SocketAddr>().is_err() {
+            p.push(format!("metrics.listen: '{}' is neither an IP:PORT address nor \"off\"", self.metrics.listen));
+        }
+        if !(1..=1_000_000).contains(&self.metrics.latency_sample_every) {
+            p.push("metrics.latency_sample_every: must be between 1 and 1000000".into());
+        }
+        if self.admin.password.as_deref() == Some("") {
+            p.push("admin.password: must not be empty (remove the key to disable it)".into());
+        }
+        if self.admin.slowlog_max_len > 100_000 {
+            p.push("admin.slowlog_max_len: at most 100000".into());
+        }
+        if self.admin.bigkeys_max_len > 10_000 {
+            p.push("admin.bigkeys_max_len: at most 10000".into());
+        }
         if p.is_empty() { Ok(()) } else { Err(p) }
     }
 
     /// The backend mode (after validation).
     pub fn mode(&self) -> Mode {
         if self.backend.mode == "standalone" {
-            Mode::Standalone {
-                addr: self.backend.address.clone().unwrap_or_default(),
-            }
+            Mode::Standalone { addr: self.backend.address.clone().unwrap_or_default() }
         } else {
-            Mode::Cluster {
-                seeds: self.backend.seeds.clone(),
-            }
+            Mode::Cluster { seeds: self.backend.seeds.clone() }
         }
+    }
+
+    /// The metrics listener, unless "off".
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.listen.parse().ok()
     }
 
     pub fn connect_timeout(&self) -> Duration {
@@ -282,10 +337,7 @@ mod tests {
         let p = cfg.validate().unwrap_err();
         assert!(p.iter().any(|l| l.starts_with("server.listen:")), "{p:?}");
         assert!(p.iter().any(|l| l.starts_with("backend.seeds:")), "{p:?}");
-        assert!(
-            p.iter().any(|l| l.starts_with("backend.connections_per_node:")),
-            "{p:?}"
-        );
+        assert!(p.iter().any(|l| l.starts_with("backend.connections_per_node:")), "{p:?}");
     }
 
     #[test]
@@ -297,16 +349,8 @@ mod tests {
     #[test]
     fn overrides_win() {
         let mut cfg = Config::default();
-        cfg.apply(&Overrides {
-            standalone: Some("127.0.0.1:7000".into()),
-            ..Default::default()
-        });
+        cfg.apply(&Overrides { standalone: Some("127.0.0.1:7000".into()), ..Default::default() });
         cfg.validate().unwrap();
-        assert_eq!(
-            cfg.mode(),
-            Mode::Standalone {
-                addr: "127.0.0.1:7000".into()
-            }
-        );
+        assert_eq!(cfg.mode(), Mode::Standalone { addr: "127.0.0.1:7000".into() });
     }
 }

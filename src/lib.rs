@@ -8,16 +8,22 @@
 //! - [`cluster`]: slot function, slot map, node pools, topology refresh;
 //! - [`proxy`]: the request path (route, split, fan out, redirect, merge);
 //! - [`local`]: commands the proxy answers itself;
+//! - [`admin`]: `PROXY ...` commands, slow log, big-key log, live settings, command stats;
+//! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
+//! - [`glob`]: Redis-style glob patterns;
 //! - [`session`]: one client connection, replies in order;
 //! - [`server`]: the listeners, connection limit and graceful shutdown;
 //! - [`worker`]: thread-per-core workers (which worker a thread is).
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod backend;
 pub mod cluster;
 pub mod command;
 pub mod config;
+pub mod glob;
 pub mod local;
+pub mod metrics;
 pub mod protocol;
 pub mod proxy;
 pub mod server;

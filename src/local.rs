@@ -35,9 +35,7 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             None => ctx.error("ERR value is not an integer or out of range"),
         },
         Local::Time => {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default();
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
             ctx.reply(|w| {
                 w.array(2);
                 w.bulk(itoa::Buffer::new().format(now.as_secs()).as_bytes());
@@ -96,12 +94,10 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             let line = client_info_line(ctx);
             ctx.reply(|w| w.verbatim(line.as_bytes()))
         }
+        Local::Proxy => crate::admin::proxy_command(proxy, ctx, req),
         Local::Info => {
-            let sections: Vec<String> = req
-                .args()
-                .skip(1)
-                .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
-                .collect();
+            let sections: Vec<String> =
+                req.args().skip(1).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase()).collect();
             proxy.info_fan_out(ctx, sections)
         }
     }
@@ -130,11 +126,7 @@ fn set_name(ctx: &mut Ctx, name: &[u8]) -> Result<(), &'static str> {
     if name.iter().any(|&c| !(b'!'..=b'~').contains(&c)) {
         return Err("ERR Client names cannot contain spaces, newlines or special characters.");
     }
-    ctx.client.name = if name.is_empty() {
-        None
-    } else {
-        Some(Bytes::copy_from_slice(name))
-    };
+    ctx.client.name = if name.is_empty() { None } else { Some(Bytes::copy_from_slice(name)) };
     Ok(())
 }
 
@@ -160,10 +152,7 @@ fn hello(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
             name = Some(req.arg(i + 1));
             i += 2;
         } else {
-            return ctx.error(&format!(
-                "ERR Syntax error in HELLO option '{}'",
-                String::from_utf8_lossy(req.arg(i))
-            ));
+            return ctx.error(&format!("ERR Syntax error in HELLO option '{}'", String::from_utf8_lossy(req.arg(i))));
         }
     }
     if let Some((u, p)) = auth {
@@ -222,11 +211,12 @@ fn client_info_line(ctx: &Ctx) -> String {
 /// Builds the INFO reply from the proxy's own state and the masters' `INFO server keyspace`.
 pub fn info_text(proxy: &Proxy, ctx: &mut Ctx, sections: &[String], backend: &[&[u8]]) -> Bytes {
     use std::fmt::Write;
-    let all = sections.is_empty()
-        || sections
-            .iter()
-            .any(|s| matches!(s.as_str(), "all" | "default" | "everything"));
-    let want = |s: &str| all || sections.iter().any(|x| x == s);
+    let default =
+        sections.is_empty() || sections.iter().any(|s| matches!(s.as_str(), "all" | "default" | "everything"));
+    let everything = sections.iter().any(|s| matches!(s.as_str(), "all" | "everything"));
+    let want = |s: &str| default || sections.iter().any(|x| x == s);
+    // as in Redis, command statistics come only with "all", "everything" or by name
+    let want_extra = |s: &str| everything || sections.iter().any(|x| x == s);
     let mut keys = 0i64;
     let mut expires = 0i64;
     for text in backend {
@@ -254,11 +244,7 @@ pub fn info_text(proxy: &Proxy, ctx: &mut Ctx, sections: &[String], backend: &[&
             "# Proxy\r\nheatshield_version:{}\r\nuptime_in_seconds:{up}\r\nconfig_file:{}\r\nbackend_mode:{}\r\nmasters:{}\r\nslot_map_epoch:{}\r\ntopology_refreshes:{}\r\ntotal_commands_processed:{}\r\n\r\n",
             env!("CARGO_PKG_VERSION"),
             proxy.config_file.as_deref().unwrap_or(""),
-            if proxy.cluster.is_cluster() {
-                "cluster"
-            } else {
-                "standalone"
-            },
+            if proxy.cluster.is_cluster() { "cluster" } else { "standalone" },
             topo.masters.len(),
             topo.epoch,
             proxy.cluster.refreshes.load(std::sync::atomic::Ordering::Relaxed),
@@ -295,6 +281,7 @@ pub fn info_text(proxy: &Proxy, ctx: &mut Ctx, sections: &[String], backend: &[&
         }
         s.push_str("\r\n");
     }
+    crate::admin::info_sections(proxy, want_extra("commandstats"), want_extra("latencystats"), &mut s);
     let text = s.trim_end_matches("\r\n").to_string() + if s.is_empty() { "" } else { "\r\n" };
     let mut w = crate::protocol::Writer::new(ctx.scratch, ctx.client.proto);
     w.verbatim(text.as_bytes());
@@ -305,8 +292,5 @@ pub fn info_text(proxy: &Proxy, ctx: &mut Ctx, sections: &[String], backend: &[&
 pub fn redis_version_of(info_reply: &[u8]) -> Option<String> {
     let (v, _) = Value::parse(info_reply).ok()?;
     let text = v.as_bytes()?;
-    std::str::from_utf8(text)
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("redis_version:").map(|v| v.trim().to_string()))
+    std::str::from_utf8(text).ok()?.lines().find_map(|l| l.strip_prefix("redis_version:").map(|v| v.trim().to_string()))
 }

@@ -31,6 +31,9 @@ struct Cli {
     /// Worker threads, 0 = one per core (overrides server.threads).
     #[arg(long)]
     threads: Option<usize>,
+    /// Prometheus metrics listener, ADDR or "off" (overrides [metrics] listen).
+    #[arg(long)]
+    metrics: Option<String>,
     /// Log format.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -47,6 +50,7 @@ fn main() {
         cluster: cli.cluster.clone(),
         standalone: cli.standalone.clone(),
         threads: cli.threads,
+        metrics: cli.metrics.clone(),
     };
     let config = match Config::load(cli.config.as_deref(), &ov) {
         Ok(c) => c,
@@ -76,9 +80,7 @@ fn main() {
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if format == "json" {
         b.json().init();
     } else {
@@ -93,6 +95,7 @@ async fn run(config: Config, config_file: Option<String>) -> i32 {
         username: config.backend.username.clone(),
         password: config.backend.password.clone(),
         resp3: false,
+        latency_sample_every: config.metrics.latency_sample_every,
     };
     let workers = heatshield::worker::count(config.server.threads);
     let listeners = match heatshield::server::bind(&config.server.listen, workers) {
@@ -102,12 +105,15 @@ async fn run(config: Config, config_file: Option<String>) -> i32 {
             return 1;
         }
     };
-    let cluster = Cluster::new(
-        config.mode(),
-        opts.clone(),
-        config.backend.connections_per_node,
-        workers,
-    );
+    // Before anything binds a metric handle: handles made earlier would stay no-ops.
+    if let Some(addr) = config.metrics_addr() {
+        if let Err(e) = heatshield::metrics::install(addr) {
+            error!(listen = %addr, error = %e, "cannot serve metrics");
+            return 1;
+        }
+        info!(listen = %addr, "metrics at /metrics");
+    }
+    let cluster = Cluster::new(config.mode(), opts.clone(), config.backend.connections_per_node, workers);
     if cluster.is_cluster() {
         // Wait briefly for a first slot map; without one, requests get CLUSTERDOWN until
         // the refresher finds a node.
@@ -118,15 +124,14 @@ async fn run(config: Config, config_file: Option<String>) -> i32 {
         }
     }
     cluster.spawn_refresher(config.refresh_interval());
-    let proxy = Arc::new(Proxy::new(config, cluster.clone(), config_file));
+    let proxy = Arc::new(Proxy::new(config, cluster.clone(), config_file, workers));
+    spawn_gauges(proxy.clone());
     // Learn the backends' version for HELLO/INFO; a node that does not answer in time
     // only leaves the default in place.
     let probe = async {
         let node = cluster.topology().masters.first()?.addr.clone();
         let mut s = backend::connect(&node, &opts).await.ok()?;
-        let reply = backend::roundtrip(&mut s, Request::from_args(&["INFO", "server"]).raw())
-            .await
-            .ok()?;
+        let reply = backend::roundtrip(&mut s, Request::from_args(&["INFO", "server"]).raw()).await.ok()?;
         heatshield::local::redis_version_of(&reply)
     };
     if let Ok(Some(v)) = tokio::time::timeout(opts.command_timeout, probe).await {
@@ -151,6 +156,31 @@ async fn run(config: Config, config_file: Option<String>) -> i32 {
     })
     .await;
     0
+}
+
+/// Refreshes the gauges that are sampled rather than counted, every second.
+fn spawn_gauges(proxy: Arc<Proxy>) {
+    tokio::spawn(async move {
+        let g = heatshield::metrics::global();
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            g.uptime.set(proxy.started.elapsed().as_secs_f64());
+            g.clients.set(proxy.stats.clients.load(std::sync::atomic::Ordering::Relaxed) as f64);
+            g.epoch.set(proxy.cluster.epoch() as f64);
+            for node in proxy.cluster.pools() {
+                let (mut up, mut connecting, mut down) = (0, 0, 0);
+                for (_, b) in node.connections() {
+                    match b.stats.state() {
+                        heatshield::backend::ConnState::Up => up += 1,
+                        heatshield::backend::ConnState::Connecting => connecting += 1,
+                        heatshield::backend::ConnState::Down => down += 1,
+                    }
+                }
+                heatshield::metrics::set_backend_connections(&node.addr, up, connecting, down);
+            }
+        }
+    });
 }
 
 async fn shutdown_signal() {

@@ -52,6 +52,16 @@ pub struct Proxy {
     /// `redis_version` of the backends, learned at start-up (reported by HELLO and INFO).
     pub redis_version: parking_lot::RwLock<String>,
     pub config_file: Option<String>,
+    /// Number of worker threads.
+    pub workers: usize,
+    /// Settings that `PROXY CONFIG SET` may change.
+    pub live: crate::admin::Live,
+    pub slowlog: crate::admin::SlowLog,
+    pub bigkeys: crate::admin::BigKeys,
+    /// Per-command statistics for INFO (per worker).
+    pub command_stats: crate::admin::CommandStats,
+    /// Per-command Prometheus handles.
+    pub command_metrics: crate::metrics::CommandsMetrics,
 }
 
 /// Where a part goes.
@@ -102,6 +112,18 @@ pub struct Pending {
     merge: Merge,
     parts: SmallVec<[Part; 1]>,
     remaining: u32,
+    /// A MOVED or ASK was followed for some part.
+    pub redirected: bool,
+}
+
+impl Pending {
+    /// The node serving the first part now (for the slow log; computed only when needed).
+    pub fn node(&self, cluster: &Cluster) -> Option<Arc<str>> {
+        match &self.parts.first()?.target {
+            Target::Slot(s) => cluster.topology().master_for_slot(*s).map(|n| n.addr.clone()),
+            Target::Node(n) | Target::Ask(n) => Some(n.addr.clone()),
+        }
+    }
 }
 
 /// What dispatching a request produced.
@@ -118,6 +140,8 @@ pub struct Ctx<'a> {
     pub seq: u64,
     pub reply_to: &'a ReplyTx,
     pub scratch: &'a mut BytesMut,
+    /// Set by [`Proxy::dispatch`]: the command's id (for statistics).
+    pub cmd: usize,
 }
 
 impl Ctx<'_> {
@@ -134,10 +158,19 @@ impl Ctx<'_> {
 }
 
 impl Proxy {
-    pub fn new(config: Config, cluster: Arc<Cluster>, config_file: Option<String>) -> Proxy {
+    pub fn new(config: Config, cluster: Arc<Cluster>, config_file: Option<String>, workers: usize) -> Proxy {
+        let commands = CommandTable::new();
+        // one extra id for requests that match no command
+        let ids = commands.count() + 1;
         Proxy {
+            live: crate::admin::Live::new(&config),
+            command_stats: crate::admin::CommandStats::new(workers, ids),
+            command_metrics: crate::metrics::CommandsMetrics::new(ids),
+            slowlog: Default::default(),
+            bigkeys: Default::default(),
+            workers,
             config,
-            commands: CommandTable::new(),
+            commands,
             cluster,
             stats: Stats::default(),
             started: Instant::now(),
@@ -146,13 +179,92 @@ impl Proxy {
         }
     }
 
+    /// The id used for requests that match no command.
+    pub fn unknown_id(&self) -> usize {
+        self.commands.count()
+    }
+
+    /// The metric/statistics name of command `id`.
+    pub fn command_name(&self, id: usize) -> &str {
+        if id < self.commands.count() { self.commands.name_of(id) } else { "unknown" }
+    }
+
+    /// Records one answered command (called when its reply has been written).
+    #[allow(clippy::too_many_arguments)]
+    pub fn observe(
+        &self,
+        client: &ClientState,
+        cmd: usize,
+        took: Duration,
+        reply: &[u8],
+        redirected: bool,
+        raw: Option<&Bytes>,
+        node: Option<&str>,
+        stages: crate::admin::Stages,
+    ) {
+        let failed = matches!(reply.first(), Some(b'-' | b'!'));
+        let outcome = if failed {
+            crate::metrics::Outcome::Error
+        } else if redirected {
+            crate::metrics::Outcome::Redirected
+        } else {
+            crate::metrics::Outcome::Ok
+        };
+        let timed = crate::metrics::sampled(0, self.config.metrics.latency_sample_every);
+        self.command_metrics.get(cmd, self.command_name(cmd)).record(outcome, took, timed);
+        self.command_stats.record(crate::worker::current(), cmd, took, failed);
+        let Some(raw) = raw else { return };
+        if took.as_micros() as u64 >= self.live.slowlog_slower_than_us.load(Ordering::Relaxed) {
+            let name = client.name.as_deref().map(String::from_utf8_lossy).unwrap_or_default();
+            self.slowlog.record(
+                self.live.slowlog_max_len.load(Ordering::Relaxed),
+                took,
+                raw,
+                &client.addr,
+                &name,
+                node.unwrap_or(""),
+                stages,
+            );
+        }
+        let big = self.live.bigkey_bytes.load(Ordering::Relaxed);
+        if raw.len() as u64 >= big || reply.len() as u64 >= big {
+            let args = crate::admin::args_of(raw);
+            if let Some(key) = self.first_key(&args) {
+                let name = self.command_name(cmd);
+                let max = self.config.admin.bigkeys_max_len;
+                if raw.len() as u64 >= big {
+                    self.bigkeys.record(max, &key, name, "request", raw.len() as u64);
+                }
+                if reply.len() as u64 >= big {
+                    self.bigkeys.record(max, &key, name, "reply", reply.len() as u64);
+                }
+            }
+        }
+    }
+
+    /// The first key of a request given as arguments (for the big-key log).
+    fn first_key(&self, args: &[Bytes]) -> Option<Bytes> {
+        let req = Request::from_args(args);
+        let cmd = self.commands.lookup(&req).ok()?;
+        let k = *keys_of(cmd, &req).ok()?.first()?;
+        Some(req.arg_bytes(k as usize))
+    }
+
     /// Handles one request.
     pub fn dispatch(&self, ctx: &mut Ctx, req: Request) -> Outcome {
         self.stats.commands.fetch_add(1, Ordering::Relaxed);
+        ctx.cmd = self.unknown_id();
         let cmd = match self.commands.lookup(&req) {
             Ok(c) => c,
-            Err(e) => return ctx.error(e.message()),
+            Err(e) => {
+                // a known command used wrongly still counts as that command
+                if let Some(c) = self.commands.get(req.arg(0)) {
+                    ctx.cmd = c.id;
+                }
+                return ctx.error(e.message());
+            }
         };
+        ctx.cmd = cmd.id;
         if !ctx.client.authed && !matches!(cmd.route, Route::Local(l) if local::auth_free(l)) {
             return ctx.error("NOAUTH Authentication required.");
         }
@@ -182,26 +294,15 @@ impl Proxy {
             Route::FanOut(kind) => self.fan_out(ctx, cmd, req, kind),
             Route::AnyMaster => {
                 let topo = self.cluster.topology();
-                let Some(node) = topo
-                    .masters
-                    .get((ctx.client.id % topo.masters.len().max(1) as u64) as usize)
-                else {
+                let Some(node) = topo.masters.get((ctx.client.id % topo.masters.len().max(1) as u64) as usize) else {
                     return ctx.error("CLUSTERDOWN heatshield has no slot map yet");
                 };
                 let node = node.clone();
                 drop(topo);
-                self.start(
-                    ctx,
-                    Merge::Pass,
-                    smallvec![Part::new(req.raw().clone(), Target::Node(node))],
-                )
+                self.start(ctx, Merge::Pass, smallvec![Part::new(req.raw().clone(), Target::Node(node))])
             }
             Route::Unsupported(why) => {
-                let name = if cmd.name.contains('|') {
-                    cmd.name.replace('|', " ")
-                } else {
-                    cmd.name.clone()
-                };
+                let name = if cmd.name.contains('|') { cmd.name.replace('|', " ") } else { cmd.name.clone() };
                 if why.is_empty() {
                     ctx.error(&format!("ERR heatshield does not support '{name}'"))
                 } else {
@@ -226,10 +327,7 @@ impl Proxy {
         let target = match keys.first() {
             None => {
                 let topo = self.cluster.topology();
-                match topo
-                    .masters
-                    .get((ctx.client.id % topo.masters.len().max(1) as u64) as usize)
-                {
+                match topo.masters.get((ctx.client.id % topo.masters.len().max(1) as u64) as usize) {
                     Some(n) => Target::Node(n.clone()),
                     None => return ctx.error("CLUSTERDOWN heatshield has no slot map yet"),
                 }
@@ -255,11 +353,7 @@ impl Proxy {
         let s0 = slot(req.arg(1));
         let one_slot = !self.cluster.is_cluster() || (1..nkeys).all(|i| slot(req.arg(1 + i * step)) == s0);
         if one_slot {
-            return self.start(
-                ctx,
-                Merge::Pass,
-                smallvec![Part::new(req.raw().clone(), Target::Slot(s0))],
-            );
+            return self.start(ctx, Merge::Pass, smallvec![Part::new(req.raw().clone(), Target::Slot(s0))]);
         }
         let mut parts: SmallVec<[Part; 1]> = SmallVec::new();
         let mut positions: Vec<SmallVec<[u32; 4]>> = Vec::new();
@@ -268,10 +362,7 @@ impl Proxy {
             positions.push(group.positions);
         }
         let merge = match kind {
-            Split::Mget => Merge::Mget {
-                positions,
-                total: nkeys,
-            },
+            Split::Mget => Merge::Mget { positions, total: nkeys },
             Split::Mset => Merge::Mset,
             Split::Sum => Merge::Sum,
         };
@@ -285,10 +376,7 @@ impl Proxy {
             return ctx.error("CLUSTERDOWN heatshield has no slot map yet");
         }
         let all = |data: &Bytes| -> SmallVec<[Part; 1]> {
-            topo.masters
-                .iter()
-                .map(|n| Part::new(data.clone(), Target::Node(n.clone())))
-                .collect()
+            topo.masters.iter().map(|n| Part::new(data.clone(), Target::Node(n.clone()))).collect()
         };
         let (merge, parts) = match kind {
             FanOut::Keys => (Merge::Keys, all(req.raw())),
@@ -297,7 +385,7 @@ impl Proxy {
             FanOut::AllSame => (Merge::AllSame, all(req.raw())),
             FanOut::ScriptExists => (Merge::ScriptExists, all(req.raw())),
             FanOut::Flush => {
-                if !self.config.server.allow_flush {
+                if !self.live.allow_flush.load(Ordering::Relaxed) {
                     return ctx.error(&format!(
                         "ERR {} is disabled in heatshield (it would empty every master); set server.allow_flush = true to enable it",
                         cmd.name
@@ -318,10 +406,7 @@ impl Proxy {
                 args[1] = backend_cursor.as_bytes();
                 let data = Request::from_args(&args).raw().clone();
                 let nodes = topo.masters.len();
-                (
-                    Merge::Scan { node, nodes },
-                    smallvec![Part::new(data, Target::Node(topo.masters[node].clone()))],
-                )
+                (Merge::Scan { node, nodes }, smallvec![Part::new(data, Target::Node(topo.masters[node].clone()))])
             }
         };
         drop(topo);
@@ -332,11 +417,8 @@ impl Proxy {
     pub(crate) fn info_fan_out(&self, ctx: &mut Ctx, sections: Vec<String>) -> Outcome {
         let topo = self.cluster.topology();
         let data = Request::from_args(&["INFO", "server", "keyspace"]).raw().clone();
-        let parts: SmallVec<[Part; 1]> = topo
-            .masters
-            .iter()
-            .map(|n| Part::new(data.clone(), Target::Node(n.clone())))
-            .collect();
+        let parts: SmallVec<[Part; 1]> =
+            topo.masters.iter().map(|n| Part::new(data.clone(), Target::Node(n.clone()))).collect();
         drop(topo);
         if parts.is_empty() {
             return Outcome::Ready(local::info_text(self, ctx, &sections, &[]));
@@ -345,11 +427,7 @@ impl Proxy {
     }
 
     fn start(&self, ctx: &mut Ctx, merge: Merge, parts: SmallVec<[Part; 1]>) -> Outcome {
-        let mut p = Pending {
-            remaining: parts.len() as u32,
-            merge,
-            parts,
-        };
+        let mut p = Pending { remaining: parts.len() as u32, merge, parts, redirected: false };
         for i in 0..p.parts.len() {
             if let Err(e) = self.send(ctx, &p.parts[i], i as u32) {
                 // not routable now (slot unserved): answer that part with the error at once
@@ -365,10 +443,7 @@ impl Proxy {
 
     /// Sends one part to its node now.
     fn send(&self, ctx: &Ctx, part: &Part, idx: u32) -> Result<(), Bytes> {
-        let tag = Tag {
-            seq: ctx.seq,
-            part: idx,
-        };
+        let tag = Tag { seq: ctx.seq, part: idx };
         let (node, asking) = match &part.target {
             Target::Slot(s) => {
                 let topo = self.cluster.topology();
@@ -396,10 +471,7 @@ impl Proxy {
         let data = part.data.clone();
         let reply_to = ctx.reply_to.clone();
         let (proto, affinity) = (ctx.client.proto, ctx.client.id);
-        let tag = Tag {
-            seq: ctx.seq,
-            part: idx,
-        };
+        let tag = Tag { seq: ctx.seq, part: idx };
         tokio::spawn(async move {
             tokio::time::sleep(RETRY_DELAY).await;
             let node = match &target {
@@ -414,10 +486,8 @@ impl Proxy {
                     reply_to,
                 }),
                 None => {
-                    let _ = reply_to.send(BackendReply {
-                        tag,
-                        result: Err(BackendError::NotSent(Arc::from("unserved slot"))),
-                    });
+                    let _ = reply_to
+                        .send(BackendReply { tag, result: Err(BackendError::NotSent(Arc::from("unserved slot"))) });
                 }
             }
         });
@@ -441,13 +511,18 @@ impl Proxy {
                         part.attempts += 1;
                         match r {
                             Redirect::Moved { slot, addr } => {
+                                crate::metrics::global().moved.increment(1);
                                 self.cluster.moved(slot, &addr);
                                 if let Target::Ask(_) | Target::Node(_) = part.target {
                                     part.target = Target::Node(self.cluster.pool(&addr));
                                 }
                             }
-                            Redirect::Ask { addr, .. } => part.target = Target::Ask(self.cluster.pool(&addr)),
+                            Redirect::Ask { addr, .. } => {
+                                crate::metrics::global().ask.increment(1);
+                                part.target = Target::Ask(self.cluster.pool(&addr))
+                            }
                         }
+                        p.redirected = true;
                         let part = &p.parts[idx];
                         if let Err(e) = self.send(ctx, part, idx as u32) {
                             return self.complete(ctx, p, idx, e);
@@ -489,13 +564,11 @@ impl Proxy {
         if p.remaining > 0 {
             return None;
         }
+        // What stays behind keeps the first part's target, for the slow log's node.
+        let first = Part::new(Bytes::new(), p.parts[0].target.clone());
         let done = std::mem::replace(
             p,
-            Pending {
-                merge: Merge::Pass,
-                parts: SmallVec::new(),
-                remaining: 0,
-            },
+            Pending { merge: Merge::Pass, parts: smallvec![first], remaining: 0, redirected: p.redirected },
         );
         Some(self.finish(ctx, done))
     }
@@ -509,11 +582,8 @@ impl Proxy {
         // Any error among the parts is the answer (Redis would have failed the whole command).
         let first_error = replies.iter().find(|r| r.first() == Some(&b'-')).cloned();
         if let Merge::Info { sections } = &p.merge {
-            let texts: Vec<&[u8]> = replies
-                .iter()
-                .filter_map(|r| Value::parse(r).ok())
-                .filter_map(|(v, _)| v.as_bytes())
-                .collect();
+            let texts: Vec<&[u8]> =
+                replies.iter().filter_map(|r| Value::parse(r).ok()).filter_map(|(v, _)| v.as_bytes()).collect();
             return local::info_text(self, ctx, sections, &texts);
         }
         if let Some(e) = first_error {
@@ -563,11 +633,7 @@ pub fn split_by_slot(req: &Request, step: usize) -> Vec<SlotGroup> {
             }
             positions.push(k);
         }
-        out.push(SlotGroup {
-            slot: s,
-            data: buf.freeze(),
-            positions,
-        });
+        out.push(SlotGroup { slot: s, data: buf.freeze(), positions });
         i = j;
     }
     out
@@ -600,12 +666,7 @@ pub fn merge_mget(
 
 impl Part {
     fn new(data: Bytes, target: Target) -> Part {
-        Part {
-            data,
-            target,
-            attempts: 0,
-            reply: None,
-        }
+        Part { data, target, attempts: 0, reply: None }
     }
 }
 
@@ -627,11 +688,7 @@ fn array_elements(r: &[u8]) -> Result<(usize, Vec<&[u8]>), &'static str> {
 }
 
 fn int_of(r: &[u8]) -> Result<i64, &'static str> {
-    Value::parse(r)
-        .map_err(|e| e.0)?
-        .0
-        .as_int()
-        .ok_or("expected an integer")
+    Value::parse(r).map_err(|e| e.0)?.0.as_int().ok_or("expected an integer")
 }
 
 /// Merges part replies (none of which is an error) into the reply for the client.
@@ -671,10 +728,7 @@ fn merge_replies(
             let (Some(c), Some(Value::Array(keys))) = (items.first().and_then(|c| c.as_bytes()), items.get(1)) else {
                 return Err("SCAN reply has an unexpected shape");
             };
-            let backend: u64 = std::str::from_utf8(c)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .ok_or("bad SCAN cursor")?;
+            let backend: u64 = std::str::from_utf8(c).ok().and_then(|s| s.parse().ok()).ok_or("bad SCAN cursor")?;
             let next = if backend != 0 {
                 if backend >= 1 << (64 - SCAN_NODE_BITS) {
                     return Err("backend SCAN cursor too large");
@@ -693,10 +747,8 @@ fn merge_replies(
             }
         }
         Merge::RandomKey => {
-            let found: Vec<&Bytes> = replies
-                .iter()
-                .filter(|r| !matches!(Value::parse(r), Ok((Value::Nil, _))))
-                .collect();
+            let found: Vec<&Bytes> =
+                replies.iter().filter(|r| !matches!(Value::parse(r), Ok((Value::Nil, _)))).collect();
             if found.is_empty() {
                 w.nil();
             } else {
@@ -744,10 +796,7 @@ mod tests {
 
     #[test]
     fn mget_merge_restores_order() {
-        let m = Merge::Mget {
-            positions: vec![smallvec![0, 2], smallvec![1]],
-            total: 3,
-        };
+        let m = Merge::Mget { positions: vec![smallvec![0, 2], smallvec![1]], total: 3 };
         let replies = vec![b(b"*2\r\n$1\r\na\r\n$-1\r\n"), b(b"*1\r\n$1\r\nb\r\n")];
         let mut s = BytesMut::new();
         let out = merge_replies(&m, &replies, Proto::Resp2, &mut s).unwrap();
@@ -790,12 +839,8 @@ mod tests {
         let out = page(1, 3, b"*2\r\n$2\r\n17\r\n*1\r\n$1\r\nk\r\n", &mut s);
         assert_eq!(
             &out[..],
-            format!(
-                "*2\r\n${}\r\n{}\r\n*1\r\n$1\r\nk\r\n",
-                ((17u64 << 10) | 1).to_string().len(),
-                (17u64 << 10) | 1
-            )
-            .as_bytes()
+            format!("*2\r\n${}\r\n{}\r\n*1\r\n$1\r\nk\r\n", ((17u64 << 10) | 1).to_string().len(), (17u64 << 10) | 1)
+                .as_bytes()
         );
         // backend done: next node
         let out = page(1, 3, b"*2\r\n$1\r\n0\r\n*0\r\n", &mut s);

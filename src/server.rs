@@ -46,31 +46,29 @@ pub fn spawn_workers(
         .map(|(i, l)| {
             let proxy = proxy.clone();
             let mut stop = stop.clone();
-            std::thread::Builder::new()
-                .name(format!("heatshield-w{i}"))
-                .spawn(move || {
-                    crate::worker::set_current(i);
-                    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                        Ok(rt) => rt,
+            std::thread::Builder::new().name(format!("heatshield-w{i}")).spawn(move || {
+                crate::worker::set_current(i);
+                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        warn!(worker = i, error = %e, "cannot start worker runtime");
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let listener = match TcpListener::from_std(l) {
+                        Ok(l) => l,
                         Err(e) => {
-                            warn!(worker = i, error = %e, "cannot start worker runtime");
+                            warn!(worker = i, error = %e, "cannot register listener");
                             return;
                         }
                     };
-                    rt.block_on(async move {
-                        let listener = match TcpListener::from_std(l) {
-                            Ok(l) => l,
-                            Err(e) => {
-                                warn!(worker = i, error = %e, "cannot register listener");
-                                return;
-                            }
-                        };
-                        serve(proxy, listener, async move {
-                            let _ = stop.wait_for(|s| *s).await;
-                        })
-                        .await;
-                    });
-                })
+                    serve(proxy, listener, async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await;
+                });
+            })
         })
         .collect()
 }
@@ -92,8 +90,10 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, stop: impl std::fut
                     }
                 };
                 let stats = &proxy.stats;
-                if stats.clients.load(Ordering::Relaxed) >= proxy.config.server.max_clients {
+                let gm = crate::metrics::global();
+                if stats.clients.load(Ordering::Relaxed) >= proxy.live.max_clients.load(Ordering::Relaxed) {
                     stats.rejected.fetch_add(1, Ordering::Relaxed);
+                    gm.rejected.increment(1);
                     warn!(%peer, "client refused: max_clients reached");
                     tokio::spawn(async move {
                         let _ = stream.write_all(b"-ERR max number of clients reached\r\n").await;
@@ -102,6 +102,7 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, stop: impl std::fut
                     continue;
                 }
                 stats.accepted.fetch_add(1, Ordering::Relaxed);
+                gm.accepted.increment(1);
                 stats.clients.fetch_add(1, Ordering::Relaxed);
                 let p = proxy.clone();
                 let rx = shutdown_rx.clone();
@@ -115,10 +116,7 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, stop: impl std::fut
     drop(listener);
     let _ = shutdown_tx.send(true);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(proxy.config.server.shutdown_timeout_ms);
-    info!(
-        clients = proxy.stats.clients.load(Ordering::Relaxed),
-        "shutting down: draining clients"
-    );
+    info!(clients = proxy.stats.clients.load(Ordering::Relaxed), "shutting down: draining clients");
     while proxy.stats.clients.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

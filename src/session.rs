@@ -39,13 +39,31 @@ pub struct ClientState {
     /// MULTI was refused: until EXEC or DISCARD, commands are refused too, so what the
     /// client meant as a transaction never half-runs.
     pub refused_multi: bool,
+    /// `PROXY AUTH` succeeded on this connection.
+    pub admin: bool,
 }
 
-enum Entry {
+enum Reply {
     Ready(Bytes),
     Waiting(Pending),
-    /// The reply after which the connection closes (QUIT, protocol error).
-    Last(Bytes),
+}
+
+/// One request's place in the reply queue.
+struct Entry {
+    reply: Reply,
+    /// The connection closes after this reply (QUIT, protocol error).
+    last: bool,
+    /// Command id (for statistics).
+    cmd: usize,
+    /// When the request had been read.
+    started: Instant,
+    /// When its reply was ready.
+    ready_at: Instant,
+    redirected: bool,
+    /// The request (for the slow log and big-key log).
+    raw: Option<Bytes>,
+    /// The node that served it, noted only when it was slow to answer.
+    node: Option<Arc<str>>,
 }
 
 /// The in-order reply queue.
@@ -65,14 +83,21 @@ impl Queue {
     }
 }
 
+/// A reply written to the client, kept until the write finished to record it.
+struct Done {
+    reply: Bytes,
+    cmd: usize,
+    started: Instant,
+    ready_at: Instant,
+    redirected: bool,
+    raw: Option<Bytes>,
+    node: Option<Arc<str>>,
+}
+
 /// Serves one client until it disconnects, sends QUIT, breaks the protocol, or the proxy
 /// shuts down.
 pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::Receiver<bool>) {
-    let id = proxy
-        .stats
-        .next_client_id
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        + 1;
+    let id = proxy.stats.next_client_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
     let addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let laddr = stream.local_addr().map(|a| a.to_string()).unwrap_or_default();
     let _ = stream.set_nodelay(true);
@@ -89,22 +114,22 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
         created: Instant::now(),
         quit: false,
         refused_multi: false,
+        admin: false,
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
-    let mut reader = RequestReader::new(Limits {
-        max_request_bytes: proxy.config.limits.max_request_bytes as usize,
-    });
+    let mut reader = RequestReader::new(Limits { max_request_bytes: proxy.config.limits.max_request_bytes as usize });
     let mut rbuf = BytesMut::with_capacity(16 * 1024);
     let mut wbuf = BytesMut::with_capacity(16 * 1024);
     let mut scratch = BytesMut::with_capacity(4 * 1024);
-    let mut queue = Queue {
-        entries: VecDeque::with_capacity(64),
-        head: 0,
-    };
+    let mut queue = Queue { entries: VecDeque::with_capacity(64), head: 0 };
     let max_pipeline = proxy.config.limits.max_pipeline;
     let mut reading = true; // false after EOF, QUIT, a protocol error, or shutdown
     let mut read_hint = 0usize;
     let (mut rd, mut wr) = stream.split();
+
+    let mut done: Vec<Done> = Vec::with_capacity(64);
+    let mut read_at = Instant::now();
+    let gm = crate::metrics::global();
 
     loop {
         let can_read = reading && queue.entries.len() < max_pipeline;
@@ -112,12 +137,22 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
             biased;
             Some(r) = rx.recv() => {
                 let mut next = Some(r);
+                // one clock read for every reply that completes in this batch
+                let mut now: Option<Instant> = None;
                 while let Some(r) = next.take() {
                     let seq = r.tag.seq;
-                    if let Some(Entry::Waiting(p)) = queue.get_mut(seq) {
-                        let mut ctx = Ctx { client: &mut client, seq, reply_to: &tx, scratch: &mut scratch };
-                        if let Some(done) = proxy.on_reply(&mut ctx, p, r) {
-                            *queue.get_mut(seq).expect("entry exists") = Entry::Ready(done);
+                    if let Some(e) = queue.get_mut(seq)
+                        && let Reply::Waiting(p) = &mut e.reply
+                    {
+                        let mut ctx = Ctx { client: &mut client, seq, reply_to: &tx, scratch: &mut scratch, cmd: e.cmd };
+                        if let Some(reply) = proxy.on_reply(&mut ctx, p, r) {
+                            e.ready_at = *now.get_or_insert_with(Instant::now);
+                            e.redirected = p.redirected;
+                            let slow_us = proxy.live.slowlog_slower_than_us.load(std::sync::atomic::Ordering::Relaxed);
+                            if (e.ready_at - e.started).as_micros() as u64 >= slow_us / 4 {
+                                e.node = p.node(&proxy.cluster);
+                            }
+                            e.reply = Reply::Ready(reply);
                         }
                     }
                     next = rx.try_recv().ok();
@@ -130,9 +165,15 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                 }
                 rd.read_buf(&mut rbuf).await
             }, if can_read => {
-                if !matches!(res, Ok(n) if n > 0) {
-                    debug!(client = id, "client closed its side");
-                    reading = false;
+                match res {
+                    Ok(n) if n > 0 => {
+                        gm.bytes_in.increment(n as u64);
+                        read_at = Instant::now();
+                    }
+                    _ => {
+                        debug!(client = id, "client closed its side");
+                        reading = false;
+                    }
                 }
             }
             _ = shutdown.changed(), if reading => {
@@ -147,38 +188,64 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
             let mut parsed = 0;
             while reading && queue.entries.len() < max_pipeline && !rbuf.is_empty() {
                 let seq = queue.next_seq();
-                let entry = match reader.next(&mut rbuf) {
+                let (reply, cmd, raw) = match reader.next(&mut rbuf) {
                     Ok(Next::Incomplete { hint }) => {
                         read_hint = hint;
                         break;
                     }
                     Ok(Next::Request(req)) => {
-                        let mut ctx = Ctx {
-                            client: &mut client,
-                            seq,
-                            reply_to: &tx,
-                            scratch: &mut scratch,
+                        let raw = req.raw().clone();
+                        let mut ctx = Ctx { client: &mut client, seq, reply_to: &tx, scratch: &mut scratch, cmd: 0 };
+                        let reply = match proxy.dispatch(&mut ctx, req) {
+                            Outcome::Ready(b) => Reply::Ready(b),
+                            Outcome::Waiting(p) => Reply::Waiting(p),
                         };
-                        match proxy.dispatch(&mut ctx, req) {
-                            Outcome::Ready(b) if client.quit => Entry::Last(b),
-                            Outcome::Ready(b) => Entry::Ready(b),
-                            Outcome::Waiting(p) => Entry::Waiting(p),
-                        }
+                        (reply, ctx.cmd, Some(raw))
                     }
                     Err(e) => {
                         info!(client = id, error = %e, "protocol error; closing");
                         Writer::new(&mut scratch, client.proto).error(&format!("ERR {e}"));
-                        Entry::Last(scratch.split().freeze())
+                        client.quit = true;
+                        (Reply::Ready(scratch.split().freeze()), proxy.unknown_id(), None)
                     }
                 };
-                if matches!(entry, Entry::Last(_)) {
+                let last = client.quit;
+                if last {
                     reading = false;
                 }
-                queue.entries.push_back(entry);
+                queue.entries.push_back(Entry {
+                    reply,
+                    last,
+                    cmd,
+                    started: read_at,
+                    ready_at: read_at,
+                    redirected: false,
+                    raw,
+                    node: None,
+                });
                 parsed += 1;
             }
-            match flush(&mut wr, &mut queue, &mut wbuf).await {
-                Ok(l) => last = l,
+            match flush(&mut wr, &mut queue, &mut wbuf, &mut done).await {
+                Ok((l, write_start, written)) => {
+                    last = l;
+                    for d in done.drain(..) {
+                        let stages = crate::admin::Stages {
+                            backend: d.ready_at - d.started,
+                            queued: write_start.saturating_duration_since(d.ready_at),
+                            write: written - write_start,
+                        };
+                        proxy.observe(
+                            &client,
+                            d.cmd,
+                            written - d.started,
+                            &d.reply,
+                            d.redirected,
+                            d.raw.as_ref(),
+                            d.node.as_deref(),
+                            stages,
+                        );
+                    }
+                }
                 Err(_) => return finish(&proxy, id),
             }
             if last || parsed == 0 || queue.entries.len() >= max_pipeline {
@@ -198,22 +265,20 @@ fn finish(_proxy: &Proxy, id: u64) {
 }
 
 /// Writes every complete reply at the front of the queue, small ones batched into one
-/// write. Returns true when the connection's last reply (QUIT, protocol error) was written.
+/// write, moving them to `done`. Returns whether the connection's last reply was written,
+/// and when the write started and finished.
 async fn flush(
     wr: &mut tokio::net::tcp::WriteHalf<'_>,
     queue: &mut Queue,
     wbuf: &mut BytesMut,
-) -> std::io::Result<bool> {
+    done: &mut Vec<Done>,
+) -> std::io::Result<(bool, Instant, Instant)> {
     let mut last = false;
+    let write_start = Instant::now();
+    let mut sent = 0usize;
     while let Some(front) = queue.entries.front() {
-        let b = match front {
-            Entry::Waiting(_) => break,
-            Entry::Ready(b) => b,
-            Entry::Last(b) => {
-                last = true;
-                b
-            }
-        };
+        let Reply::Ready(b) = &front.reply else { break };
+        sent += b.len();
         if b.len() > 64 * 1024 {
             // large replies go out as they are, without a copy
             if !wbuf.is_empty() {
@@ -224,8 +289,19 @@ async fn flush(
         } else {
             wbuf.extend_from_slice(b);
         }
-        queue.entries.pop_front();
+        let e = queue.entries.pop_front().expect("front exists");
         queue.head += 1;
+        last = e.last;
+        let Reply::Ready(reply) = e.reply else { unreachable!("checked above") };
+        done.push(Done {
+            reply,
+            cmd: e.cmd,
+            started: e.started,
+            ready_at: e.ready_at,
+            redirected: e.redirected,
+            raw: e.raw,
+            node: e.node,
+        });
         if last {
             break;
         }
@@ -237,5 +313,8 @@ async fn flush(
             *wbuf = BytesMut::with_capacity(16 * 1024);
         }
     }
-    Ok(last)
+    if sent > 0 {
+        crate::metrics::global().bytes_out.increment(sent as u64);
+    }
+    Ok((last, write_start, if done.is_empty() { write_start } else { Instant::now() }))
 }

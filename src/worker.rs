@@ -23,9 +23,5 @@ pub fn set_current(i: usize) {
 
 /// The number of workers for a configured `threads` value (0 = one per core).
 pub fn count(threads: usize) -> usize {
-    if threads > 0 {
-        threads
-    } else {
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-    }
+    if threads > 0 { threads } else { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) }
 }

@@ -34,13 +34,7 @@ struct RssGuard {
 
 fn rss_mb(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = s
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
+    let kb: u64 = s.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024)
 }
 
@@ -58,20 +52,13 @@ impl RssGuard {
                 if mb > limit_mb {
                     *t.lock().unwrap() = Some(mb);
                     // SIGKILL the proxy this test started, by its pid
-                    let _ = std::process::Command::new("kill")
-                        .args(["-9", &pid.to_string()])
-                        .status();
+                    let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
                     return;
                 }
                 thread::sleep(Duration::from_millis(20));
             }
         });
-        RssGuard {
-            stop,
-            tripped,
-            peak,
-            handle: Some(handle),
-        }
+        RssGuard { stop, tripped, peak, handle: Some(handle) }
     }
 
     /// Panics if the limit was exceeded; returns the peak RSS in MiB.
@@ -120,10 +107,7 @@ fn assert_protocol_error(port: u16, proto: Proto, junk: &[u8], want: &str) {
         "{proto:?} reply to {:?}",
         String::from_utf8_lossy(&junk[..junk.len().min(80)])
     );
-    assert!(
-        closed,
-        "{proto:?}: connection not closed after a protocol error ({want})"
-    );
+    assert!(closed, "{proto:?}: connection not closed after a protocol error ({want})");
 }
 
 fn assert_serving(proxy: &Proxy) {
@@ -211,16 +195,8 @@ fn oversize_bulk_header_is_refused_at_once() {
     let proxy = Proxy::start_cluster(&cluster, &[]);
     for proto in Proto::BOTH {
         let start = Instant::now();
-        assert_protocol_error(
-            proxy.port(),
-            proto,
-            b"*2\r\n$3\r\nSET\r\n$999999999999\r\n",
-            "invalid bulk length",
-        );
-        assert!(
-            start.elapsed() < Duration::from_secs(2),
-            "the proxy waited for the body"
-        );
+        assert_protocol_error(proxy.port(), proto, b"*2\r\n$3\r\nSET\r\n$999999999999\r\n", "invalid bulk length");
+        assert!(start.elapsed() < Duration::from_secs(2), "the proxy waited for the body");
         assert_protocol_error(
             proxy.port(),
             proto,
@@ -329,9 +305,7 @@ fn junk_corpus() -> Vec<Vec<u8>> {
         let bytes: Vec<u8> = if i % 2 == 0 {
             (0..len).map(|_| next() as u8).collect()
         } else {
-            (0..len)
-                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
-                .collect()
+            (0..len).map(|_| alphabet[(next() % alphabet.len() as u64) as usize]).collect()
         };
         corpus.push(bytes);
     }
@@ -410,10 +384,7 @@ fn garbage_never_affects_a_concurrent_client() {
                     let mut s = match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
                         Ok(s) => s,
                         Err(e) => {
-                            bad_replies
-                                .lock()
-                                .unwrap()
-                                .push(format!("junk #{i}: connect failed: {e}"));
+                            bad_replies.lock().unwrap().push(format!("junk #{i}: connect failed: {e}"));
                             return;
                         }
                     };
@@ -442,10 +413,7 @@ fn garbage_never_affects_a_concurrent_client() {
                         }
                     };
                     if !closed {
-                        bad_replies
-                            .lock()
-                            .unwrap()
-                            .push(format!("junk #{i}: connection not closed"));
+                        bad_replies.lock().unwrap().push(format!("junk #{i}: connection not closed"));
                     }
                     if let Err(e) = well_formed(&out, Proto::Resp2) {
                         // a reset may cut the tail; anything else is a bug
@@ -472,16 +440,8 @@ fn garbage_never_affects_a_concurrent_client() {
     let peak = guard.check();
     eprintln!("proxy peak RSS during the junk: {peak} MiB");
     let errors = errors.lock().unwrap();
-    assert!(
-        errors.is_empty(),
-        "the well-behaved clients saw errors: {:?}",
-        &errors[..errors.len().min(10)]
-    );
-    assert!(
-        ops.load(Ordering::Relaxed) > 50,
-        "good clients made too little progress: {}",
-        ops.load(Ordering::Relaxed)
-    );
+    assert!(errors.is_empty(), "the well-behaved clients saw errors: {:?}", &errors[..errors.len().min(10)]);
+    assert!(ops.load(Ordering::Relaxed) > 50, "good clients made too little progress: {}", ops.load(Ordering::Relaxed));
     let bad = bad_replies.lock().unwrap();
     assert!(bad.is_empty(), "{bad:?}");
     assert_serving(&proxy);

@@ -20,10 +20,7 @@ fn key(i: usize) -> String {
 }
 
 fn role(port: u16) -> Option<String> {
-    common::try_cmd(port, &["INFO", "replication"])
-        .ok()
-        .and_then(|r| r.text())
-        .and_then(|t| info_field(&t, "role"))
+    common::try_cmd(port, &["INFO", "replication"]).ok().and_then(|r| r.text()).and_then(|t| info_field(&t, "role"))
 }
 
 /// Writes KEYS keys through the proxy and checks they cover all masters.
@@ -43,32 +40,21 @@ fn write_keys(proxy: &Proxy, owners: &SlotOwners) {
 /// failover times out and votes are refused).
 fn wait_replica_known(cluster: &RedisCluster, master: u16, replica: u16) {
     let (mid, rid) = (cluster.node_id(master), cluster.node_id(replica));
-    wait_until(
-        Duration::from_secs(20),
-        "every node to see the replica of the master",
-        || {
-            cluster.live_ports().iter().all(|&p| {
-                common::try_cmd(p, &["CLUSTER", "NODES"])
-                    .ok()
-                    .and_then(|r| r.text())
-                    .is_some_and(|t| {
-                        t.lines()
-                            .any(|l| l.starts_with(&rid) && l.contains("slave") && l.contains(&mid))
-                    })
-            })
-        },
-    );
+    wait_until(Duration::from_secs(20), "every node to see the replica of the master", || {
+        cluster.live_ports().iter().all(|&p| {
+            common::try_cmd(p, &["CLUSTER", "NODES"])
+                .ok()
+                .and_then(|r| r.text())
+                .is_some_and(|t| t.lines().any(|l| l.starts_with(&rid) && l.contains("slave") && l.contains(&mid)))
+        })
+    });
 }
 
 /// Makes sure everything written to `master` so far has reached a replica.
 fn wait_replicated(master: u16, probe_key: &str) {
     let mut m = Conn::connect(master);
     assert_eq!(m.cmd(&["SET", probe_key, "sync"]), V::ok());
-    assert_eq!(
-        m.cmd(&["WAIT", "1", "2000"]),
-        V::Int(1),
-        "replica of {master} did not acknowledge"
-    );
+    assert_eq!(m.cmd(&["WAIT", "1", "2000"]), V::Int(1), "replica of {master} did not acknowledge");
 }
 
 /// Retries SET+GET of `k` through the proxy until both work or `deadline` passes;
@@ -118,9 +104,7 @@ impl Background {
             while !s.load(Ordering::Relaxed) {
                 let k = &keys[ops % keys.len()];
                 let v = format!("bg{ops}");
-                let r = c
-                    .try_cmd(&["SET", k, &v])
-                    .and_then(|set| Ok((set, c.try_cmd(&["GET", k])?)));
+                let r = c.try_cmd(&["SET", k, &v]).and_then(|set| Ok((set, c.try_cmd(&["GET", k])?)));
                 match r {
                     Ok((set, get)) if set.is_ok() && get == V::s(&v) => {}
                     Ok(other) => f.lock().unwrap().push((Instant::now(), format!("{k}: {other:?}"))),
@@ -155,21 +139,13 @@ fn check_all_keys(port: u16, skip: &str) {
             if key(i) == skip {
                 continue;
             }
-            assert_eq!(
-                c.cmd(&["GET", &key(i)]),
-                V::s(format!("v{i}")),
-                "{proto:?} {} after failover",
-                key(i)
-            );
+            assert_eq!(c.cmd(&["GET", &key(i)]), V::s(format!("v{i}")), "{proto:?} {} after failover", key(i));
         }
         let keys: Vec<String> = (0..KEYS).map(key).filter(|k| k != skip).collect();
         let mut mget = vec!["MGET"];
         mget.extend(keys.iter().map(String::as_str));
         let r = c.cmd(&mget);
-        assert!(
-            r.items().iter().all(|v| matches!(v, V::Str(_))),
-            "{proto:?} MGET after failover: {r:?}"
-        );
+        assert!(r.items().iter().all(|v| matches!(v, V::Str(_))), "{proto:?} MGET after failover: {r:?}");
     }
 }
 
@@ -185,10 +161,8 @@ fn manual_cluster_failover() {
     let new = cluster.replica_of(old);
     wait_replica_known(&cluster, old, new);
     wait_replicated(old, &owners.tag_on(old, "fo:probe"));
-    let bg_keys: Vec<String> = (0..200)
-        .map(|i| format!("fo:bg{i}"))
-        .filter(|k| owners.of_key(k.as_bytes()) == old)
-        .collect();
+    let bg_keys: Vec<String> =
+        (0..200).map(|i| format!("fo:bg{i}")).filter(|k| owners.of_key(k.as_bytes()) == old).collect();
     let bg = Background::start(proxy.port(), bg_keys);
     thread::sleep(Duration::from_millis(200));
 
@@ -200,10 +174,7 @@ fn manual_cluster_failover() {
     let promoted = started.elapsed();
     for proto in Proto::BOTH {
         let (took, errors) = poll_until_serving(proxy.port(), proto, &k0, Duration::from_secs(15));
-        eprintln!(
-            "{proto:?}: serving {took:?} after the promotion ({} failed attempts)",
-            errors.len()
-        );
+        eprintln!("{proto:?}: serving {took:?} after the promotion ({} failed attempts)", errors.len());
     }
     thread::sleep(Duration::from_millis(500));
     let settled = Instant::now();

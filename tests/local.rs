@@ -43,10 +43,7 @@ fn keys_exclusive() -> RwLockWriteGuard<'static, ()> {
 
 /// Writes `text` to a fresh temp dir as heatshield.toml; keep the dir alive while used.
 fn config_file(text: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::Builder::new()
-        .prefix("heatshield-conf-")
-        .tempdir()
-        .expect("tempdir");
+    let dir = tempfile::Builder::new().prefix("heatshield-conf-").tempdir().expect("tempdir");
     let path = dir.path().join("heatshield.toml");
     std::fs::write(&path, text).expect("write config");
     (dir, path)
@@ -64,11 +61,7 @@ fn err(text: &str) -> V {
 }
 
 fn sum_dbsize(env: &Env) -> i64 {
-    env.owners
-        .masters()
-        .iter()
-        .map(|&m| cli(m, &["DBSIZE"]).parse::<i64>().expect("DBSIZE"))
-        .sum()
+    env.owners.masters().iter().map(|&m| cli(m, &["DBSIZE"]).parse::<i64>().expect("DBSIZE")).sum()
 }
 
 #[test]
@@ -80,10 +73,7 @@ fn ping_echo_select() {
         assert_eq!((pong.kind(), pong.raw.as_slice()), (Kind::Simple, &b"+PONG\r\n"[..]));
         let msg = c.cmd_full(&["PING", "hello world"]);
         assert_eq!((msg.kind(), msg.v), (Kind::Bulk, V::s("hello world")));
-        assert_eq!(
-            c.cmd(&["PING", "a", "b"]),
-            err("ERR wrong number of arguments for 'ping' command")
-        );
+        assert_eq!(c.cmd(&["PING", "a", "b"]), err("ERR wrong number of arguments for 'ping' command"));
         assert_eq!(c.cmd(&["ECHO", "bin\r\n\u{0}"]), V::s("bin\r\n\u{0}"));
         assert_eq!(c.cmd(&["echo", ""]), V::s(""));
         assert_eq!(c.cmd(&["SELECT", "0"]), V::ok());
@@ -92,10 +82,7 @@ fn ping_echo_select() {
             e.err().is_some_and(|e| e.starts_with("ERR DB index is out of range")),
             "SELECT 1 must be refused: {e:?}"
         );
-        assert_eq!(
-            c.cmd(&["SELECT", "x"]),
-            err("ERR value is not an integer or out of range")
-        );
+        assert_eq!(c.cmd(&["SELECT", "x"]), err("ERR value is not an integer or out of range"));
         // still on db 0 and usable
         assert_eq!(c.cmd(&["PING"]), V::s("PONG"));
     }
@@ -134,10 +121,7 @@ fn hello_negotiates_the_protocol() {
     // unsupported versions
     assert_eq!(c.cmd(&["HELLO", "4"]), err("NOPROTO unsupported protocol version"));
     assert_eq!(c.cmd(&["HELLO", "1"]), err("NOPROTO unsupported protocol version"));
-    assert_eq!(
-        c.cmd(&["HELLO", "three"]),
-        err("ERR Protocol version is not an integer or out of range")
-    );
+    assert_eq!(c.cmd(&["HELLO", "three"]), err("ERR Protocol version is not an integer or out of range"));
     // still RESP3 after the failed attempts
     assert_eq!(c.cmd_full(&["GET", "local:hello:missing"]).kind(), Kind::Null);
 
@@ -154,16 +138,8 @@ fn hello_negotiates_the_protocol() {
     assert_eq!(nil.raw, b"$-1\r\n");
     // syntax errors
     let e = c.cmd(&["HELLO", "3", "BOGUS"]);
-    assert!(
-        e.err()
-            .is_some_and(|e| e.starts_with("ERR Syntax error in HELLO option 'BOGUS'")),
-        "{e:?}"
-    );
-    assert_eq!(
-        c.cmd_full(&["PING"]).raw,
-        b"+PONG\r\n",
-        "failed HELLO must not switch protocols"
-    );
+    assert!(e.err().is_some_and(|e| e.starts_with("ERR Syntax error in HELLO option 'BOGUS'")), "{e:?}");
+    assert_eq!(c.cmd_full(&["PING"]).raw, b"+PONG\r\n", "failed HELLO must not switch protocols");
 }
 
 #[test]
@@ -185,33 +161,18 @@ fn client_subcommands_answered_locally() {
             err("ERR Client names cannot contain spaces, newlines or special characters.")
         );
         assert_eq!(a.cmd(&["CLIENT", "GETNAME"]), V::s("worker-1"));
-        assert_eq!(
-            a.cmd(&["CLIENT", "SETNAME"]),
-            err("ERR wrong number of arguments for 'client|setname' command")
-        );
+        assert_eq!(a.cmd(&["CLIENT", "SETNAME"]), err("ERR wrong number of arguments for 'client|setname' command"));
 
         let info = a.cmd_full(&["CLIENT", "INFO"]);
-        let expected_kind = if proto == Proto::Resp3 {
-            Kind::Verbatim
-        } else {
-            Kind::Bulk
-        };
+        let expected_kind = if proto == Proto::Resp3 { Kind::Verbatim } else { Kind::Bulk };
         assert_eq!(info.kind(), expected_kind, "{info:?}");
         let line = info.v.text();
-        for field in [
-            format!("id={ida} "),
-            "name=worker-1 ".to_string(),
-            format!("resp={} ", proto.version()),
-        ] {
+        for field in [format!("id={ida} "), "name=worker-1 ".to_string(), format!("resp={} ", proto.version())] {
             assert!(line.contains(&field), "CLIENT INFO {line:?} lacks {field:?}");
         }
         // other CLIENT subcommands would act on the shared backend connections
         let e = a.cmd(&["CLIENT", "LIST"]);
-        assert!(
-            e.err()
-                .is_some_and(|e| e.starts_with("ERR heatshield does not support 'CLIENT LIST'")),
-            "{e:?}"
-        );
+        assert!(e.err().is_some_and(|e| e.starts_with("ERR heatshield does not support 'CLIENT LIST'")), "{e:?}");
         let e = a.cmd(&["CLIENT", "NOPE"]);
         assert_eq!(e, err("ERR unknown subcommand 'NOPE'. Try CLIENT HELP."));
     }
@@ -233,10 +194,7 @@ fn client_setinfo_is_accepted_and_shown_by_client_info() {
             a.cmd(&["CLIENT", "SETINFO", "lib-name", "has space"]),
             err("ERR lib-name and lib-ver cannot contain spaces, newlines or special characters.")
         );
-        assert_eq!(
-            a.cmd(&["CLIENT", "SETINFO", "bogus", "x"]),
-            err("ERR Unrecognized option 'bogus'")
-        );
+        assert_eq!(a.cmd(&["CLIENT", "SETINFO", "bogus", "x"]), err("ERR Unrecognized option 'bogus'"));
         let line = a.cmd(&["CLIENT", "INFO"]).text();
         assert!(line.contains("lib-name=heatshield-tests"), "{line:?}");
         assert!(line.contains("lib-ver=1.2.3"), "{line:?}");
@@ -264,29 +222,19 @@ fn info_sections_and_keyspace_sums_over_masters() {
         assert!(c.pipeline(&cmds).iter().all(|v| !v.is_err()));
 
         let full = c.cmd_full(&["INFO"]);
-        let expected_kind = if proto == Proto::Resp3 {
-            Kind::Verbatim
-        } else {
-            Kind::Bulk
-        };
+        let expected_kind = if proto == Proto::Resp3 { Kind::Verbatim } else { Kind::Bulk };
         assert_eq!(full.kind(), expected_kind);
         let text = full.v.text();
         for section in ["# Proxy", "# Server", "# Clients", "# Keyspace"] {
             assert!(text.contains(section), "INFO lacks {section}:\n{text}");
         }
-        assert_eq!(
-            info_field(&text, "redis_version").as_deref(),
-            Some(redis_version.as_str())
-        );
+        assert_eq!(info_field(&text, "redis_version").as_deref(), Some(redis_version.as_str()));
         assert_eq!(info_field(&text, "masters").as_deref(), Some("3"));
         let clients: i64 = info_field(&text, "connected_clients").unwrap().parse().unwrap();
         assert!(clients >= 2, "connected_clients {clients}");
 
         let server_only = c.cmd(&["INFO", "server"]).text();
-        assert!(
-            server_only.contains("# Server") && !server_only.contains("# Keyspace"),
-            "{server_only}"
-        );
+        assert!(server_only.contains("# Server") && !server_only.contains("# Keyspace"), "{server_only}");
 
         // INFO keyspace = the masters' key counts summed (retry if another test writes)
         let mut checked = false;
@@ -307,11 +255,8 @@ fn info_sections_and_keyspace_sums_over_masters() {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| panic!("bad db0 line {db0:?}"));
             assert_eq!(keys, before, "INFO keyspace db0 keys vs sum of masters' DBSIZE");
-            let expires: i64 = db0
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("expires="))
-                .and_then(|v| v.parse().ok())
-                .unwrap();
+            let expires: i64 =
+                db0.split(',').find_map(|kv| kv.strip_prefix("expires=")).and_then(|v| v.parse().ok()).unwrap();
             assert!(expires >= 20, "expires {expires}");
             assert_eq!(dbsize, V::Int(before), "DBSIZE vs sum of masters' DBSIZE");
             checked = true;
@@ -362,10 +307,7 @@ fn unknown_commands_and_wrong_arity_use_redis_texts() {
     for proto in Proto::BOTH {
         let mut c = Conn::connect_proto(env.proxy.port(), proto);
         let mut direct = Conn::connect_proto(master, proto);
-        assert_eq!(
-            c.cmd(&["foo", "a"]),
-            err("ERR unknown command 'foo', with args beginning with: 'a' ")
-        );
+        assert_eq!(c.cmd(&["foo", "a"]), err("ERR unknown command 'foo', with args beginning with: 'a' "));
         let cases: &[&[&str]] = &[
             &["foo", "a"],
             &["nosuchcommand"],
@@ -392,27 +334,13 @@ fn a_refused_transaction_never_half_runs() {
         let mut c = Conn::connect_proto(env.proxy.port(), proto);
         let k = format!("local:tx:{proto:?}");
         let r = c.cmd(&["MULTI"]);
-        assert!(
-            r.err()
-                .is_some_and(|e| e.starts_with("ERR heatshield does not support 'MULTI'")),
-            "{proto:?}: {r:?}"
-        );
+        assert!(r.err().is_some_and(|e| e.starts_with("ERR heatshield does not support 'MULTI'")), "{proto:?}: {r:?}");
         // what the client meant to queue is refused, not run
         let r = c.cmd(&["SET", &k, "x"]);
-        assert!(
-            r.err().is_some_and(|e| e.contains("command not executed")),
-            "{proto:?}: {r:?}"
-        );
+        assert!(r.err().is_some_and(|e| e.contains("command not executed")), "{proto:?}: {r:?}");
         assert_eq!(c.cmd(&["MULTI"]), V::Err("ERR MULTI calls can not be nested".into()));
-        assert_eq!(
-            c.cmd(&["EXEC"]),
-            V::Err("EXECABORT Transaction discarded because of previous errors.".into())
-        );
-        assert_eq!(
-            c.cmd(&["GET", &k]),
-            V::Nil,
-            "{proto:?}: the SET inside the refused MULTI ran"
-        );
+        assert_eq!(c.cmd(&["EXEC"]), V::Err("EXECABORT Transaction discarded because of previous errors.".into()));
+        assert_eq!(c.cmd(&["GET", &k]), V::Nil, "{proto:?}: the SET inside the refused MULTI ran");
         // DISCARD ends it too; afterwards commands run again
         assert!(c.cmd(&["MULTI"]).err().is_some());
         assert!(c.cmd(&["DISCARD"]).is_ok());
@@ -477,11 +405,7 @@ fn password_protects_the_proxy() {
     assert_eq!(c.cmd(&["PING"]), V::s("PONG"));
     assert_eq!(c.cmd(&["AUTH", "nope"]), err(WRONGPASS));
     assert_eq!(c.cmd(&["AUTH", "someone", "pw"]), err(WRONGPASS));
-    assert_eq!(
-        c.cmd(&["GET", "local:auth:k"]),
-        err(NOAUTH),
-        "a failed AUTH must not authenticate"
-    );
+    assert_eq!(c.cmd(&["GET", "local:auth:k"]), err(NOAUTH), "a failed AUTH must not authenticate");
     assert_eq!(c.cmd(&["AUTH", "pw"]), V::ok());
     assert_eq!(c.cmd(&["SET", "local:auth:k", "v"]), V::ok());
     assert_eq!(c.cmd(&["GET", "local:auth:k"]), V::s("v"));
@@ -494,8 +418,7 @@ fn password_protects_the_proxy() {
     let mut h = Conn::connect(port);
     let e = h.cmd(&["HELLO", "3"]);
     assert!(
-        e.err()
-            .is_some_and(|e| e.starts_with("NOAUTH HELLO must be called with the client already authenticated")),
+        e.err().is_some_and(|e| e.starts_with("NOAUTH HELLO must be called with the client already authenticated")),
         "{e:?}"
     );
     assert_eq!(h.cmd(&["HELLO", "3", "AUTH", "default", "wrong"]), err(WRONGPASS));
@@ -519,8 +442,7 @@ fn password_protects_the_proxy() {
     let mut plain = Conn::connect(env.proxy.port());
     let e = plain.cmd(&["AUTH", "pw"]);
     assert!(
-        e.err()
-            .is_some_and(|e| e.starts_with("ERR AUTH <password> called without any password configured")),
+        e.err().is_some_and(|e| e.starts_with("ERR AUTH <password> called without any password configured")),
         "{e:?}"
     );
     assert!(proxy.is_alive());
@@ -537,16 +459,10 @@ fn flushall_is_refused_unless_allowed() {
         for (_, k) in &keys {
             assert_eq!(c.cmd(&["SET", k, "1"]), V::ok());
         }
-        for args in [
-            &["FLUSHALL"][..],
-            &["FLUSHALL", "ASYNC"],
-            &["FLUSHDB"],
-            &["flushall", "SYNC"],
-        ] {
+        for args in [&["FLUSHALL"][..], &["FLUSHALL", "ASYNC"], &["FLUSHDB"], &["flushall", "SYNC"]] {
             let r = c.cmd(args);
             assert!(
-                r.err()
-                    .is_some_and(|e| e.starts_with("ERR") && e.contains("allow_flush")),
+                r.err().is_some_and(|e| e.starts_with("ERR") && e.contains("allow_flush")),
                 "{args:?} must be refused mentioning allow_flush, got {r:?}"
             );
         }
@@ -565,11 +481,7 @@ fn flushall_is_refused_unless_allowed() {
         for m in env.owners.masters() {
             assert_ne!(cli(m, &["DBSIZE"]), "0", "test keys should be on every master");
         }
-        let cmd: &[&str] = if proto == Proto::Resp2 {
-            &["FLUSHALL"]
-        } else {
-            &["FLUSHDB"]
-        };
+        let cmd: &[&str] = if proto == Proto::Resp2 { &["FLUSHALL"] } else { &["FLUSHDB"] };
         assert_eq!(c.cmd(cmd), V::ok(), "{cmd:?}");
         for m in env.owners.masters() {
             assert_eq!(cli(m, &["DBSIZE"]), "0", "{cmd:?} left keys on master {m}");
@@ -586,10 +498,7 @@ fn quit_closes_after_ok() {
         let mut c = Conn::connect_proto(env.proxy.port(), proto);
         let r = c.cmd_full(&["QUIT"]);
         assert_eq!(r.raw, b"+OK\r\n");
-        assert!(
-            c.expect_closed(Duration::from_secs(5)),
-            "connection still open after QUIT"
-        );
+        assert!(c.expect_closed(Duration::from_secs(5)), "connection still open after QUIT");
 
         // commands pipelined after QUIT are not answered
         let mut p = Conn::connect_proto(env.proxy.port(), proto);

@@ -86,11 +86,7 @@ fn mixed_commands(
                 cmds.push(args(&["INCR", &c]));
             }
             5 => {
-                exp.push(Expect::Exact(V::Arr(vec![
-                    get(model, &k),
-                    get(model, &k2),
-                    get(model, &k3),
-                ])));
+                exp.push(Expect::Exact(V::Arr(vec![get(model, &k), get(model, &k2), get(model, &k3)])));
                 cmds.push(args(&["MGET", &k, &k2, &k3]));
             }
             6 => {
@@ -148,12 +144,8 @@ fn mixed_commands(
 fn check(replies: &[Reply], exp: &[Expect], cmds: &[Vec<Vec<u8>>], who: &str) {
     assert_eq!(replies.len(), exp.len());
     for (i, (r, e)) in replies.iter().zip(exp).enumerate() {
-        let shown = || {
-            cmds[i]
-                .iter()
-                .map(|a| String::from_utf8_lossy(&a[..a.len().min(40)]).into_owned())
-                .collect::<Vec<_>>()
-        };
+        let shown =
+            || cmds[i].iter().map(|a| String::from_utf8_lossy(&a[..a.len().min(40)]).into_owned()).collect::<Vec<_>>();
         match e {
             Expect::Exact(v) => assert_eq!(&r.v, v, "{who}: reply #{i} to {:?}", shown()),
             Expect::Time => assert_eq!(r.shape.kinds(), [Kind::Bulk, Kind::Bulk], "{who}: #{i} TIME {r:?}"),
@@ -177,11 +169,7 @@ fn thousand_pipelined_mixed_commands_in_order() {
         // nulls keep the protocol's encoding inside split replies too
         let missing = format!("{prefix}:never");
         let r = c.cmd_full(&["MGET", &missing, &format!("{prefix}:k1"), &format!("{prefix}:k2")]);
-        let nil = if proto == Proto::Resp3 {
-            Kind::Null
-        } else {
-            Kind::NullBulk
-        };
+        let nil = if proto == Proto::Resp3 { Kind::Null } else { Kind::NullBulk };
         assert_eq!(r.shape.items[0].kind, nil, "{r:?}");
         // the model matches the cluster afterwards
         for (k, v) in &model {
@@ -273,16 +261,9 @@ fn hundred_mib_value_round_trip() {
         assert_eq!(r.kind(), Kind::Bulk);
         let got = r.v.bytes();
         assert_eq!(got.len(), len, "{proto:?} GET length");
-        assert!(
-            got == value.as_slice(),
-            "{proto:?} GET content differs (fnv {:x} vs {want:x})",
-            fnv1a(got)
-        );
+        assert!(got == value.as_slice(), "{proto:?} GET content differs (fnv {:x} vs {want:x})", fnv1a(got));
         // the connection is still in sync afterwards
-        assert_eq!(
-            c.cmd(&["GETRANGE", key, "1048576", "1048583"]),
-            V::Str(1u64.to_le_bytes().to_vec())
-        );
+        assert_eq!(c.cmd(&["GETRANGE", key, "1048576", "1048583"]), V::Str(1u64.to_le_bytes().to_vec()));
         assert_eq!(c.cmd(&["PING"]), V::s("PONG"));
     }
     assert_eq!(c.cmd(&["DEL", key]), V::Int(1));
@@ -315,16 +296,10 @@ fn inline_commands() {
         );
         c.send_raw(raw.as_bytes());
         let replies: Vec<V> = (0..5).map(|_| c.read_reply()).collect();
-        assert_eq!(
-            replies,
-            [V::s("PONG"), V::s("it's"), V::ok(), V::s("tab\there!"), V::Int(1),]
-        );
+        assert_eq!(replies, [V::s("PONG"), V::s("it's"), V::ok(), V::s("tab\there!"), V::Int(1),]);
         // an unknown inline command gets Redis's error and the connection stays usable
         c.send_raw(b"NOPE a b\r\nPING\r\n");
-        assert_eq!(
-            c.read_reply(),
-            V::Err("ERR unknown command 'NOPE', with args beginning with: 'a' 'b' ".into())
-        );
+        assert_eq!(c.read_reply(), V::Err("ERR unknown command 'NOPE', with args beginning with: 'a' 'b' ".into()));
         assert_eq!(c.read_reply(), V::s("PONG"));
     }
 }

@@ -16,8 +16,7 @@ use common::client::{Conn, Proto, SlotOwners, V};
 use common::{Proxy, RedisCluster, cli, key_slot};
 
 fn is_redirect(v: &V) -> bool {
-    v.err()
-        .is_some_and(|e| e.starts_with("MOVED") || e.starts_with("ASK") || e.starts_with("TRYAGAIN"))
+    v.err().is_some_and(|e| e.starts_with("MOVED") || e.starts_with("ASK") || e.starts_with("TRYAGAIN"))
 }
 
 /// A client doing single-key reads and writes on `keys` until stopped; it is the only
@@ -95,14 +94,8 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
     let bg = hammer(proxy.port(), bg_keys.clone(), stop.clone(), ops.clone());
 
     // --- start the migration: half of the keys move ---
-    assert_eq!(
-        cli(dst, &["CLUSTER", "SETSLOT", &slot.to_string(), "IMPORTING", &src_id]),
-        "OK"
-    );
-    assert_eq!(
-        cli(src, &["CLUSTER", "SETSLOT", &slot.to_string(), "MIGRATING", &dst_id]),
-        "OK"
-    );
+    assert_eq!(cli(dst, &["CLUSTER", "SETSLOT", &slot.to_string(), "IMPORTING", &src_id]), "OK");
+    assert_eq!(cli(src, &["CLUSTER", "SETSLOT", &slot.to_string(), "MIGRATING", &dst_id]), "OK");
     let mut first: Vec<String> = (0..n / 2).map(key).collect();
     first.push(ctr.clone());
     first.push(hash.clone());
@@ -113,10 +106,7 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
     assert_eq!(cli(src, &migrate), "OK", "MIGRATE of the first half");
     // the source now redirects for moved keys
     let direct = cli(src, &["GET", &key(0)]);
-    assert!(
-        direct.starts_with("ASK"),
-        "source should answer ASK for a moved key, got {direct:?}"
-    );
+    assert!(direct.starts_with("ASK"), "source should answer ASK for a moved key, got {direct:?}");
     assert_eq!(cli(src, &["GET", &key(15)]), "v15");
 
     for proto in Proto::BOTH {
@@ -124,11 +114,7 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
         for i in 0..n {
             let r = c.cmd(&["GET", &key(i)]);
             assert!(!is_redirect(&r), "{proto:?}: client saw a redirect: {r:?}");
-            let want = if i == 1 && proto == Proto::Resp3 {
-                "updated-1".to_string()
-            } else {
-                format!("v{i}")
-            };
+            let want = if i == 1 && proto == Proto::Resp3 { "updated-1".to_string() } else { format!("v{i}") };
             assert_eq!(
                 r,
                 V::s(&want),
@@ -146,11 +132,7 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
         }
         assert_eq!(c.cmd(&["GET", &key(1)]), V::s("updated-1"));
         let new_key = format!("{tag}:new-{}", proto.tag());
-        assert_eq!(
-            c.cmd(&["SET", &new_key, "fresh"]),
-            V::ok(),
-            "{proto:?} SET of a new key in a migrating slot"
-        );
+        assert_eq!(c.cmd(&["SET", &new_key, "fresh"]), V::ok(), "{proto:?} SET of a new key in a migrating slot");
         assert_eq!(c.cmd(&["GET", &new_key]), V::s("fresh"));
         assert_eq!(c.cmd(&["HGET", &hash, "g"]), V::s("2"));
         // multi-key commands whose keys are all on one side work
@@ -159,20 +141,11 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
             V::strs(&["v2", "v3", "v4"]),
             "{proto:?} MGET of moved keys"
         );
-        assert_eq!(
-            c.cmd(&["MGET", &key(12), &key(13)]),
-            V::strs(&["v12", "v13"]),
-            "{proto:?} MGET of unmoved keys"
-        );
+        assert_eq!(c.cmd(&["MGET", &key(12), &key(13)]), V::strs(&["v12", "v13"]), "{proto:?} MGET of unmoved keys");
     }
     // the new keys really are on the target
-    let on_dst: usize = cli(dst, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()])
-        .parse()
-        .unwrap();
-    assert!(
-        on_dst >= n / 2 + 4,
-        "target holds {on_dst} keys of the slot (moved + new)"
-    );
+    let on_dst: usize = cli(dst, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]).parse().unwrap();
+    assert!(on_dst >= n / 2 + 4, "target holds {on_dst} keys of the slot (moved + new)");
 
     // --- finish: move the rest, assign the slot to the target everywhere ---
     thread::sleep(Duration::from_millis(200));
@@ -183,21 +156,11 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
     migrate.extend(rest.iter().copied());
     assert_eq!(cli(src, &migrate), "OK");
     assert_eq!(cli(src, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]), "0");
-    for m in [dst, src]
-        .into_iter()
-        .chain(owners.masters().into_iter().filter(|&m| m != src && m != dst))
-    {
-        assert_eq!(
-            cli(m, &["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &dst_id]),
-            "OK",
-            "SETSLOT NODE on {m}"
-        );
+    for m in [dst, src].into_iter().chain(owners.masters().into_iter().filter(|&m| m != src && m != dst)) {
+        assert_eq!(cli(m, &["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &dst_id]), "OK", "SETSLOT NODE on {m}");
     }
     let direct = cli(src, &["GET", &key(15)]);
-    assert!(
-        direct.starts_with("MOVED"),
-        "source should answer MOVED now, got {direct:?}"
-    );
+    assert!(direct.starts_with("MOVED"), "source should answer MOVED now, got {direct:?}");
 
     // the proxy still believes the source owns the slot: the MOVED path
     for proto in Proto::BOTH {
@@ -214,20 +177,10 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
         }
         let v = format!("after-{}", proto.tag());
         assert_eq!(c.cmd(&["SET", &key(15), &v]), V::ok());
-        assert_eq!(
-            cli(dst, &["GET", &key(15)]),
-            v,
-            "write after the migration must land on the target"
-        );
-        assert_eq!(
-            c.cmd(&["INCR", &ctr]),
-            V::Int(if proto == Proto::Resp2 { 13 } else { 14 })
-        );
+        assert_eq!(cli(dst, &["GET", &key(15)]), v, "write after the migration must land on the target");
+        assert_eq!(c.cmd(&["INCR", &ctr]), V::Int(if proto == Proto::Resp2 { 13 } else { 14 }));
         assert_eq!(c.cmd(&["GET", &format!("{tag}:new-r2")]), V::s("fresh"));
-        assert_eq!(
-            c.cmd(&["MGET", &key(0), &key(19), &format!("{tag}:new-r3")]),
-            V::strs(&["v0", "v19", "fresh"])
-        );
+        assert_eq!(c.cmd(&["MGET", &key(0), &key(19), &format!("{tag}:new-r3")]), V::strs(&["v0", "v19", "fresh"]));
     }
     cluster.wait_ok(Duration::from_secs(30));
     assert_eq!(cluster.master_for_slot(slot), dst);
@@ -237,9 +190,6 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
     stop.store(true, Ordering::Relaxed);
     let problems = bg.join().expect("background client");
     assert!(problems.is_empty(), "background client saw: {problems:?}");
-    assert!(
-        ops.load(Ordering::Relaxed) > 100,
-        "background client made little progress"
-    );
+    assert!(ops.load(Ordering::Relaxed) > 100, "background client made little progress");
     assert!(proxy.is_alive());
 }

@@ -26,11 +26,7 @@ fn env() -> Arc<Env> {
         let cluster = RedisCluster::start();
         let proxy = Proxy::start_cluster(&cluster, &[]);
         let owners = SlotOwners::read(&cluster);
-        Env {
-            _cluster: cluster,
-            proxy,
-            owners,
-        }
+        Env { _cluster: cluster, proxy, owners }
     })
 }
 
@@ -79,10 +75,7 @@ out("mget_after", r.mget(keys))
 "#;
 
 fn python_with_redis() {
-    let ok = Command::new("python3")
-        .args(["-c", "import redis"])
-        .status()
-        .is_ok_and(|s| s.success());
+    let ok = Command::new("python3").args(["-c", "import redis"]).status().is_ok_and(|s| s.success());
     assert!(
         ok,
         "python3 with the `redis` package is required for this test: run scripts/ensure-deps.sh \
@@ -94,19 +87,11 @@ fn run_redis_py(mode: &str) {
     python_with_redis();
     let env = env();
     let prefix = format!("py:{mode}:");
-    let keys: Vec<String> = env
-        .owners
-        .key_per_master(&format!("{prefix}k"))
-        .into_iter()
-        .map(|(_, k)| k)
-        .collect();
+    let keys: Vec<String> = env.owners.key_per_master(&format!("{prefix}k")).into_iter().map(|(_, k)| k).collect();
     assert_eq!(keys.len(), 3, "one key per master");
     let port = env.proxy.port().to_string();
-    let out = Command::new("python3")
-        .args(["-c", SCRIPT, &port, mode, &prefix])
-        .args(&keys)
-        .output()
-        .expect("run python3");
+    let out =
+        Command::new("python3").args(["-c", SCRIPT, &port, mode, &prefix]).args(&keys).output().expect("run python3");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

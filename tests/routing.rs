@@ -23,11 +23,7 @@ fn env() -> Arc<Env> {
         let cluster = RedisCluster::start();
         let proxy = Proxy::start_cluster(&cluster, &[]);
         let owners = SlotOwners::read(&cluster);
-        Env {
-            _cluster: cluster,
-            proxy,
-            owners,
-        }
+        Env { _cluster: cluster, proxy, owners }
     })
 }
 
@@ -40,11 +36,7 @@ fn crossslot() -> V {
 /// redis-cli output lines of `args` run directly on `port`.
 fn on_master(port: u16, args: &[&str]) -> Vec<String> {
     let out = cli(port, args);
-    if out.is_empty() {
-        vec![]
-    } else {
-        out.lines().map(str::to_string).collect()
-    }
+    if out.is_empty() { vec![] } else { out.lines().map(str::to_string).collect() }
 }
 
 #[test]
@@ -62,11 +54,7 @@ fn single_key_commands_land_on_the_owning_master() {
             assert_eq!(c.cmd(&["GET", &k]), V::s("hello world"));
             assert_eq!(c.cmd(&["STRLEN", &k]), V::Int(11));
             assert_eq!(c.cmd(&["TYPE", &k]), V::s("string"));
-            assert_eq!(
-                cli(master, &["GET", &k]),
-                "hello world",
-                "{proto:?} {k} not on its master {master}"
-            );
+            assert_eq!(cli(master, &["GET", &k]), "hello world", "{proto:?} {k} not on its master {master}");
             assert_eq!(c.cmd(&["EXPIRE", &k, "1000"]), V::Int(1));
             let ttl = c.cmd(&["TTL", &k]).int();
             assert!((990..=1000).contains(&ttl), "TTL {ttl}");
@@ -81,10 +69,7 @@ fn single_key_commands_land_on_the_owning_master() {
             assert_eq!(f.v, V::s("41.5"));
             assert_eq!(f.kind(), Kind::Bulk);
             assert_eq!(cli(master, &["GET", &k]), "41.5");
-            assert_eq!(
-                c.cmd(&["INCR", &k]),
-                V::Err("ERR value is not an integer or out of range".into())
-            );
+            assert_eq!(c.cmd(&["INCR", &k]), V::Err("ERR value is not an integer or out of range".into()));
         }
 
         for (master, k) in keys("hash") {
@@ -118,18 +103,11 @@ fn single_key_commands_land_on_the_owning_master() {
                     assert_eq!(ws.v, V::strs(&["a", "1", "b", "2.5"]));
                 }
                 Proto::Resp3 => {
-                    assert_eq!(
-                        score.kind(),
-                        Kind::Double,
-                        "ZSCORE in RESP3 must be a double: {score:?}"
-                    );
+                    assert_eq!(score.kind(), Kind::Double, "ZSCORE in RESP3 must be a double: {score:?}");
                     assert_eq!(score.v, V::Double(2.5));
                     assert_eq!(
                         ws.v,
-                        V::Arr(vec![
-                            V::Arr(vec![V::s("a"), V::Double(1.0)]),
-                            V::Arr(vec![V::s("b"), V::Double(2.5)]),
-                        ])
+                        V::Arr(vec![V::Arr(vec![V::s("a"), V::Double(1.0)]), V::Arr(vec![V::s("b"), V::Double(2.5)]),])
                     );
                 }
             }
@@ -211,10 +189,7 @@ fn hash_tags_keep_multi_key_commands_in_one_slot() {
             c.cmd(&["ZADD", &b, "2", "m", "5", "n"]);
             assert_eq!(c.cmd(&["ZUNIONSTORE", &d, "2", &a, &b]), V::Int(2));
             assert_eq!(c.cmd(&["ZINTERCARD", "2", &a, &b]), V::Int(1));
-            assert_eq!(
-                on_master(master, &["ZRANGE", &d, "0", "-1", "WITHSCORES"]),
-                ["m", "3", "n", "5"]
-            );
+            assert_eq!(on_master(master, &["ZRANGE", &d, "0", "-1", "WITHSCORES"]), ["m", "3", "n", "5"]);
             c.cmd(&["DEL", &a, &b, &d]);
         }
     }
@@ -282,24 +257,12 @@ fn scripts_are_routed_by_their_keys() {
         let t = proto.tag();
         let mut c = Conn::connect_proto(env.proxy.port(), proto);
         for (master, k) in env.owners.key_per_master(&format!("route:{t}:eval:")) {
-            let set = c.cmd(&[
-                "EVAL",
-                "return redis.call('SET', KEYS[1], ARGV[1])",
-                "1",
-                &k,
-                "from-lua",
-            ]);
+            let set = c.cmd(&["EVAL", "return redis.call('SET', KEYS[1], ARGV[1])", "1", &k, "from-lua"]);
             assert_eq!(set, V::ok(), "{proto:?} EVAL SET {k}");
             assert_eq!(cli(master, &["GET", &k]), "from-lua");
-            assert_eq!(
-                c.cmd(&["EVAL", "return redis.call('GET', KEYS[1])", "1", &k]),
-                V::s("from-lua")
-            );
+            assert_eq!(c.cmd(&["EVAL", "return redis.call('GET', KEYS[1])", "1", &k]), V::s("from-lua"));
             // EVAL_RO is routed the same way
-            assert_eq!(
-                c.cmd(&["EVAL_RO", "return redis.call('STRLEN', KEYS[1])", "1", &k]),
-                V::Int(8)
-            );
+            assert_eq!(c.cmd(&["EVAL_RO", "return redis.call('STRLEN', KEYS[1])", "1", &k]), V::Int(8));
         }
         // keyless scripts run on some master
         assert_eq!(c.cmd(&["EVAL", "return 40 + 2", "0"]), V::Int(42));
@@ -314,9 +277,7 @@ fn scripts_are_routed_by_their_keys() {
             Proto::Resp3 => assert_eq!((d.kind(), d.v), (Kind::Double, V::Double(3.5))),
         }
         // two keys of one slot
-        let tag = env
-            .owners
-            .tag_on(env.owners.masters()[1], &format!("route:{t}:evaltag:"));
+        let tag = env.owners.tag_on(env.owners.masters()[1], &format!("route:{t}:evaltag:"));
         let (a, b) = (format!("{tag}a"), format!("{tag}b"));
         c.cmd(&["SET", &a, "A"]);
         assert_eq!(
@@ -334,14 +295,8 @@ fn scripts_are_routed_by_their_keys() {
             c.cmd(&["EVAL", "return 1", "3", "a"]),
             V::Err("ERR Number of keys can't be greater than number of args".into())
         );
-        assert_eq!(
-            c.cmd(&["EVAL", "return 1", "x"]),
-            V::Err("ERR value is not an integer or out of range".into())
-        );
-        assert_eq!(
-            c.cmd(&["EVAL", "return 1", "-1"]),
-            V::Err("ERR Number of keys can't be negative".into())
-        );
+        assert_eq!(c.cmd(&["EVAL", "return 1", "x"]), V::Err("ERR value is not an integer or out of range".into()));
+        assert_eq!(c.cmd(&["EVAL", "return 1", "-1"]), V::Err("ERR Number of keys can't be negative".into()));
         // a script error comes back as an error reply
         let e = c.cmd(&["EVAL", "return redis.call('INCR', KEYS[1])", "1", &a]);
         assert!(e.err().is_some_and(|e| e.contains("value is not an integer")), "{e:?}");
@@ -360,32 +315,18 @@ fn script_load_then_evalsha_on_every_master() {
         assert!(sha.chars().all(|ch| ch.is_ascii_hexdigit()));
         // loaded on every master
         for m in env.owners.masters() {
-            assert_eq!(
-                cli(m, &["SCRIPT", "EXISTS", &sha]),
-                "1",
-                "script not loaded on master {m}"
-            );
+            assert_eq!(cli(m, &["SCRIPT", "EXISTS", &sha]), "1", "script not loaded on master {m}");
         }
         let missing = "0000000000000000000000000000000000000000";
-        assert_eq!(
-            c.cmd(&["SCRIPT", "EXISTS", &sha, missing]),
-            V::Arr(vec![V::Int(1), V::Int(0)])
-        );
+        assert_eq!(c.cmd(&["SCRIPT", "EXISTS", &sha, missing]), V::Arr(vec![V::Int(1), V::Int(0)]));
         for (master, k) in env.owners.key_per_master(&format!("route:{t}:sha:")) {
             c.cmd(&["DEL", &k]);
-            assert_eq!(
-                c.cmd(&["EVALSHA", &sha, "1", &k, "5"]),
-                V::Int(5),
-                "{proto:?} EVALSHA on {master}"
-            );
+            assert_eq!(c.cmd(&["EVALSHA", &sha, "1", &k, "5"]), V::Int(5), "{proto:?} EVALSHA on {master}");
             assert_eq!(c.cmd(&["EVALSHA", &sha, "1", &k, "2"]), V::Int(7));
             assert_eq!(cli(master, &["GET", &k]), "7");
         }
         let e = c.cmd(&["EVALSHA", missing, "0"]);
-        assert!(
-            e.err().is_some_and(|e| e.starts_with("NOSCRIPT")),
-            "EVALSHA of an unknown script: {e:?}"
-        );
+        assert!(e.err().is_some_and(|e| e.starts_with("NOSCRIPT")), "EVALSHA of an unknown script: {e:?}");
     }
 }
 

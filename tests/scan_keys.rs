@@ -65,11 +65,7 @@ fn scan_keys_randomkey_over_all_masters() {
         let mut c = Conn::connect_proto(proxy.port(), proto);
         let r = c.cmd_full(&["RANDOMKEY"]);
         assert_eq!(r.v, V::Nil, "RANDOMKEY on an empty cluster");
-        let nil_kind = if proto == Proto::Resp3 {
-            Kind::Null
-        } else {
-            Kind::NullBulk
-        };
+        let nil_kind = if proto == Proto::Resp3 { Kind::Null } else { Kind::NullBulk };
         assert_eq!(r.kind(), nil_kind, "{r:?}");
         assert_eq!(c.cmd(&["KEYS", "*"]), V::Arr(vec![]));
         assert_eq!(c.cmd(&["DBSIZE"]), V::Int(0));
@@ -90,22 +86,14 @@ fn scan_keys_randomkey_over_all_masters() {
     }
     for chunk in cmds.chunks(2000) {
         let replies = c.pipeline(chunk);
-        assert!(
-            replies.iter().all(|r| !r.is_err()),
-            "writes failed: {:?}",
-            replies.iter().find(|r| r.is_err())
-        );
+        assert!(replies.iter().all(|r| !r.is_err()), "writes failed: {:?}", replies.iter().find(|r| r.is_err()));
     }
     let all: HashSet<String> = (0..N).map(key).collect();
     let mut per_master: HashMap<u16, usize> = HashMap::new();
     for k in &all {
         *per_master.entry(owners.of_key(k.as_bytes())).or_default() += 1;
     }
-    assert_eq!(
-        per_master.len(),
-        3,
-        "keys must be spread over the 3 masters: {per_master:?}"
-    );
+    assert_eq!(per_master.len(), 3, "keys must be spread over the 3 masters: {per_master:?}");
     assert_eq!(c.cmd(&["DBSIZE"]), V::Int(N as i64));
 
     for proto in Proto::BOTH {
@@ -121,10 +109,7 @@ fn scan_keys_randomkey_over_all_masters() {
         // COUNT is passed through: bigger pages, fewer calls
         let (keys, big_calls) = scan_all(&mut c, &["COUNT", "1000"]);
         assert_eq!(exactly_once(&keys, "SCAN COUNT 1000"), all);
-        assert!(
-            big_calls * 3 < calls,
-            "COUNT 1000 took {big_calls} calls vs {calls} by default"
-        );
+        assert!(big_calls * 3 < calls, "COUNT 1000 took {big_calls} calls vs {calls} by default");
 
         // MATCH is passed through
         let (keys, _) = scan_all(&mut c, &["MATCH", "scan:12*", "COUNT", "500"]);
@@ -160,10 +145,7 @@ fn scan_keys_randomkey_over_all_masters() {
             assert!(all.contains(&k), "RANDOMKEY returned unknown key {k:?}");
             seen_masters.insert(owners.of_key(k.as_bytes()));
         }
-        assert!(
-            seen_masters.len() >= 2,
-            "RANDOMKEY always picked one master: {seen_masters:?}"
-        );
+        assert!(seen_masters.len() >= 2, "RANDOMKEY always picked one master: {seen_masters:?}");
     }
 
     // RANDOMKEY with only one master holding keys still finds it

@@ -29,11 +29,7 @@ fn config(text: &str) -> (tempfile::TempDir, String) {
 }
 
 fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill")
-        .args(["-s", sig, &pid.to_string()])
-        .status()
-        .unwrap()
-        .success();
+    let ok = Command::new("kill").args(["-s", sig, &pid.to_string()]).status().unwrap().success();
     assert!(ok, "kill -s {sig} {pid}");
 }
 
@@ -58,11 +54,7 @@ fn sigterm_during_a_pipelined_batch_drains_and_exits_zero() {
         // 40,000 commands: INCR (numbered replies) and 1 KiB GETs, written from a thread
         let mut bytes = vec![];
         for i in 0..40_000 {
-            let a = if i % 2 == 0 {
-                args(&["INCR", &ctr])
-            } else {
-                args(&["GET", &big])
-            };
+            let a = if i % 2 == 0 { args(&["INCR", &ctr]) } else { args(&["GET", &big]) };
             bytes.extend(common::client::encode(&a));
         }
         let writer = c.send_raw_bg(bytes);
@@ -77,20 +69,13 @@ fn sigterm_during_a_pipelined_batch_drains_and_exits_zero() {
         loop {
             match c.try_read_full() {
                 Ok(r) => {
-                    let want = if got % 2 == 0 {
-                        V::Int(got / 2 + 1)
-                    } else {
-                        V::s(&value)
-                    };
+                    let want = if got % 2 == 0 { V::Int(got / 2 + 1) } else { V::s(&value) };
                     assert_eq!(r.v, want, "{proto:?} reply #{got} after SIGTERM");
                     got += 1;
                 }
                 Err(e) => {
                     assert!(
-                        matches!(
-                            e.kind(),
-                            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
-                        ),
+                        matches!(e.kind(), std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset),
                         "{proto:?}: stream did not end cleanly: {e}"
                     );
                     break;
@@ -99,21 +84,13 @@ fn sigterm_during_a_pipelined_batch_drains_and_exits_zero() {
         }
         let _ = writer.join();
         let code = proxy.wait_exit(Duration::from_secs(5));
-        assert_eq!(
-            code,
-            Some(0),
-            "{proto:?}: exit status after SIGTERM (log:\n{})",
-            proxy.log()
-        );
+        assert_eq!(code, Some(0), "{proto:?}: exit status after SIGTERM (log:\n{})", proxy.log());
         assert!(
             signalled.elapsed() < Duration::from_secs(4),
             "exit took {:?} (shutdown_timeout_ms = 3000)",
             signalled.elapsed()
         );
-        assert!(
-            got < 40_000,
-            "the whole batch was answered; shutdown did not interrupt anything"
-        );
+        assert!(got < 40_000, "the whole batch was answered; shutdown did not interrupt anything");
         eprintln!("{proto:?}: {got} replies before the connection was closed");
         assert!(proxy.log().contains("shutdown complete"), "{}", proxy.log());
         assert!(refused(proxy.port()), "still accepting connections after exit");
@@ -134,11 +111,7 @@ fn idle_clients_are_closed_and_exit_is_prompt() {
     let start = Instant::now();
     proxy.signal("TERM");
     assert_eq!(proxy.wait_exit(Duration::from_secs(3)), Some(0));
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "idle shutdown took {:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < Duration::from_secs(2), "idle shutdown took {:?}", start.elapsed());
     for c in idle.iter_mut().chain(std::iter::once(&mut r3)) {
         assert!(c.expect_closed(Duration::from_secs(2)), "idle client not closed");
     }
@@ -166,10 +139,7 @@ fn shutdown_timeout_bounds_a_reply_that_never_comes() {
         took >= Duration::from_millis(800),
         "the proxy exited after {took:?}, without waiting for the in-flight reply"
     );
-    assert!(
-        took < Duration::from_secs(3),
-        "exit took {took:?} with shutdown_timeout_ms = 1000"
-    );
+    assert!(took < Duration::from_secs(3), "exit took {took:?} with shutdown_timeout_ms = 1000");
 }
 
 #[test]
@@ -244,10 +214,7 @@ fn invalid_configuration_exits_nonzero_naming_the_key() {
     let cases: &[(&str, &[&str])] = &[
         ("[server]\nlisten_on = \"127.0.0.1:1\"\n", &["listen_on"]),
         ("[server]\nmax_clients = \"many\"\n", &["max_clients"]),
-        (
-            "[backend]\nconnections_per_node = 0\n",
-            &["backend.connections_per_node"],
-        ),
+        ("[backend]\nconnections_per_node = 0\n", &["backend.connections_per_node"]),
         ("[limits]\nmax_request_bytes = 10\n", &["limits.max_request_bytes"]),
         ("[bogus]\nx = 1\n", &["bogus"]),
         (
@@ -260,39 +227,21 @@ fn invalid_configuration_exits_nonzero_naming_the_key() {
     for (toml, keys) in cases {
         let (_dir, path) = config(toml);
         for check in [false, true] {
-            let mut a = vec![
-                "--config",
-                path.as_str(),
-                "--listen",
-                listen.as_str(),
-                "--cluster",
-                "127.0.0.1:7000",
-            ];
+            let mut a = vec!["--config", path.as_str(), "--listen", listen.as_str(), "--cluster", "127.0.0.1:7000"];
             if check {
                 a.push("--check");
             }
             let (code, stdout, stderr) = run_bin(&a);
-            assert_ne!(
-                code, 0,
-                "config {toml:?} (check={check}) was accepted; stdout {stdout:?}"
-            );
+            assert_ne!(code, 0, "config {toml:?} (check={check}) was accepted; stdout {stdout:?}");
             for k in *keys {
-                assert!(
-                    stderr.contains(k),
-                    "config {toml:?} (check={check}): stderr does not name {k}:\n{stderr}"
-                );
+                assert!(stderr.contains(k), "config {toml:?} (check={check}): stderr does not name {k}:\n{stderr}");
             }
             assert!(stderr.contains(&path), "the error should name the file: {stderr}");
             assert!(!stdout.contains("configuration ok"));
         }
     }
     // a missing file is an error too
-    let (code, _, stderr) = run_bin(&[
-        "--config",
-        "/nonexistent/heatshield.toml",
-        "--cluster",
-        "127.0.0.1:7000",
-    ]);
+    let (code, _, stderr) = run_bin(&["--config", "/nonexistent/heatshield.toml", "--cluster", "127.0.0.1:7000"]);
     assert_ne!(code, 0);
     assert!(stderr.contains("/nonexistent/heatshield.toml"), "{stderr}");
     // no seeds at all

@@ -25,12 +25,7 @@ fn env() -> Arc<Env> {
         let proxy = Proxy::start_cluster(&cluster, &[]);
         let standalone = RedisStandalone::start();
         let owners = SlotOwners::read(&cluster);
-        Env {
-            _cluster: cluster,
-            proxy,
-            standalone,
-            owners,
-        }
+        Env { _cluster: cluster, proxy, standalone, owners }
     })
 }
 
@@ -54,10 +49,7 @@ impl Pair {
     fn same<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Reply {
         let p = self.proxy.cmd_full(args);
         let r = self.redis.cmd_full(args);
-        let shown: Vec<String> = args
-            .iter()
-            .map(|a| String::from_utf8_lossy(a.as_ref()).into_owned())
-            .collect();
+        let shown: Vec<String> = args.iter().map(|a| String::from_utf8_lossy(a.as_ref()).into_owned()).collect();
         match self.proto {
             Proto::Resp2 => assert_eq!(
                 String::from_utf8_lossy(&p.raw),
@@ -66,10 +58,7 @@ impl Pair {
             ),
             Proto::Resp3 => {
                 assert_eq!(p.v, r.v, "RESP3 values differ for {shown:?}");
-                assert_eq!(
-                    p.shape, r.shape,
-                    "RESP3 frame kinds differ for {shown:?}\nproxy: {p:?}\nredis: {r:?}"
-                );
+                assert_eq!(p.shape, r.shape, "RESP3 frame kinds differ for {shown:?}\nproxy: {p:?}\nredis: {r:?}");
             }
         }
         p
@@ -211,11 +200,7 @@ fn msetnx_across_slots_is_refused() {
         let keys = spread_keys(&env, &format!("split:{t}:nx"), 3);
         s.same(&["DEL", &keys[0], &keys[1], &keys[2]]);
         let r = s.proxy.cmd(&["MSETNX", &keys[0], "1", &keys[1], "2", &keys[2], "3"]);
-        assert_eq!(
-            r,
-            V::Err("CROSSSLOT Keys in request don't hash to the same slot".into()),
-            "{proto:?}"
-        );
+        assert_eq!(r, V::Err("CROSSSLOT Keys in request don't hash to the same slot".into()), "{proto:?}");
         assert_eq!(
             s.proxy.cmd(&["EXISTS", &keys[0], &keys[1], &keys[2]]),
             V::Int(0),

@@ -37,6 +37,7 @@ pub struct NodePool {
     opts: BackendOptions,
     per_conn: usize,
     workers: Box<[WorkerConns]>,
+    metrics: Arc<crate::metrics::NodeMetrics>,
 }
 
 #[derive(Default)]
@@ -52,6 +53,7 @@ impl NodePool {
             opts: opts.clone(),
             per_conn: n.max(1),
             workers: (0..workers.max(1)).map(|_| WorkerConns::default()).collect(),
+            metrics: Arc::new(crate::metrics::NodeMetrics::new(addr, opts.latency_sample_every)),
         }
     }
 
@@ -66,13 +68,8 @@ impl NodePool {
             Proto::Resp3 => (&w.resp3, true),
         };
         let conns = cell.get_or_init(|| {
-            let o = BackendOptions {
-                resp3,
-                ..self.opts.clone()
-            };
-            (0..self.per_conn)
-                .map(|_| Backend::spawn(self.addr.clone(), o.clone()))
-                .collect()
+            let o = BackendOptions { resp3, ..self.opts.clone() };
+            (0..self.per_conn).map(|_| Backend::spawn(self.addr.clone(), o.clone(), self.metrics.clone())).collect()
         });
         &conns[(affinity % conns.len() as u64) as usize]
     }
@@ -124,12 +121,7 @@ impl Topology {
     }
 
     fn empty() -> Topology {
-        Topology {
-            epoch: 0,
-            slots: vec![UNASSIGNED; SLOTS],
-            masters: vec![],
-            replicas: vec![],
-        }
+        Topology { epoch: 0, slots: vec![UNASSIGNED; SLOTS], masters: vec![], replicas: vec![] }
     }
 }
 
@@ -190,6 +182,11 @@ impl Cluster {
         self.epoch.load(Ordering::Relaxed)
     }
 
+    /// Every node pool (masters, and nodes a redirection pointed at).
+    pub fn pools(&self) -> Vec<Arc<NodePool>> {
+        self.pools.lock().values().cloned().collect()
+    }
+
     /// The pool for `addr`, created on first use.
     pub fn pool(&self, addr: &str) -> Arc<NodePool> {
         let mut pools = self.pools.lock();
@@ -203,12 +200,8 @@ impl Cluster {
 
     fn install(&self, slots: Vec<u16>, masters: Vec<Arc<NodePool>>, replicas: Vec<Vec<String>>) {
         let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
-        self.topo.store(Arc::new(Topology {
-            epoch,
-            slots,
-            masters,
-            replicas,
-        }));
+        self.topo.store(Arc::new(Topology { epoch, slots, masters, replicas }));
+        crate::metrics::global().epoch.set(epoch as f64);
     }
 
     /// Applies a `MOVED slot addr` at once and asks for a full refresh.
@@ -258,6 +251,7 @@ impl Cluster {
             match self.fetch_slots(&addr).await {
                 Ok(map) => {
                     self.apply(map);
+                    crate::metrics::global().refresh_ok.increment(1);
                     return Ok(());
                 }
                 Err(e) => {
@@ -266,14 +260,12 @@ impl Cluster {
                 }
             }
         }
+        crate::metrics::global().refresh_error.increment(1);
         Err(last_err)
     }
 
     async fn fetch_slots(&self, addr: &str) -> Result<SlotMap, String> {
-        let opts = BackendOptions {
-            resp3: false,
-            ..self.opts.clone()
-        };
+        let opts = BackendOptions { resp3: false, ..self.opts.clone() };
         let mut s = backend::connect(addr, &opts).await.map_err(|e| e.to_string())?;
         let req = Request::from_args(&["CLUSTER", "SLOTS"]);
         let reply = tokio::time::timeout(opts.command_timeout, backend::roundtrip(&mut s, req.raw()))
@@ -363,23 +355,13 @@ fn node_addr(f: &OwnedFrame, default_host: &str) -> Option<String> {
         OwnedFrame::Integer(p) => *p,
         _ => return None,
     };
-    let host = if host.is_empty() || host == "?" {
-        default_host.to_string()
-    } else {
-        host
-    };
-    Some(if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    })
+    let host = if host.is_empty() || host == "?" { default_host.to_string() } else { host };
+    Some(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") })
 }
 
 /// Parses a `CLUSTER SLOTS` reply (decoded with redis-protocol).
 fn parse_cluster_slots(reply: &[u8], default_host: &str) -> Result<SlotMap, String> {
-    let (frame, _) = decode(reply)
-        .map_err(|e| e.to_string())?
-        .ok_or("incomplete CLUSTER SLOTS reply")?;
+    let (frame, _) = decode(reply).map_err(|e| e.to_string())?.ok_or("incomplete CLUSTER SLOTS reply")?;
     let rows = match frame {
         OwnedFrame::Array(rows) => rows,
         OwnedFrame::Error(e) => return Err(e),
@@ -396,17 +378,9 @@ fn parse_cluster_slots(reply: &[u8], default_host: &str) -> Result<SlotMap, Stri
         if !(0..SLOTS as i64).contains(start) || !(0..SLOTS as i64).contains(end) || start > end {
             return Err("slot out of range".into());
         }
-        let master = f
-            .get(2)
-            .and_then(|n| node_addr(n, default_host))
-            .ok_or("bad master entry")?;
+        let master = f.get(2).and_then(|n| node_addr(n, default_host)).ok_or("bad master entry")?;
         let replicas = f[3..].iter().filter_map(|n| node_addr(n, default_host)).collect();
-        out.push(SlotRange {
-            start: *start as u16,
-            end: *end as u16,
-            master,
-            replicas,
-        });
+        out.push(SlotRange { start: *start as u16, end: *end as u16, master, replicas });
     }
     if out.is_empty() {
         return Err("no slots assigned".into());
@@ -423,10 +397,7 @@ mod tests {
         let reply = b"*2\r\n*4\r\n:0\r\n:5460\r\n*3\r\n$9\r\n127.0.0.1\r\n:7000\r\n$2\r\nid\r\n*3\r\n$0\r\n\r\n:7003\r\n$2\r\nid\r\n*3\r\n:5461\r\n:16383\r\n*3\r\n$9\r\n127.0.0.1\r\n:7001\r\n$2\r\nid\r\n";
         let m = parse_cluster_slots(reply, "127.0.0.1").unwrap();
         assert_eq!(m.len(), 2);
-        assert_eq!(
-            (m[0].start, m[0].end, m[0].master.as_str()),
-            (0, 5460, "127.0.0.1:7000")
-        );
+        assert_eq!((m[0].start, m[0].end, m[0].master.as_str()), (0, 5460, "127.0.0.1:7000"));
         assert_eq!(m[0].replicas, vec!["127.0.0.1:7003".to_string()]);
         assert_eq!(m[1].master, "127.0.0.1:7001");
         assert!(parse_cluster_slots(b"-ERR This instance has cluster support disabled\r\n", "h").is_err());

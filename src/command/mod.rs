@@ -82,6 +82,8 @@ pub enum Local {
     ClientId,
     ClientSetInfo,
     ClientInfo,
+    /// `PROXY ...`: heatshield's admin commands.
+    Proxy,
 }
 
 /// What the proxy does with a command.
@@ -102,6 +104,8 @@ pub enum Route {
 /// One resolved command (or subcommand).
 #[derive(Debug)]
 pub struct Command {
+    /// Dense index (0..[`CommandTable::count`]), for per-command statistics.
+    pub id: usize,
     /// Uppercase name, `PARENT|SUB` for subcommands.
     pub name: String,
     /// Lowercase full name, as Redis writes it in error messages.
@@ -154,6 +158,10 @@ impl LookupError {
 #[derive(Debug)]
 pub struct CommandTable {
     by_name: HashMap<Vec<u8>, Command>,
+    /// Commands and subcommands; ids run from 0 to this (exclusive).
+    count: usize,
+    /// `names[id]` is the command's full name.
+    names: Vec<String>,
 }
 
 impl Default for CommandTable {
@@ -165,22 +173,15 @@ impl Default for CommandTable {
 impl CommandTable {
     pub fn new() -> Self {
         let mut by_name = HashMap::new();
+        let mut next_id = 0;
         for raw in generated::REDIS_COMMANDS {
-            by_name.insert(raw.name.as_bytes().to_vec(), build(raw, None));
+            by_name.insert(raw.name.as_bytes().to_vec(), build(raw, None, &mut next_id));
         }
         // Newer than the Redis the table was generated from, and sent by current clients
         // (redis-py, Jedis, go-redis) right after connecting.
         if let Some(client) = by_name.get_mut(b"CLIENT".as_slice()) {
-            static CLIENT: RawSpec = RawSpec {
-                name: "CLIENT",
-                arity: -2,
-                flags: 0,
-                first: 0,
-                last: 0,
-                step: 0,
-                movable: false,
-                subs: &[],
-            };
+            static CLIENT: RawSpec =
+                RawSpec { name: "CLIENT", arity: -2, flags: 0, first: 0, last: 0, step: 0, movable: false, subs: &[] };
             static SETINFO: RawSpec = RawSpec {
                 name: "SETINFO",
                 arity: 4,
@@ -191,17 +192,43 @@ impl CommandTable {
                 movable: false,
                 subs: &[],
             };
-            client
-                .subs
-                .entry(b"SETINFO".to_vec())
-                .or_insert_with(|| build(&SETINFO, Some(&CLIENT)));
+            client.subs.entry(b"SETINFO".to_vec()).or_insert_with(|| build(&SETINFO, Some(&CLIENT), &mut next_id));
         }
-        CommandTable { by_name }
+        // heatshield's own admin command.
+        static PROXY: RawSpec = RawSpec {
+            name: "PROXY",
+            arity: -2,
+            flags: flags::ADMIN | flags::NOSCRIPT | flags::LOADING | flags::STALE,
+            first: 0,
+            last: 0,
+            step: 0,
+            movable: false,
+            subs: &[],
+        };
+        by_name.insert(b"PROXY".to_vec(), build(&PROXY, None, &mut next_id));
+        let mut names = vec![String::new(); next_id];
+        for c in by_name.values() {
+            names[c.id] = c.name.clone();
+            for s in c.subs.values() {
+                names[s.id] = s.name.clone();
+            }
+        }
+        CommandTable { by_name, count: next_id, names }
     }
 
     /// Number of top-level commands.
     pub fn len(&self) -> usize {
         self.by_name.len()
+    }
+
+    /// Number of command ids (commands and subcommands).
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The full name (`GET`, `CLIENT|SETNAME`) of command `id`.
+    pub fn name_of(&self, id: usize) -> &str {
+        &self.names[id]
     }
 
     pub fn is_empty(&self) -> bool {
@@ -211,9 +238,7 @@ impl CommandTable {
     /// Finds the command for a request, checking arity and resolving subcommands.
     pub fn lookup(&self, req: &Request) -> Result<&Command, LookupError> {
         let name = req.arg(0);
-        let cmd = self
-            .get(name)
-            .ok_or_else(|| LookupError::Unknown(unknown_command_text(req)))?;
+        let cmd = self.get(name).ok_or_else(|| LookupError::Unknown(unknown_command_text(req)))?;
         if cmd.has_subcommands() && req.argc() >= 2 {
             let sub = req.arg(1);
             let mut up = [0u8; 32];
@@ -276,24 +301,19 @@ fn unknown_command_text(req: &Request) -> String {
         args.push_str(&truncate_lossy(req.arg(i), room));
         args.push_str("' ");
     }
-    format!(
-        "ERR unknown command '{}', with args beginning with: {}",
-        truncate_lossy(req.arg(0), 128),
-        args
-    )
+    format!("ERR unknown command '{}', with args beginning with: {}", truncate_lossy(req.arg(0), 128), args)
 }
 
-fn build(raw: &'static RawSpec, parent: Option<&'static RawSpec>) -> Command {
+fn build(raw: &'static RawSpec, parent: Option<&'static RawSpec>, next_id: &mut usize) -> Command {
     let name = match parent {
         Some(p) => format!("{}|{}", p.name, raw.name),
         None => raw.name.to_string(),
     };
-    let subs = raw
-        .subs
-        .iter()
-        .map(|s| (s.name.as_bytes().to_vec(), build(s, Some(raw))))
-        .collect();
+    let id = *next_id;
+    *next_id += 1;
+    let subs = raw.subs.iter().map(|s| (s.name.as_bytes().to_vec(), build(s, Some(raw), next_id))).collect();
     Command {
+        id,
         lower: name.to_ascii_lowercase(),
         arity: raw.arity,
         flags: raw.flags,
@@ -314,11 +334,7 @@ fn keyspec_of(name: &str, raw: &RawSpec) -> KeySpec {
         "XREAD" | "XREADGROUP" => KeySpec::Streams,
         "SORT" | "SORT_RO" => KeySpec::Sort,
         "GEORADIUS" | "GEORADIUSBYMEMBER" => KeySpec::GeoStore,
-        _ if raw.first > 0 => KeySpec::Range {
-            first: raw.first as u32,
-            last: raw.last,
-            step: raw.step.max(1) as u32,
-        },
+        _ if raw.first > 0 => KeySpec::Range { first: raw.first as u32, last: raw.last, step: raw.step.max(1) as u32 },
         _ => KeySpec::None,
     }
 }
@@ -328,6 +344,7 @@ pub fn route_of(name: &str, fl: u32) -> Route {
     use Route::*;
     match name {
         "PING" => Local(self::Local::Ping),
+        "PROXY" => Local(self::Local::Proxy),
         "ECHO" => Local(self::Local::Echo),
         "QUIT" => Local(self::Local::Quit),
         "SELECT" => Local(self::Local::Select),
@@ -380,11 +397,7 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
     match cmd.keys {
         KeySpec::None => {}
         KeySpec::Range { first, last, step } => {
-            let last = if last < 0 {
-                argc + last as i64
-            } else {
-                (last as i64).min(argc - 1)
-            };
+            let last = if last < 0 { argc + last as i64 } else { (last as i64).min(argc - 1) };
             let mut i = first as i64;
             while i <= last {
                 out.push(i as u32);
@@ -431,11 +444,7 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
         }
         KeySpec::Sort | KeySpec::GeoStore => {
             out.push(1);
-            let words: &[&[u8]] = if cmd.keys == KeySpec::Sort {
-                &[b"STORE"]
-            } else {
-                &[b"STORE", b"STOREDIST"]
-            };
+            let words: &[&[u8]] = if cmd.keys == KeySpec::Sort { &[b"STORE"] } else { &[b"STORE", b"STOREDIST"] };
             let mut i = 2;
             while i + 1 < req.argc() {
                 if words.iter().any(|w| req.arg(i).eq_ignore_ascii_case(w)) {
@@ -461,6 +470,11 @@ mod tests {
     fn lookup_and_arity() {
         let t = CommandTable::new();
         assert!(t.len() > 200);
+        assert!(t.count() > t.len());
+        let get = t.get(b"GET").unwrap();
+        assert_eq!(t.name_of(get.id), "GET");
+        let setinfo = t.lookup(&req(&["client", "setinfo", "lib-ver", "1"])).unwrap();
+        assert_eq!(t.name_of(setinfo.id), "CLIENT|SETINFO");
         let c = t.lookup(&req(&["get", "k"])).unwrap();
         assert_eq!(c.name, "GET");
         assert_eq!(c.route, Route::Forward);
@@ -515,11 +529,7 @@ mod tests {
                 && let Some(c) = c
             {
                 let special = !matches!(c.keys, KeySpec::Range { .. } | KeySpec::None);
-                assert!(
-                    special || matches!(c.route, Route::Unsupported(_)),
-                    "{} has movable keys",
-                    raw.name
-                );
+                assert!(special || matches!(c.route, Route::Unsupported(_)), "{} has movable keys", raw.name);
             }
         }
         let t = CommandTable::new();
@@ -540,22 +550,10 @@ mod tests {
         assert_eq!(k(&["MGET", "a", "b", "c"]), Ok(vec![1, 2, 3]));
         assert_eq!(k(&["EVAL", "s", "2", "a", "b", "x"]), Ok(vec![3, 4]));
         assert_eq!(k(&["EVAL", "s", "0"]), Ok(vec![]));
-        assert_eq!(
-            k(&["EVAL", "s", "3", "a"]),
-            Err("ERR Number of keys can't be greater than number of args")
-        );
-        assert_eq!(
-            k(&["EVAL", "s", "x"]),
-            Err("ERR value is not an integer or out of range")
-        );
-        assert_eq!(
-            k(&["ZUNIONSTORE", "d", "2", "a", "b", "WEIGHTS", "1", "2"]),
-            Ok(vec![1, 3, 4])
-        );
-        assert_eq!(
-            k(&["XREAD", "COUNT", "1", "STREAMS", "a", "b", "0", "0"]),
-            Ok(vec![4, 5])
-        );
+        assert_eq!(k(&["EVAL", "s", "3", "a"]), Err("ERR Number of keys can't be greater than number of args"));
+        assert_eq!(k(&["EVAL", "s", "x"]), Err("ERR value is not an integer or out of range"));
+        assert_eq!(k(&["ZUNIONSTORE", "d", "2", "a", "b", "WEIGHTS", "1", "2"]), Ok(vec![1, 3, 4]));
+        assert_eq!(k(&["XREAD", "COUNT", "1", "STREAMS", "a", "b", "0", "0"]), Ok(vec![4, 5]));
         assert_eq!(k(&["SORT", "a", "LIMIT", "0", "1", "STORE", "d"]), Ok(vec![1, 6]));
         assert_eq!(k(&["OBJECT", "ENCODING", "a"]), Ok(vec![2]));
         assert_eq!(k(&["BITOP", "AND", "d", "a", "b"]), Ok(vec![2, 3, 4]));

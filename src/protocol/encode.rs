@@ -99,8 +99,7 @@ impl<'a> Writer<'a> {
             Proto::Resp2 => write_bulk(self.buf, s),
             Proto::Resp3 => {
                 self.buf.put_u8(b'=');
-                self.buf
-                    .extend_from_slice(itoa::Buffer::new().format(s.len() + 4).as_bytes());
+                self.buf.extend_from_slice(itoa::Buffer::new().format(s.len() + 4).as_bytes());
                 self.buf.extend_from_slice(b"\r\ntxt:");
                 self.buf.extend_from_slice(s);
                 self.buf.extend_from_slice(b"\r\n");

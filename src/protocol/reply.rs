@@ -240,11 +240,7 @@ fn parse_at(buf: &[u8], pos: usize, depth: u32) -> Result<(Value<'_>, usize), Re
 /// If `reply` is an error reply, its text (without the leading `-`).
 #[inline]
 pub fn error_text(reply: &[u8]) -> Option<&[u8]> {
-    if reply.first() == Some(&b'-') && reply.len() >= 3 {
-        Some(&reply[1..reply.len() - 2])
-    } else {
-        None
-    }
+    if reply.first() == Some(&b'-') && reply.len() >= 3 { Some(&reply[1..reply.len() - 2]) } else { None }
 }
 
 /// A redirection parsed from `MOVED slot host:port` / `ASK slot host:port`.
@@ -274,11 +270,7 @@ pub fn parse_redirect(err: &[u8]) -> Option<Redirect> {
         return None;
     }
     let slot = slot as u16;
-    Some(if ask {
-        Redirect::Ask { slot, addr }
-    } else {
-        Redirect::Moved { slot, addr }
-    })
+    Some(if ask { Redirect::Ask { slot, addr } } else { Redirect::Moved { slot, addr } })
 }
 
 #[cfg(test)]
@@ -311,21 +303,11 @@ mod tests {
         for c in cases {
             let mut with_tail = c.to_vec();
             with_tail.extend_from_slice(b"+NEXT\r\n");
-            assert_eq!(
-                reply_len(&with_tail).unwrap(),
-                Some(c.len()),
-                "{}",
-                String::from_utf8_lossy(c)
-            );
+            assert_eq!(reply_len(&with_tail).unwrap(), Some(c.len()), "{}", String::from_utf8_lossy(c));
             // every strict prefix is incomplete, byte by byte with one resumable scanner
             let mut s = ReplyScanner::new();
             for i in 0..c.len() {
-                assert_eq!(
-                    s.scan(&c[..i]).unwrap(),
-                    None,
-                    "prefix {i} of {}",
-                    String::from_utf8_lossy(c)
-                );
+                assert_eq!(s.scan(&c[..i]).unwrap(), None, "prefix {i} of {}", String::from_utf8_lossy(c));
             }
             assert_eq!(s.scan(c).unwrap(), Some(c.len()));
             let (_, n) = Value::parse(c).unwrap();
@@ -353,18 +335,9 @@ mod tests {
     fn redirects() {
         assert_eq!(
             parse_redirect(b"MOVED 3999 127.0.0.1:6381"),
-            Some(Redirect::Moved {
-                slot: 3999,
-                addr: "127.0.0.1:6381".into()
-            })
+            Some(Redirect::Moved { slot: 3999, addr: "127.0.0.1:6381".into() })
         );
-        assert_eq!(
-            parse_redirect(b"ASK 1 127.0.0.1:1"),
-            Some(Redirect::Ask {
-                slot: 1,
-                addr: "127.0.0.1:1".into()
-            })
-        );
+        assert_eq!(parse_redirect(b"ASK 1 127.0.0.1:1"), Some(Redirect::Ask { slot: 1, addr: "127.0.0.1:1".into() }));
         assert_eq!(parse_redirect(b"ERR x"), None);
         assert_eq!(parse_redirect(b"MOVED 99999 a:1"), None);
         assert_eq!(error_text(b"-ERR x\r\n"), Some(&b"ERR x"[..]));

@@ -53,10 +53,7 @@ impl Request {
             buf.extend_from_slice(a);
             buf.extend_from_slice(b"\r\n");
         }
-        Request {
-            raw: buf.freeze(),
-            args: offs,
-        }
+        Request { raw: buf.freeze(), args: offs }
     }
 
     /// Number of arguments, the command name included.
@@ -120,9 +117,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            max_request_bytes: 512 * 1024 * 1024,
-        }
+        Limits { max_request_bytes: 512 * 1024 * 1024 }
     }
 }
 
@@ -186,11 +181,7 @@ impl RequestReader {
                     return Err(ProtocolError::new("invalid multibulk length"));
                 }
                 let n = n as usize;
-                self.partial = Some(Partial {
-                    expected: n,
-                    pos: after,
-                    args: SmallVec::with_capacity(n.min(64)),
-                });
+                self.partial = Some(Partial { expected: n, pos: after, args: SmallVec::with_capacity(n.min(64)) });
             }
             let p = self.partial.as_mut().expect("partial set above");
             while p.args.len() < p.expected {
@@ -278,11 +269,7 @@ pub fn parse_i64(s: &[u8]) -> Option<i64> {
             return None;
         }
         let d = (c - b'0') as i64;
-        v = if neg {
-            v.checked_mul(10)?.checked_sub(d)?
-        } else {
-            v.checked_mul(10)?.checked_add(d)?
-        };
+        v = if neg { v.checked_mul(10)?.checked_sub(d)? } else { v.checked_mul(10)?.checked_add(d)? };
     }
     Some(v)
 }
@@ -425,9 +412,7 @@ mod tests {
         let input = b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n";
         let mut r = RequestReader::new(Limits::default());
         let mut buf = BytesMut::from(&input[..]);
-        let Next::Request(req) = r.next(&mut buf).unwrap() else {
-            panic!()
-        };
+        let Next::Request(req) = r.next(&mut buf).unwrap() else { panic!() };
         assert_eq!(&req.raw()[..], &input[..]);
         let inline = Request::from_args(&["GET", "k"]);
         assert_eq!(&inline.raw()[..], &input[..]);
@@ -439,15 +424,9 @@ mod tests {
         assert_eq!(e(b"*x\r\n"), "Protocol error: invalid multibulk length");
         assert_eq!(e(b"*1\r\n+GET\r\n"), "Protocol error: expected '$', got '+'");
         assert_eq!(e(b"*1\r\n$-5\r\n"), "Protocol error: invalid bulk length");
-        assert_eq!(
-            e(b"*1\r\n$9223372036854775807\r\n"),
-            "Protocol error: invalid bulk length"
-        );
+        assert_eq!(e(b"*1\r\n$9223372036854775807\r\n"), "Protocol error: invalid bulk length");
         assert_eq!(e(b"SET a \"b\r\n"), "Protocol error: unbalanced quotes in request");
-        assert_eq!(
-            e(&vec![b'a'; MAX_INLINE + 10]),
-            "Protocol error: too big inline request"
-        );
+        assert_eq!(e(&vec![b'a'; MAX_INLINE + 10]), "Protocol error: too big inline request");
         let mut big = b"*1\r\n$".to_vec();
         big.extend(vec![b'1'; MAX_INLINE + 10]);
         assert_eq!(e(&big), "Protocol error: too big bulk count string");
@@ -457,35 +436,23 @@ mod tests {
     fn bulk_over_limit() {
         let mut r = RequestReader::new(Limits { max_request_bytes: 100 });
         let mut buf = BytesMut::from(&b"*2\r\n$3\r\nSET\r\n$101\r\n"[..]);
-        assert_eq!(
-            r.next(&mut buf).unwrap_err().to_string(),
-            "Protocol error: invalid bulk length"
-        );
+        assert_eq!(r.next(&mut buf).unwrap_err().to_string(), "Protocol error: invalid bulk length");
     }
 
     #[test]
     fn nested_arrays_are_rejected_not_recursed() {
         let input: Vec<u8> = b"*1\r\n".repeat(100_000);
-        assert_eq!(
-            parse_all(&input).unwrap_err().to_string(),
-            "Protocol error: expected '$', got '*'"
-        );
+        assert_eq!(parse_all(&input).unwrap_err().to_string(), "Protocol error: expected '$', got '*'");
     }
 
     #[test]
     fn split_args_like_redis() {
         let s = |l: &str| {
-            split_args(l.as_bytes()).map(|v| {
-                v.into_iter()
-                    .map(|a| String::from_utf8_lossy(&a).to_string())
-                    .collect::<Vec<_>>()
-            })
+            split_args(l.as_bytes())
+                .map(|v| v.into_iter().map(|a| String::from_utf8_lossy(&a).to_string()).collect::<Vec<_>>())
         };
         assert_eq!(s("  set  a   b "), Some(vec!["set".into(), "a".into(), "b".into()]));
-        assert_eq!(
-            s(r#"set "a\x41\n" 'it\'s'"#),
-            Some(vec!["set".into(), "aA\n".into(), "it's".into()])
-        );
+        assert_eq!(s(r#"set "a\x41\n" 'it\'s'"#), Some(vec!["set".into(), "aA\n".into(), "it's".into()]));
         assert_eq!(s(r#"set "a"b"#), None);
         assert_eq!(s(r#"set 'a"#), None);
         assert_eq!(s(""), Some(vec![]));

@@ -86,11 +86,7 @@ pub enum V {
 fn fmt_bytes(f: &mut fmt::Formatter<'_>, b: &[u8]) -> fmt::Result {
     const MAX: usize = 200;
     let shown = String::from_utf8_lossy(&b[..b.len().min(MAX)]);
-    if b.len() > MAX {
-        write!(f, "{shown:?}...({} bytes)", b.len())
-    } else {
-        write!(f, "{shown:?}")
-    }
+    if b.len() > MAX { write!(f, "{shown:?}...({} bytes)", b.len()) } else { write!(f, "{shown:?}") }
 }
 
 impl fmt::Debug for V {
@@ -302,13 +298,7 @@ fn from_frame2(f: Frame2) -> (V, Shape) {
         Frame2::Null => (V::Nil, Shape::leaf(Kind::NullBulk)),
         Frame2::Array(items) => {
             let (vs, shapes) = items.into_iter().map(from_frame2).unzip();
-            (
-                V::Arr(vs),
-                Shape {
-                    kind: Kind::Array,
-                    items: shapes,
-                },
-            )
+            (V::Arr(vs), Shape { kind: Kind::Array, items: shapes })
         }
     }
 }
@@ -323,18 +313,14 @@ fn from_frame3(f: Frame3) -> (V, Shape) {
         Frame3::SimpleString { data, .. } => (V::Str(data), Shape::leaf(Kind::Simple)),
         Frame3::VerbatimString { data, .. } => (V::Str(data), Shape::leaf(Kind::Verbatim)),
         Frame3::SimpleError { data, .. } => (V::Err(data), Shape::leaf(Kind::Error)),
-        Frame3::BlobError { data, .. } => (
-            V::Err(String::from_utf8_lossy(&data).into_owned()),
-            Shape::leaf(Kind::BlobError),
-        ),
+        Frame3::BlobError { data, .. } => {
+            (V::Err(String::from_utf8_lossy(&data).into_owned()), Shape::leaf(Kind::BlobError))
+        }
         Frame3::Boolean { data, .. } => (V::Bool(data), Shape::leaf(Kind::Bool)),
         Frame3::Null => (V::Nil, Shape::leaf(Kind::Null)),
         Frame3::Number { data, .. } => (V::Int(data), Shape::leaf(Kind::Int)),
         Frame3::Double { data, .. } => (V::Double(data), Shape::leaf(Kind::Double)),
-        Frame3::BigNumber { data, .. } => (
-            V::Big(String::from_utf8_lossy(&data).into_owned()),
-            Shape::leaf(Kind::Big),
-        ),
+        Frame3::BigNumber { data, .. } => (V::Big(String::from_utf8_lossy(&data).into_owned()), Shape::leaf(Kind::Big)),
         Frame3::Array { data, .. } => {
             let (vs, shape) = list(data, Kind::Array);
             (V::Arr(vs), shape)
@@ -347,19 +333,11 @@ fn from_frame3(f: Frame3) -> (V, Shape) {
             let mut pairs: Vec<(V, Shape)> = data.into_iter().map(from_frame3).collect();
             pairs.sort_by_key(|(v, _)| v.canon());
             let (vs, shapes) = pairs.into_iter().unzip();
-            (
-                V::Set(vs),
-                Shape {
-                    kind: Kind::Set,
-                    items: shapes,
-                },
-            )
+            (V::Set(vs), Shape { kind: Kind::Set, items: shapes })
         }
         Frame3::Map { data, .. } => {
-            let mut entries: Vec<((V, Shape), (V, Shape))> = data
-                .into_iter()
-                .map(|(k, v)| (from_frame3(k), from_frame3(v)))
-                .collect();
+            let mut entries: Vec<((V, Shape), (V, Shape))> =
+                data.into_iter().map(|(k, v)| (from_frame3(k), from_frame3(v))).collect();
             entries.sort_by_key(|((k, _), _)| k.canon());
             let mut vs = Vec::with_capacity(entries.len());
             let mut shapes = Vec::with_capacity(entries.len() * 2);
@@ -368,13 +346,7 @@ fn from_frame3(f: Frame3) -> (V, Shape) {
                 shapes.push(ks);
                 shapes.push(vsh);
             }
-            (
-                V::Map(vs),
-                Shape {
-                    kind: Kind::Map,
-                    items: shapes,
-                },
-            )
+            (V::Map(vs), Shape { kind: Kind::Map, items: shapes })
         }
         other => panic!("unexpected RESP3 frame from server: {other:?}"),
     }
@@ -409,14 +381,7 @@ pub fn decode_reply(buf: &[u8], proto: Proto) -> Result<Option<(Reply, usize)>, 
     if proto == Proto::Resp2 && buf.starts_with(b"*-1\r\n") {
         shape.kind = Kind::NullArray;
     }
-    Ok(Some((
-        Reply {
-            v,
-            shape,
-            raw: buf[..used].to_vec(),
-        },
-        used,
-    )))
+    Ok(Some((Reply { v, shape, raw: buf[..used].to_vec() }, used)))
 }
 
 /// Minimal RESP3 decoder for what `redis_protocol` rejects (aggregates inside sets or as
@@ -498,24 +463,12 @@ fn fallback3(buf: &[u8], depth: usize) -> Result<Option<(V, Shape, usize)>, Stri
                         shapes.push(vs);
                         pairs.push((k, v));
                     }
-                    (
-                        V::Map(pairs),
-                        Shape {
-                            kind: Kind::Map,
-                            items: shapes,
-                        },
-                    )
+                    (V::Map(pairs), Shape { kind: Kind::Map, items: shapes })
                 }
                 b'~' => {
                     items.sort_by_key(|(v, _)| v.canon());
                     let (vs, shapes) = items.into_iter().unzip();
-                    (
-                        V::Set(vs),
-                        Shape {
-                            kind: Kind::Set,
-                            items: shapes,
-                        },
-                    )
+                    (V::Set(vs), Shape { kind: Kind::Set, items: shapes })
                 }
                 _ => {
                     let kind = if t == b'>' { Kind::Push } else { Kind::Array };
@@ -549,11 +502,7 @@ fn lossy_args<A: AsRef<[u8]>>(a: &[A]) -> Vec<String> {
         .map(|x| {
             let b = x.as_ref();
             let s = String::from_utf8_lossy(&b[..b.len().min(60)]).into_owned();
-            if b.len() > 60 {
-                format!("{s}...({} bytes)", b.len())
-            } else {
-                s
-            }
+            if b.len() > 60 { format!("{s}...({} bytes)", b.len()) } else { s }
         })
         .collect()
 }
@@ -584,13 +533,7 @@ impl Conn {
         stream.set_read_timeout(Some(CONN_TIMEOUT))?;
         stream.set_write_timeout(Some(CONN_TIMEOUT))?;
         stream.set_nodelay(true)?;
-        Ok(Conn {
-            stream,
-            buf: Vec::with_capacity(64 * 1024),
-            pos: 0,
-            proto: Proto::Resp2,
-            port,
-        })
+        Ok(Conn { stream, buf: Vec::with_capacity(64 * 1024), pos: 0, proto: Proto::Resp2, port })
     }
 
     /// Connects and, for RESP3, sends `HELLO 3` (asserting it succeeds).
@@ -826,9 +769,7 @@ pub struct Shared<T> {
 
 impl<T> Shared<T> {
     pub const fn new() -> Self {
-        Shared {
-            slot: Mutex::new(Weak::new()),
-        }
+        Shared { slot: Mutex::new(Weak::new()) }
     }
 
     pub fn get(&self, init: impl FnOnce() -> T) -> Arc<T> {

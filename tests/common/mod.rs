@@ -14,6 +14,11 @@
 //!   (`kill`) and convergence waits (`wait_ok`).
 //! * **The proxy** – [`Proxy`] spawns the `heatshield` binary built by cargo,
 //!   waits until it answers `PING`, and captures its stdout/stderr in a log.
+//!   Unless the arguments already contain `--metrics`, it is given
+//!   `--metrics 127.0.0.1:<free port>` ([`Proxy::metrics_addr`]), so proxies
+//!   never collide on the default 127.0.0.1:9180.
+//! * **HTTP** – [`http_get`] is a minimal HTTP/1.0 GET over a `TcpStream`
+//!   (for `/metrics` and the Prometheus API).
 //! * **Wire helpers** – [`cli`] shells out to `redis-cli`; [`raw_cmd`] /
 //!   [`cmd`] speak RESP over a fresh `TcpStream`, with a small RESP2 parser
 //!   ([`parse_resp`]) that also serves as the reply-completeness scanner.
@@ -70,10 +75,7 @@ struct PortRegistry {
     handed_out: BTreeSet<u16>,
 }
 
-static PORTS: Mutex<PortRegistry> = Mutex::new(PortRegistry {
-    cursor: None,
-    handed_out: BTreeSet::new(),
-});
+static PORTS: Mutex<PortRegistry> = Mutex::new(PortRegistry { cursor: None, handed_out: BTreeSet::new() });
 
 /// Locks a mutex, ignoring poisoning (a panicking test must not break the
 /// teardown or the port registry for the other tests in the binary).
@@ -96,9 +98,7 @@ fn bindable(port: u16) -> bool {
 /// "Address already in use".)
 pub fn free_port() -> u16 {
     let mut reg = lock(&PORTS);
-    let start = *reg
-        .cursor
-        .get_or_insert_with(|| std::process::id().wrapping_mul(7919) % PORT_SPAN);
+    let start = *reg.cursor.get_or_insert_with(|| std::process::id().wrapping_mul(7919) % PORT_SPAN);
     for i in 0..PORT_SPAN {
         let offset = (start + i) % PORT_SPAN;
         let port = PORT_LO + offset as u16;
@@ -121,9 +121,7 @@ pub fn free_port() -> u16 {
 /// Polls `f` every 20 ms until it returns true; panics mentioning `what` if
 /// that does not happen within `timeout`.
 pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
-    poll(timeout, Duration::from_millis(20), what, || {
-        if f() { Ok(()) } else { Err("condition false".into()) }
-    });
+    poll(timeout, Duration::from_millis(20), what, || if f() { Ok(()) } else { Err("condition false".into()) });
 }
 
 /// Like [`wait_until`] but with a configurable interval, and the closure
@@ -149,9 +147,7 @@ fn tail(text: &str, n: usize) -> String {
 }
 
 fn read_lossy(path: &Path) -> String {
-    fs::read(path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
+    fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
 
 fn redis_server_bin() -> String {
@@ -269,19 +265,10 @@ pub fn parse_resp(buf: &[u8]) -> Option<(Resp, usize)> {
     let cr = buf.windows(2).position(|w| w == b"\r\n")?;
     let line = &buf[1..cr];
     let after = cr + 2;
-    let malformed = || -> ! {
-        panic!(
-            "malformed RESP reply: {:?}",
-            String::from_utf8_lossy(&buf[..buf.len().min(200)])
-        )
-    };
+    let malformed =
+        || -> ! { panic!("malformed RESP reply: {:?}", String::from_utf8_lossy(&buf[..buf.len().min(200)])) };
     let text = || String::from_utf8_lossy(line).into_owned();
-    let int = || -> i64 {
-        std::str::from_utf8(line)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| malformed())
-    };
+    let int = || -> i64 { std::str::from_utf8(line).ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| malformed()) };
     match kind {
         b'+' => Some((Resp::Simple(text()), after)),
         b'-' => Some((Resp::Error(text()), after)),
@@ -342,10 +329,7 @@ fn exchange(port: u16, payload: &[u8], timeout: Duration) -> io::Result<Vec<u8>>
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                format!(
-                    "connection closed after partial reply {:?}",
-                    String::from_utf8_lossy(&buf)
-                ),
+                format!("connection closed after partial reply {:?}", String::from_utf8_lossy(&buf)),
             ));
         }
         buf.extend_from_slice(&chunk[..n]);
@@ -381,26 +365,84 @@ pub fn cmd(port: u16, args: &[&str]) -> Resp {
 
 /// Extracts `field` from an `INFO`-style `key:value` text.
 pub fn info_field(info: &str, field: &str) -> Option<String> {
-    info.lines().find_map(|l| {
-        l.strip_prefix(field)
-            .and_then(|rest| rest.strip_prefix(':'))
-            .map(|v| v.trim().to_string())
-    })
+    info.lines()
+        .find_map(|l| l.strip_prefix(field).and_then(|rest| rest.strip_prefix(':')).map(|v| v.trim().to_string()))
 }
 
 /// Runs `INFO <section>` (or `CLUSTER INFO` when `section == "cluster-info"`)
 /// and returns the text, or an error description.
 fn info(port: u16, section: &str) -> Result<String, String> {
-    let args: &[&str] = if section == "cluster-info" {
-        &["CLUSTER", "INFO"]
-    } else {
-        &["INFO", section]
-    };
+    let args: &[&str] = if section == "cluster-info" { &["CLUSTER", "INFO"] } else { &["INFO", section] };
     match try_cmd(port, args) {
-        Ok(r) => r
-            .text()
-            .ok_or_else(|| format!("{port}: unexpected {args:?} reply {r:?}")),
+        Ok(r) => r.text().ok_or_else(|| format!("{port}: unexpected {args:?} reply {r:?}")),
         Err(e) => Err(format!("{port}: {args:?} failed: {e}")),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// HTTP
+// ---------------------------------------------------------------------------
+
+/// `GET path` over HTTP/1.0 to `addr` (`HOST:PORT`) on a plain `TcpStream`
+/// with 10 s connect/read/write timeouts. Returns the status code and the
+/// body (lossy UTF-8; a chunked body is decoded). Panics on I/O errors or a
+/// malformed response; use [`try_http_get`] to handle them.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    try_http_get(addr, path).unwrap_or_else(|e| panic!("GET http://{addr}{path} failed: {e}"))
+}
+
+/// [`http_get`] returning I/O errors and malformed responses as `Err`.
+pub fn try_http_get(addr: &str, path: &str) -> io::Result<(u16, String)> {
+    use std::net::ToSocketAddrs;
+    let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+    let sock = addr.to_socket_addrs()?.next().ok_or_else(|| bad(format!("cannot resolve {addr}")))?;
+    let mut stream = TcpStream::connect_timeout(&sock, IO_TIMEOUT)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes())?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+
+    let head_end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| bad(format!("no end of headers in {:?}", String::from_utf8_lossy(&raw))))?;
+    let head = String::from_utf8_lossy(&raw[..head_end]).into_owned();
+    let body = &raw[head_end + 4..];
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse::<u16>().ok())
+        .ok_or_else(|| bad(format!("bad status line {status_line:?}")))?;
+    let chunked = lines.any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("transfer-encoding") && v.trim().eq_ignore_ascii_case("chunked")
+        })
+    });
+    let body = if chunked { dechunk(body).map_err(bad)? } else { body.to_vec() };
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Decodes an HTTP/1.1 chunked body (trailers are ignored).
+fn dechunk(mut data: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    loop {
+        let eol = data.windows(2).position(|w| w == b"\r\n").ok_or("chunk size line not terminated")?;
+        let size_text = String::from_utf8_lossy(&data[..eol]).into_owned();
+        let size_hex = size_text.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_hex, 16).map_err(|e| format!("bad chunk size {size_hex:?}: {e}"))?;
+        data = &data[eol + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if data.len() < size + 2 {
+            return Err("truncated chunk".into());
+        }
+        out.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
     }
 }
 
@@ -414,11 +456,7 @@ pub fn crc16(data: &[u8]) -> u16 {
     for &byte in data {
         crc ^= (byte as u16) << 8;
         for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
         }
     }
     crc
@@ -519,10 +557,7 @@ impl RedisServer {
     }
 
     fn spawn_once(cluster: bool, extra: &[&str]) -> RedisServer {
-        let dir = tempfile::Builder::new()
-            .prefix("heatshield-redis-")
-            .tempdir()
-            .expect("create redis tempdir");
+        let dir = tempfile::Builder::new().prefix("heatshield-redis-").tempdir().expect("create redis tempdir");
         let port = free_port();
         let path = dir.path();
 
@@ -549,12 +584,7 @@ impl RedisServer {
             .stderr(stdio)
             .spawn()
             .unwrap_or_else(|e| panic!("failed to spawn redis-server: {e}"));
-        RedisServer {
-            pid: child.id(),
-            child: Mutex::new(child),
-            port,
-            dir,
-        }
+        RedisServer { pid: child.id(), child: Mutex::new(child), port, dir }
     }
 
     /// Waits until the server answers PING; on early exit or timeout returns
@@ -647,9 +677,7 @@ impl RedisStandalone {
 
     /// Starts with extra config lines, e.g. `&["maxclients 50"]`.
     pub fn start_with(extra: &[&str]) -> RedisStandalone {
-        RedisStandalone {
-            server: RedisServer::standalone(extra),
-        }
+        RedisStandalone { server: RedisServer::standalone(extra) }
     }
 
     pub fn port(&self) -> u16 {
@@ -723,12 +751,7 @@ impl RedisCluster {
             })
             .collect();
         let cluster = RedisCluster { nodes, ids };
-        poll(
-            Duration::from_secs(60),
-            Duration::from_millis(50),
-            "cluster formation",
-            || cluster.check_formed(),
-        );
+        poll(Duration::from_secs(60), Duration::from_millis(50), "cluster formation", || cluster.check_formed());
         cluster
     }
 
@@ -779,10 +802,7 @@ impl RedisCluster {
             .live_ports()
             .into_iter()
             .filter(|&p| {
-                info(p, "replication")
-                    .ok()
-                    .and_then(|i| info_field(&i, "role"))
-                    .is_some_and(|r| r == "master")
+                info(p, "replication").ok().and_then(|i| info_field(&i, "role")).is_some_and(|r| r == "master")
             })
             .collect();
         masters.sort_unstable();
@@ -873,11 +893,7 @@ impl RedisCluster {
     fn check_formed(&self) -> Result<(), String> {
         for node in &self.nodes {
             if !node.is_alive() {
-                panic!(
-                    "cluster node {} died during start-up:\n{}",
-                    node.port(),
-                    tail(&node.log(), LOG_TAIL_LINES)
-                );
+                panic!("cluster node {} died during start-up:\n{}", node.port(), tail(&node.log(), LOG_TAIL_LINES));
             }
         }
         self.check_live_ok()?;
@@ -954,7 +970,24 @@ pub struct Proxy {
     child: Mutex<Child>,
     pid: u32,
     port: u16,
+    /// Metrics listen address; `None` when `--metrics off` was passed.
+    metrics: Option<String>,
     dir: TempDir,
+}
+
+/// The value of `--metrics` in `args` (`--metrics ADDR` or `--metrics=ADDR`),
+/// if present. `Some(None)` means the flag is present without a value.
+fn metrics_arg(args: &[String]) -> Option<Option<String>> {
+    let mut iter = args.iter();
+    while let Some(a) = iter.next() {
+        if a == "--metrics" {
+            return Some(iter.next().cloned());
+        }
+        if let Some(v) = a.strip_prefix("--metrics=") {
+            return Some(Some(v.to_string()));
+        }
+    }
+    None
 }
 
 impl Proxy {
@@ -986,6 +1019,12 @@ impl Proxy {
     /// (unless RUST_LOG is set in the environment) and waits up to 20 s for
     /// `PING` to return `+PONG`. Panics with the log if the process exits
     /// first or never answers.
+    ///
+    /// Unless `args` already contain `--metrics` (`--metrics ADDR` or
+    /// `--metrics=ADDR`), `--metrics 127.0.0.1:<free_port()>` is added, which
+    /// also overrides a `[metrics] listen` from a `--config` file; pass
+    /// `--metrics` explicitly to test that key. The address is recorded in
+    /// [`Proxy::metrics_addr`].
     pub fn spawn_with(bin: &str, args: &[String]) -> Proxy {
         let mut attempt = 0;
         loop {
@@ -1011,16 +1050,21 @@ impl Proxy {
     }
 
     fn spawn_once(bin: &str, args: &[String]) -> Proxy {
-        let dir = tempfile::Builder::new()
-            .prefix("heatshield-proxy-")
-            .tempdir()
-            .expect("create proxy tempdir");
+        let dir = tempfile::Builder::new().prefix("heatshield-proxy-").tempdir().expect("create proxy tempdir");
         let port = free_port();
+        let (metrics_args, metrics) = match metrics_arg(args) {
+            Some(given) => (Vec::new(), given.filter(|v| !v.eq_ignore_ascii_case("off"))),
+            None => {
+                let addr = local(free_port());
+                (vec!["--metrics".to_string(), addr.clone()], Some(addr))
+            }
+        };
         let log = File::create(dir.path().join("proxy.log")).expect("create proxy.log");
         let rust_log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
         let child = Command::new(bin)
             .arg("--listen")
             .arg(local(port))
+            .args(&metrics_args)
             .args(args)
             .env("RUST_LOG", rust_log)
             .current_dir(dir.path())
@@ -1029,12 +1073,7 @@ impl Proxy {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("failed to spawn proxy {bin}: {e}"));
-        Proxy {
-            pid: child.id(),
-            child: Mutex::new(child),
-            port,
-            dir,
-        }
+        Proxy { pid: child.id(), child: Mutex::new(child), port, metrics, dir }
     }
 
     fn wait_ready(&self, timeout: Duration) -> Result<(), String> {
@@ -1065,6 +1104,13 @@ impl Proxy {
         local(self.port)
     }
 
+    /// The address the metrics endpoint listens on (`http://ADDR/metrics`):
+    /// the one added automatically or the one passed with `--metrics`;
+    /// `None` when `--metrics off` was passed.
+    pub fn metrics_addr(&self) -> Option<String> {
+        self.metrics.clone()
+    }
+
     pub fn pid(&self) -> u32 {
         self.pid
     }
@@ -1081,10 +1127,7 @@ impl Proxy {
     /// Sends a signal by name or number (`"TERM"`, `"HUP"`, `"9"`) via
     /// `kill -s SIG PID`. Panics if `kill` fails.
     pub fn signal(&self, sig: &str) {
-        let status = Command::new("kill")
-            .args(["-s", sig, &self.pid.to_string()])
-            .status()
-            .expect("run kill");
+        let status = Command::new("kill").args(["-s", sig, &self.pid.to_string()]).status().expect("run kill");
         assert!(status.success(), "kill -s {sig} {} failed: {status}", self.pid);
     }
 

@@ -1,0 +1,688 @@
+//! The operator's view of heatshield itself: `PROXY INFO | NODES | CONFIG | SLOWLOG |
+//! BIGKEYS | AUTH`, the slow log, the big-key log, the settings that can change while
+//! running, and per-command statistics for INFO's `# Commandstats` and `# Latencystats`.
+//!
+//! It only reads the rest of the proxy (topology, counters, configuration); the one thing
+//! it changes is [`Live`], the live-settable settings.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use crate::backend::ConnState;
+use crate::config::Config;
+use crate::protocol::request::{Limits, Next, RequestReader};
+use crate::protocol::{Request, Writer};
+use crate::proxy::{Ctx, Outcome, Proxy};
+
+/// Settings `PROXY CONFIG SET` may change while heatshield runs.
+pub struct Live {
+    pub slowlog_slower_than_us: AtomicU64,
+    pub slowlog_max_len: AtomicUsize,
+    pub bigkey_bytes: AtomicU64,
+    pub allow_flush: AtomicBool,
+    pub max_clients: AtomicUsize,
+}
+
+impl Live {
+    pub fn new(c: &Config) -> Live {
+        Live {
+            slowlog_slower_than_us: AtomicU64::new(c.admin.slowlog_slower_than_us),
+            slowlog_max_len: AtomicUsize::new(c.admin.slowlog_max_len),
+            bigkey_bytes: AtomicU64::new(c.admin.bigkey_bytes),
+            allow_flush: AtomicBool::new(c.server.allow_flush),
+            max_clients: AtomicUsize::new(c.server.max_clients),
+        }
+    }
+}
+
+/// Keys `PROXY CONFIG SET` accepts.
+const LIVE_KEYS: &[&str] = &[
+    "admin.bigkey_bytes",
+    "admin.slowlog_max_len",
+    "admin.slowlog_slower_than_us",
+    "server.allow_flush",
+    "server.max_clients",
+];
+
+/// Time spent in each stage of a slow command.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stages {
+    /// From the whole request being read until its reply was ready (the backend round trip,
+    /// including redirections and retries; ~0 for commands answered by heatshield).
+    pub backend: Duration,
+    /// From the reply being ready until its turn to be written (replies to earlier
+    /// commands of the same client go first).
+    pub queued: Duration,
+    /// The write to the client.
+    pub write: Duration,
+}
+
+struct SlowEntry {
+    id: u64,
+    at: u64,
+    total: Duration,
+    args: Vec<Bytes>,
+    client: String,
+    name: String,
+    node: String,
+    stages: Stages,
+}
+
+/// The slow log: the most recent commands slower than the threshold.
+#[derive(Default)]
+pub struct SlowLog {
+    entries: Mutex<VecDeque<SlowEntry>>,
+    next_id: AtomicU64,
+}
+
+/// One request or reply in the big-key log.
+struct BigEntry {
+    key: Bytes,
+    command: String,
+    /// "request" or "reply".
+    kind: &'static str,
+    bytes: u64,
+    at: u64,
+}
+
+/// The big-key log: the largest requests and replies seen, by key.
+#[derive(Default)]
+pub struct BigKeys {
+    entries: Mutex<Vec<BigEntry>>,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
+}
+
+/// The arguments of a request's RESP bytes (only done for the rare logged command).
+pub fn args_of(raw: &Bytes) -> Vec<Bytes> {
+    let mut r = RequestReader::new(Limits { max_request_bytes: u32::MAX as usize });
+    let mut b = bytes::BytesMut::from(&raw[..]);
+    match r.next(&mut b) {
+        Ok(Next::Request(req)) => (0..req.argc()).map(|i| req.arg_bytes(i)).collect(),
+        _ => vec![],
+    }
+}
+
+impl SlowLog {
+    #[allow(clippy::too_many_arguments)]
+    pub fn record(
+        &self,
+        max_len: usize,
+        total: Duration,
+        raw: &Bytes,
+        client: &str,
+        name: &str,
+        node: &str,
+        stages: Stages,
+    ) {
+        if max_len == 0 {
+            return;
+        }
+        let mut args = args_of(raw);
+        // as Redis: at most 32 arguments, each at most 128 bytes
+        if args.len() > 32 {
+            let more = args.len() - 31;
+            args.truncate(31);
+            args.push(Bytes::from(format!("... ({more} more arguments)")));
+        }
+        for a in &mut args {
+            if a.len() > 128 {
+                let more = a.len() - 128;
+                let mut v = a[..128].to_vec();
+                v.extend_from_slice(format!("... ({more} more bytes)").as_bytes());
+                *a = Bytes::from(v);
+            }
+        }
+        let e = SlowEntry {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            at: unix_now(),
+            total,
+            args,
+            client: client.to_string(),
+            name: name.to_string(),
+            node: node.to_string(),
+            stages,
+        };
+        let mut q = self.entries.lock();
+        q.push_front(e);
+        q.truncate(max_len);
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn reset(&self) {
+        self.entries.lock().clear();
+    }
+}
+
+impl BigKeys {
+    /// Notes a request or reply of `bytes` for `key` (keeps the largest per key and kind).
+    pub fn record(&self, max_len: usize, key: &[u8], command: &str, kind: &'static str, bytes: u64) {
+        if max_len == 0 {
+            return;
+        }
+        let mut v = self.entries.lock();
+        if let Some(e) = v.iter_mut().find(|e| e.kind == kind && e.key == key) {
+            e.at = unix_now();
+            if bytes >= e.bytes {
+                e.bytes = bytes;
+                e.command = command.to_string();
+            }
+            return;
+        }
+        if v.len() >= max_len {
+            // replace the smallest if this one is larger
+            let (i, smallest) =
+                v.iter().enumerate().min_by_key(|(_, e)| e.bytes).map(|(i, e)| (i, e.bytes)).unwrap_or((0, 0));
+            if bytes <= smallest {
+                return;
+            }
+            v.swap_remove(i);
+        }
+        v.push(BigEntry {
+            key: Bytes::copy_from_slice(key),
+            command: command.to_string(),
+            kind,
+            bytes,
+            at: unix_now(),
+        });
+    }
+}
+
+/// Per-command statistics for INFO (calls, time, failures, a latency histogram), kept per
+/// worker thread: each slot has one writer, so updates are plain loads and stores.
+pub struct CommandStats {
+    /// `[worker][command id]`
+    workers: Box<[Box<[CmdStat]>]>,
+}
+
+/// Latency buckets: 4 per power of two of microseconds, up to ~2^26 µs.
+const HIST_BUCKETS: usize = 4 * 27;
+
+/// One command's (calls, usec, failed, latency histogram), summed over workers.
+type Totals = (u64, u64, u64, [u64; HIST_BUCKETS]);
+
+struct CmdStat {
+    calls: AtomicU64,
+    usec: AtomicU64,
+    failed: AtomicU64,
+    hist: [AtomicU64; HIST_BUCKETS],
+}
+
+impl Default for CmdStat {
+    fn default() -> Self {
+        CmdStat {
+            calls: AtomicU64::new(0),
+            usec: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            hist: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+#[inline]
+fn bump(a: &AtomicU64, n: u64) {
+    // one writer per slot: no read-modify-write instruction needed
+    a.store(a.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
+/// Bucket of a latency in microseconds: log-linear, 4 sub-buckets per power of two.
+fn bucket_of(us: u64) -> usize {
+    if us < 4 {
+        return us as usize;
+    }
+    let p = 63 - us.leading_zeros() as usize; // floor(log2)
+    let sub = ((us >> (p - 2)) & 3) as usize;
+    (4 * (p - 1) + sub).min(HIST_BUCKETS - 1)
+}
+
+/// Upper bound (µs) of bucket `b`.
+fn bucket_upper(b: usize) -> u64 {
+    if b < 4 {
+        return b as u64 + 1;
+    }
+    let p = b / 4 + 1;
+    let sub = (b % 4) as u64;
+    (1u64 << p) + ((sub + 1) << (p - 2))
+}
+
+impl CommandStats {
+    pub fn new(workers: usize, commands: usize) -> CommandStats {
+        CommandStats {
+            workers: (0..workers.max(1)).map(|_| (0..commands).map(|_| CmdStat::default()).collect()).collect(),
+        }
+    }
+
+    #[inline]
+    pub fn record(&self, worker: usize, cmd: usize, took: Duration, failed: bool) {
+        let w = &self.workers[worker % self.workers.len()];
+        let Some(s) = w.get(cmd) else { return };
+        let us = took.as_micros() as u64;
+        bump(&s.calls, 1);
+        bump(&s.usec, us);
+        if failed {
+            bump(&s.failed, 1);
+        }
+        bump(&s.hist[bucket_of(us)], 1);
+    }
+
+    /// (calls, usec, failed, histogram) summed over workers.
+    fn total(&self, cmd: usize) -> Totals {
+        let mut t = (0, 0, 0, [0u64; HIST_BUCKETS]);
+        for w in self.workers.iter() {
+            let s = &w[cmd];
+            t.0 += s.calls.load(Ordering::Relaxed);
+            t.1 += s.usec.load(Ordering::Relaxed);
+            t.2 += s.failed.load(Ordering::Relaxed);
+            for (a, b) in t.3.iter_mut().zip(s.hist.iter()) {
+                *a += b.load(Ordering::Relaxed);
+            }
+        }
+        t
+    }
+}
+
+fn percentile(hist: &[u64; HIST_BUCKETS], total: u64, q: f64) -> u64 {
+    let rank = ((total as f64) * q).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (b, &n) in hist.iter().enumerate() {
+        seen += n;
+        if seen >= rank {
+            return bucket_upper(b);
+        }
+    }
+    bucket_upper(HIST_BUCKETS - 1)
+}
+
+/// INFO's `# Commandstats` and `# Latencystats` sections for the proxy (Redis's format;
+/// times are as clients see them through heatshield).
+pub fn info_sections(proxy: &Proxy, commandstats: bool, latencystats: bool, out: &mut String) {
+    let table = &proxy.commands;
+    let rows: Vec<(String, Totals)> = (0..table.count())
+        .map(|id| (table.name_of(id).to_ascii_lowercase(), proxy.command_stats.total(id)))
+        .filter(|(_, t)| t.0 > 0)
+        .collect();
+    if commandstats {
+        out.push_str("# Commandstats\r\n");
+        for (name, (calls, usec, failed, _)) in &rows {
+            let _ = write!(
+                out,
+                "cmdstat_{name}:calls={calls},usec={usec},usec_per_call={:.2},rejected_calls=0,failed_calls={failed}\r\n",
+                *usec as f64 / *calls as f64
+            );
+        }
+        out.push_str("\r\n");
+    }
+    if latencystats {
+        out.push_str("# Latencystats\r\n");
+        for (name, (calls, _, _, hist)) in &rows {
+            let p = |q| percentile(hist, *calls, q) as f64;
+            let _ = write!(
+                out,
+                "latency_percentiles_usec_{name}:p50={:.3},p99={:.3},p99.9={:.3}\r\n",
+                p(0.5),
+                p(0.99),
+                p(0.999)
+            );
+        }
+        out.push_str("\r\n");
+    }
+}
+
+/// `PROXY <subcommand> ...`
+pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
+    if !proxy.config.admin.enabled {
+        return ctx.error("ERR PROXY commands are disabled (admin.enabled = false)");
+    }
+    let sub = String::from_utf8_lossy(req.arg(1)).to_ascii_uppercase();
+    if sub == "AUTH" {
+        if req.argc() != 3 {
+            return ctx.error("ERR wrong number of arguments for 'proxy|auth' command");
+        }
+        return match &proxy.config.admin.password {
+            Some(p) if p.as_bytes() == req.arg(2) => {
+                ctx.client.admin = true;
+                ctx.reply(|w| w.ok())
+            }
+            Some(_) => ctx.error("WRONGPASS invalid admin password"),
+            None => ctx.error("ERR PROXY AUTH called without admin.password configured"),
+        };
+    }
+    if proxy.config.admin.password.is_some() && !ctx.client.admin {
+        return ctx.error("NOPERM PROXY commands need PROXY AUTH <password> first");
+    }
+    let argc = req.argc();
+    let arity_err = |ctx: &mut Ctx, s: &str| {
+        ctx.error(&format!("ERR wrong number of arguments for 'proxy|{}' command", s.to_ascii_lowercase()))
+    };
+    match sub.as_str() {
+        "INFO" => {
+            let text = proxy_info(proxy);
+            ctx.reply(|w| w.verbatim(text.as_bytes()))
+        }
+        "NODES" => {
+            let text = proxy_nodes(proxy);
+            ctx.reply(|w| w.verbatim(text.as_bytes()))
+        }
+        "CONFIG" if argc >= 3 => {
+            let op = String::from_utf8_lossy(req.arg(2)).to_ascii_uppercase();
+            match op.as_str() {
+                "GET" if argc == 4 => {
+                    let pat = req.arg(3).to_vec();
+                    let pairs: Vec<(String, String)> = config_pairs(proxy).into_iter().filter(|(k, _)| crate::glob::matches(&pat, k.as_bytes(), false)).collect();
+                    ctx.reply(|w| {
+                        w.map(pairs.len());
+                        for (k, v) in &pairs {
+                            w.bulk(k.as_bytes());
+                            w.bulk(v.as_bytes());
+                        }
+                    })
+                }
+                "SET" if argc == 5 => match config_set(proxy, req.arg(3), req.arg(4)) {
+                    Ok(()) => ctx.reply(|w| w.ok()),
+                    Err(e) => ctx.error(&e),
+                },
+                "GET" | "SET" => arity_err(ctx, &format!("config|{op}")),
+                _ => ctx.error(&format!("ERR unknown subcommand 'CONFIG {op}'. Try PROXY HELP.")),
+            }
+        }
+        "SLOWLOG" if argc >= 3 => {
+            let op = String::from_utf8_lossy(req.arg(2)).to_ascii_uppercase();
+            match op.as_str() {
+                "LEN" => {
+                    let n = proxy.slowlog.len() as i64;
+                    ctx.reply(|w| w.int(n))
+                }
+                "RESET" => {
+                    proxy.slowlog.reset();
+                    ctx.reply(|w| w.ok())
+                }
+                "GET" => {
+                    let n = match req.argc() {
+                        3 => 10,
+                        4 => match crate::protocol::request::parse_i64(req.arg(3)) {
+                            Some(n) if n >= -1 => n,
+                            _ => return ctx.error("ERR count should be greater than or equal to -1"),
+                        },
+                        _ => return arity_err(ctx, "slowlog|get"),
+                    };
+                    slowlog_reply(proxy, ctx, n)
+                }
+                _ => ctx.error(&format!("ERR unknown subcommand 'SLOWLOG {op}'. Try PROXY HELP.")),
+            }
+        }
+        "BIGKEYS" => {
+            let n = match req.argc() {
+                2 => 10,
+                3 => match crate::protocol::request::parse_i64(req.arg(2)) {
+                    Some(n) if n > 0 => n as usize,
+                    _ => return ctx.error("ERR count must be a positive integer"),
+                },
+                _ => return arity_err(ctx, "bigkeys"),
+            };
+            bigkeys_reply(proxy, ctx, n)
+        }
+        "HELP" => ctx.reply(|w| {
+            let lines = [
+                "PROXY <subcommand> [<arg> ...]. Subcommands are:",
+                "INFO -- heatshield's version, uptime, configuration file, backend, connections, slot-map epoch.",
+                "NODES -- the topology as heatshield sees it: nodes, roles, slots, connections, in-flight requests.",
+                "CONFIG GET <pattern> -- settings whose name matches the glob pattern.",
+                "CONFIG SET <name> <value> -- change a live setting (admin.slowlog_slower_than_us, admin.slowlog_max_len, admin.bigkey_bytes, server.allow_flush, server.max_clients).",
+                "SLOWLOG GET [<count>] | LEN | RESET -- commands slower than admin.slowlog_slower_than_us.",
+                "BIGKEYS [<count>] -- the largest requests and replies seen, by key.",
+                "AUTH <password> -- unlock PROXY commands when admin.password is set.",
+            ];
+            w.array(lines.len());
+            for l in lines {
+                w.simple(l);
+            }
+        }),
+        "CONFIG" | "SLOWLOG" => arity_err(ctx, &sub),
+        _ => ctx.error(&format!("ERR unknown subcommand '{}'. Try PROXY HELP.", String::from_utf8_lossy(req.arg(1)))),
+    }
+}
+
+fn proxy_info(proxy: &Proxy) -> String {
+    let topo = proxy.cluster.topology();
+    let (mut up, mut total, mut inflight) = (0, 0, 0);
+    for n in &topo.masters {
+        for (_, b) in n.connections() {
+            total += 1;
+            up += (b.stats.state() == ConnState::Up) as usize;
+            inflight += b.stats.inflight.load(Ordering::Relaxed);
+        }
+    }
+    format!(
+        "version:{}\r\nuptime_in_seconds:{}\r\nconfig_file:{}\r\nbackend_mode:{}\r\nworkers:{}\r\nconnected_clients:{}\r\nbackend_masters:{}\r\nbackend_connections:{total}\r\nbackend_connections_up:{up}\r\nbackend_inflight:{inflight}\r\nslot_map_epoch:{}\r\ntopology_refreshes:{}\r\nlisten:{}\r\nmetrics:{}\r\n",
+        env!("CARGO_PKG_VERSION"),
+        proxy.started.elapsed().as_secs(),
+        proxy.config_file.as_deref().unwrap_or(""),
+        if proxy.cluster.is_cluster() { "cluster" } else { "standalone" },
+        proxy.workers,
+        proxy.stats.clients.load(Ordering::Relaxed),
+        topo.masters.len(),
+        topo.epoch,
+        proxy.cluster.refreshes.load(Ordering::Relaxed),
+        proxy.config.server.listen,
+        proxy.config.metrics.listen,
+    )
+}
+
+fn proxy_nodes(proxy: &Proxy) -> String {
+    let topo = proxy.cluster.topology();
+    let mut s = String::new();
+    for (i, n) in topo.masters.iter().enumerate() {
+        let ranges: Vec<String> =
+            topo.ranges_of(i).iter().map(|(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") }).collect();
+        let (mut up, mut connecting, mut down, mut inflight) = (0, 0, 0, 0);
+        for (_, b) in n.connections() {
+            match b.stats.state() {
+                ConnState::Up => up += 1,
+                ConnState::Connecting => connecting += 1,
+                ConnState::Down => down += 1,
+            }
+            inflight += b.stats.inflight.load(Ordering::Relaxed);
+        }
+        let _ = write!(
+            s,
+            "{} master slots={} connections=up:{up},connecting:{connecting},down:{down} inflight={inflight}\r\n",
+            n.addr,
+            if ranges.is_empty() { "-".to_string() } else { ranges.join(",") }
+        );
+        for r in &topo.replicas[i] {
+            let _ = write!(s, "{r} replica of={}\r\n", n.addr);
+        }
+    }
+    s
+}
+
+fn config_pairs(proxy: &Proxy) -> Vec<(String, String)> {
+    let c = &proxy.config;
+    let l = &proxy.live;
+    let opt = |o: &Option<String>| o.clone().unwrap_or_default();
+    let hidden = |o: &Option<String>| if o.is_some() { "(set)".to_string() } else { String::new() };
+    vec![
+        ("admin.bigkey_bytes".into(), l.bigkey_bytes.load(Ordering::Relaxed).to_string()),
+        ("admin.bigkeys_max_len".into(), c.admin.bigkeys_max_len.to_string()),
+        ("admin.enabled".into(), c.admin.enabled.to_string()),
+        ("admin.password".into(), hidden(&c.admin.password)),
+        ("admin.slowlog_max_len".into(), l.slowlog_max_len.load(Ordering::Relaxed).to_string()),
+        ("admin.slowlog_slower_than_us".into(), l.slowlog_slower_than_us.load(Ordering::Relaxed).to_string()),
+        ("backend.address".into(), opt(&c.backend.address)),
+        ("backend.command_timeout_ms".into(), c.backend.command_timeout_ms.to_string()),
+        ("backend.connect_timeout_ms".into(), c.backend.connect_timeout_ms.to_string()),
+        ("backend.connections_per_node".into(), c.backend.connections_per_node.to_string()),
+        ("backend.mode".into(), c.backend.mode.clone()),
+        ("backend.password".into(), hidden(&c.backend.password)),
+        ("backend.refresh_interval_ms".into(), c.backend.refresh_interval_ms.to_string()),
+        ("backend.seeds".into(), c.backend.seeds.join(",")),
+        ("backend.username".into(), opt(&c.backend.username)),
+        ("limits.max_pipeline".into(), c.limits.max_pipeline.to_string()),
+        ("limits.max_request_bytes".into(), c.limits.max_request_bytes.to_string()),
+        ("metrics.listen".into(), c.metrics.listen.clone()),
+        ("server.allow_flush".into(), l.allow_flush.load(Ordering::Relaxed).to_string()),
+        ("server.listen".into(), c.server.listen.clone()),
+        ("server.max_clients".into(), l.max_clients.load(Ordering::Relaxed).to_string()),
+        ("server.password".into(), hidden(&c.server.password)),
+        ("server.shutdown_timeout_ms".into(), c.server.shutdown_timeout_ms.to_string()),
+        ("server.threads".into(), c.server.threads.to_string()),
+    ]
+}
+
+fn config_set(proxy: &Proxy, key: &[u8], value: &[u8]) -> Result<(), String> {
+    let key = String::from_utf8_lossy(key).to_ascii_lowercase();
+    let v = String::from_utf8_lossy(value).to_string();
+    let num = || {
+        v.parse::<u64>()
+            .map_err(|_| format!("ERR Invalid argument '{v}' for PROXY CONFIG SET '{key}': not a non-negative integer"))
+    };
+    let l = &proxy.live;
+    match key.as_str() {
+        "admin.slowlog_slower_than_us" => l.slowlog_slower_than_us.store(num()?, Ordering::Relaxed),
+        "admin.slowlog_max_len" => {
+            let n = num()?;
+            if n > 100_000 {
+                return Err(format!("ERR Invalid argument '{v}' for PROXY CONFIG SET '{key}': at most 100000"));
+            }
+            l.slowlog_max_len.store(n as usize, Ordering::Relaxed)
+        }
+        "admin.bigkey_bytes" => l.bigkey_bytes.store(num()?, Ordering::Relaxed),
+        "server.max_clients" => {
+            let n = num()?;
+            if n == 0 {
+                return Err(format!("ERR Invalid argument '{v}' for PROXY CONFIG SET '{key}': must be at least 1"));
+            }
+            l.max_clients.store(n as usize, Ordering::Relaxed)
+        }
+        "server.allow_flush" => match v.to_ascii_lowercase().as_str() {
+            "true" | "yes" | "1" => l.allow_flush.store(true, Ordering::Relaxed),
+            "false" | "no" | "0" => l.allow_flush.store(false, Ordering::Relaxed),
+            _ => return Err(format!("ERR Invalid argument '{v}' for PROXY CONFIG SET '{key}': not a boolean")),
+        },
+        _ if config_pairs(proxy).iter().any(|(k, _)| *k == key) => {
+            return Err(format!(
+                "ERR '{key}' cannot be changed while heatshield runs (live settings: {}); edit the configuration file and restart",
+                LIVE_KEYS.join(", ")
+            ));
+        }
+        _ => return Err(format!("ERR Unknown option or number of arguments for PROXY CONFIG SET - '{key}'")),
+    }
+    Ok(())
+}
+
+fn slowlog_reply(proxy: &Proxy, ctx: &mut Ctx, n: i64) -> Outcome {
+    let q = proxy.slowlog.entries.lock();
+    let take = if n < 0 { q.len() } else { (n as usize).min(q.len()) };
+    ctx.reply(|w: &mut Writer| {
+        w.array(take);
+        for e in q.iter().take(take) {
+            w.array(7);
+            w.int(e.id as i64);
+            w.int(e.at as i64);
+            w.int(e.total.as_micros() as i64);
+            w.array(e.args.len());
+            for a in &e.args {
+                w.bulk(a);
+            }
+            w.bulk(e.client.as_bytes());
+            w.bulk(e.name.as_bytes());
+            w.map(4);
+            w.bulk(b"node");
+            w.bulk(e.node.as_bytes());
+            w.bulk(b"backend_us");
+            w.int(e.stages.backend.as_micros() as i64);
+            w.bulk(b"queued_us");
+            w.int(e.stages.queued.as_micros() as i64);
+            w.bulk(b"write_us");
+            w.int(e.stages.write.as_micros() as i64);
+        }
+    })
+}
+
+fn bigkeys_reply(proxy: &Proxy, ctx: &mut Ctx, n: usize) -> Outcome {
+    let mut v: Vec<(Bytes, String, &'static str, u64, u64)> = proxy
+        .bigkeys
+        .entries
+        .lock()
+        .iter()
+        .map(|e| (e.key.clone(), e.command.clone(), e.kind, e.bytes, e.at))
+        .collect();
+    v.sort_by_key(|e| std::cmp::Reverse(e.3));
+    v.truncate(n);
+    ctx.reply(|w| {
+        w.array(v.len());
+        for (key, command, kind, bytes, at) in &v {
+            w.map(5);
+            w.bulk(b"key");
+            w.bulk(key);
+            w.bulk(b"command");
+            w.bulk(command.as_bytes());
+            w.bulk(b"kind");
+            w.bulk(kind.as_bytes());
+            w.bulk(b"bytes");
+            w.int(*bytes as i64);
+            w.bulk(b"last_seen");
+            w.int(*at as i64);
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_buckets_are_monotonic_and_tight() {
+        let mut last = 0;
+        for us in [0u64, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 100, 1000, 12_345, 1_000_000, 60_000_000] {
+            let b = bucket_of(us);
+            assert!(b >= last, "{us}");
+            last = b;
+            let up = bucket_upper(b);
+            assert!(up > us || b == HIST_BUCKETS - 1, "{us} -> bucket {b} upper {up}");
+            // within 25% (+1 µs) of the value
+            assert!(b == HIST_BUCKETS - 1 || up as f64 <= us as f64 * 1.25 + 1.0, "{us} -> {up}");
+        }
+    }
+
+    #[test]
+    fn percentiles_from_histogram() {
+        let s = CommandStats::new(2, 1);
+        for i in 0..100u64 {
+            s.record((i % 2) as usize, 0, Duration::from_micros(100 + i * 10), false);
+        }
+        let (calls, usec, _, hist) = s.total(0);
+        assert_eq!(calls, 100);
+        assert_eq!(usec, (0..100u64).map(|i| 100 + i * 10).sum::<u64>());
+        let p50 = percentile(&hist, calls, 0.5);
+        assert!((580..=740).contains(&p50), "{p50}");
+        assert!(percentile(&hist, calls, 0.99) >= 1090);
+    }
+
+    #[test]
+    fn bigkeys_keep_the_largest() {
+        let b = BigKeys::default();
+        for i in 0..10u64 {
+            b.record(3, format!("k{i}").as_bytes(), "SET", "request", 100 + i);
+        }
+        let mut sizes: Vec<u64> = b.entries.lock().iter().map(|e| e.bytes).collect();
+        sizes.sort();
+        assert_eq!(sizes, vec![107, 108, 109]);
+        b.record(3, b"k9", "GET", "request", 5000);
+        assert!(b.entries.lock().iter().any(|e| e.key == "k9" && e.bytes == 5000 && e.command == "GET"));
+    }
+}

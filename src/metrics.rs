@@ -1,0 +1,218 @@
+//! Metrics: every name heatshield exports (docs/metrics.md lists them), the handles bound
+//! once per command and per node so the hot path only increments, and the Prometheus
+//! exporter (metrics-exporter-prometheus's HTTP listener).
+//!
+//! Without an installed recorder (unit tests, `[metrics] listen = "off"`) every handle is a
+//! no-op. Labels are bounded: command names from the command table, node addresses, and
+//! fixed words; never a key or a client address.
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{
+    Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+/// Histogram buckets for every latency, in seconds.
+pub const LATENCY_BUCKETS: &[f64] =
+    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// Installs the global recorder and serves `/metrics` on `addr`. Must be called from
+/// inside a tokio runtime that lives as long as the process serves.
+pub fn install(addr: SocketAddr) -> Result<(), String> {
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets(LATENCY_BUCKETS)
+        .map_err(|e| e.to_string())?
+        // drain recorded samples into the buckets often, so they do not pile up
+        .upkeep_timeout(Duration::from_secs(1))
+        .install()
+        .map_err(|e| e.to_string())?;
+    describe();
+    gauge!("heatshield_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    Ok(())
+}
+
+/// HELP texts (docs/metrics.md says the same at more length).
+fn describe() {
+    describe_gauge!("heatshield_build_info", "heatshield's version (always 1).");
+    describe_gauge!("heatshield_uptime_seconds", Unit::Seconds, "Seconds since heatshield started.");
+    describe_counter!(
+        "heatshield_commands_total",
+        "Commands answered, by command and outcome (ok, error, redirected)."
+    );
+    describe_histogram!(
+        "heatshield_command_duration_seconds",
+        Unit::Seconds,
+        "Command latency as the client sees it: request read to reply written."
+    );
+    describe_histogram!(
+        "heatshield_backend_request_duration_seconds",
+        Unit::Seconds,
+        "One request to one backend node: sent to reply received."
+    );
+    describe_counter!(
+        "heatshield_backend_errors_total",
+        "Backend requests without a reply, by node and kind (connect, lost, timeout)."
+    );
+    describe_gauge!("heatshield_backend_connections", "Backend connections by node and state (up, connecting, down).");
+    describe_gauge!("heatshield_client_connections", "Client connections open now.");
+    describe_counter!("heatshield_client_connections_accepted_total", "Client connections accepted.");
+    describe_counter!(
+        "heatshield_client_connections_rejected_total",
+        "Client connections refused at server.max_clients."
+    );
+    describe_counter!("heatshield_redirections_total", "MOVED and ASK redirections followed, by kind.");
+    describe_counter!("heatshield_topology_refreshes_total", "Slot-map refreshes, by result (ok, error).");
+    describe_gauge!("heatshield_slot_map_epoch", "Version of the current slot map; increases with every change.");
+    describe_counter!("heatshield_client_bytes_received_total", Unit::Bytes, "Bytes read from clients.");
+    describe_counter!("heatshield_client_bytes_sent_total", Unit::Bytes, "Bytes written to clients.");
+}
+
+/// Outcome of one answered command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    Error,
+    /// Answered after following MOVED/ASK.
+    Redirected,
+}
+
+/// Handles for one command.
+pub struct CommandMetrics {
+    ok: Counter,
+    error: Counter,
+    redirected: Counter,
+    duration: Histogram,
+}
+
+impl CommandMetrics {
+    fn new(name: &str) -> CommandMetrics {
+        let c = |outcome: &'static str| counter!("heatshield_commands_total", "command" => name.to_string(), "outcome" => outcome);
+        CommandMetrics {
+            ok: c("ok"),
+            error: c("error"),
+            redirected: c("redirected"),
+            duration: histogram!("heatshield_command_duration_seconds", "command" => name.to_string()),
+        }
+    }
+
+    /// Counts the command; adds its latency to the histogram when `timed` (one command in
+    /// `metrics.latency_sample_every` is).
+    #[inline]
+    pub fn record(&self, outcome: Outcome, took: Duration, timed: bool) {
+        match outcome {
+            Outcome::Ok => self.ok.increment(1),
+            Outcome::Error => self.error.increment(1),
+            Outcome::Redirected => self.redirected.increment(1),
+        }
+        if timed {
+            self.duration.record(took.as_secs_f64());
+        }
+    }
+}
+
+/// Per-command handles, made on a command's first use (so the exposition lists the
+/// commands actually used), indexed by command id.
+pub struct CommandsMetrics {
+    by_id: Box<[OnceLock<CommandMetrics>]>,
+}
+
+impl CommandsMetrics {
+    pub fn new(n: usize) -> Self {
+        CommandsMetrics { by_id: (0..n).map(|_| OnceLock::new()).collect() }
+    }
+
+    #[inline]
+    pub fn get(&self, id: usize, name: &str) -> &CommandMetrics {
+        self.by_id[id].get_or_init(|| CommandMetrics::new(name))
+    }
+}
+
+/// Picks one event in `every`, per thread, without shared state: each recorded histogram
+/// sample costs the exporter a clock read and a store, which at hundreds of thousands of
+/// commands a second is most of the cost of metrics.
+/// `stream` keeps independent sequences apart (0: commands, 1: backend requests), so one
+/// cannot starve the other.
+#[inline]
+pub fn sampled(stream: usize, every: u32) -> bool {
+    thread_local! {
+        static N: [std::cell::Cell<u32>; 2] = const { [std::cell::Cell::new(0), std::cell::Cell::new(0)] };
+    }
+    N.with(|n| {
+        let n = &n[stream & 1];
+        let v = n.get() + 1;
+        if v >= every {
+            n.set(0);
+            true
+        } else {
+            n.set(v);
+            false
+        }
+    })
+}
+
+/// Handles for one backend node.
+pub struct NodeMetrics {
+    pub duration: Histogram,
+    /// Time one request in this many (see [`sampled`]).
+    pub sample_every: u32,
+    pub err_connect: Counter,
+    pub err_lost: Counter,
+    pub err_timeout: Counter,
+}
+
+impl NodeMetrics {
+    pub fn new(node: &str, sample_every: u32) -> NodeMetrics {
+        let e = |kind: &'static str| counter!("heatshield_backend_errors_total", "node" => node.to_string(), "kind" => kind);
+        NodeMetrics {
+            duration: histogram!("heatshield_backend_request_duration_seconds", "node" => node.to_string()),
+            sample_every,
+            err_connect: e("connect"),
+            err_lost: e("lost"),
+            err_timeout: e("timeout"),
+        }
+    }
+}
+
+/// Process-wide handles.
+pub struct Global {
+    pub clients: Gauge,
+    pub accepted: Counter,
+    pub rejected: Counter,
+    pub moved: Counter,
+    pub ask: Counter,
+    pub refresh_ok: Counter,
+    pub refresh_error: Counter,
+    pub epoch: Gauge,
+    pub bytes_in: Counter,
+    pub bytes_out: Counter,
+    pub uptime: Gauge,
+}
+
+/// The process-wide handles (bound on first use, after the recorder is installed).
+pub fn global() -> &'static Global {
+    static G: OnceLock<Global> = OnceLock::new();
+    G.get_or_init(|| Global {
+        clients: gauge!("heatshield_client_connections"),
+        accepted: counter!("heatshield_client_connections_accepted_total"),
+        rejected: counter!("heatshield_client_connections_rejected_total"),
+        moved: counter!("heatshield_redirections_total", "kind" => "moved"),
+        ask: counter!("heatshield_redirections_total", "kind" => "ask"),
+        refresh_ok: counter!("heatshield_topology_refreshes_total", "result" => "ok"),
+        refresh_error: counter!("heatshield_topology_refreshes_total", "result" => "error"),
+        epoch: gauge!("heatshield_slot_map_epoch"),
+        bytes_in: counter!("heatshield_client_bytes_received_total"),
+        bytes_out: counter!("heatshield_client_bytes_sent_total"),
+        uptime: gauge!("heatshield_uptime_seconds"),
+    })
+}
+
+/// Sets `heatshield_backend_connections{node,state}` from counted states.
+pub fn set_backend_connections(node: &str, up: usize, connecting: usize, down: usize) {
+    for (state, n) in [("up", up), ("connecting", connecting), ("down", down)] {
+        gauge!("heatshield_backend_connections", "node" => node.to_string(), "state" => state).set(n as f64);
+    }
+}
