@@ -5,8 +5,11 @@
 #   scripts/bench-e2e.sh [compare.py options, e.g. --rounds 3 --workloads get,get-P16]
 #
 # Starts (all on 127.0.0.1): a plain redis on 7100 (the baseline), a 3-master cluster on
-# 7000-7002, twemproxy on 7300 in front of 3 plain redis (7301-7303), and heatshield
-# (release build) on 7400 in front of the cluster; runs compare.py; stops everything.
+# 7000-7002, twemproxy on 7300 in front of 3 plain redis (7301-7303), and two heatshield
+# (release build) in front of the cluster: 7400 with metrics on (7480), 7401 with
+# --metrics off; runs compare.py; stops everything. HEATSHIELD_ARGS adds flags to both
+# (default: --threads 1, one worker, which is fastest on a 2-core machine shared with the
+# load generator and Redis).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BENCH_DIR:-../shared/bench}
@@ -16,7 +19,7 @@ W=${TMPDIR:-/tmp}/heatshield-bench
 mkdir -p "$W"
 cargo build --release --quiet
 cleanup() {
-  [[ -f $W/heatshield.pid ]] && kill "$(cat "$W/heatshield.pid")" 2>/dev/null || true
+  for f in "$W"/heatshield*.pid; do [[ -f $f ]] && kill "$(cat "$f")" 2>/dev/null; rm -f "$f"; done
   "$B/nutcracker.sh" stop "$W/twem" >/dev/null 2>&1 || true
   "$B/cluster.sh" stop "$W/cluster" >/dev/null 2>&1 || true
   "$B/cluster.sh" stop "$W/single" >/dev/null 2>&1 || true
@@ -26,8 +29,21 @@ cleanup
 "$B/cluster.sh" standalone "$W/single" 7100
 "$B/cluster.sh" start "$W/cluster" 7000 3 0
 "$B/nutcracker.sh" start "$W/twem" 7300 7301 7302 7303
-RUST_LOG=warn ${HEATSHIELD_ENV:-} target/release/heatshield --cluster 127.0.0.1:7000 --listen 127.0.0.1:7400 \
-  ${HEATSHIELD_ARGS:-} >"$W/heatshield.log" 2>&1 &
+ARGS=${HEATSHIELD_ARGS:---threads 1}
+# shellcheck disable=SC2086
+RUST_LOG=warn target/release/heatshield --cluster 127.0.0.1:7000 --listen 127.0.0.1:7400 \
+  --metrics 127.0.0.1:7480 $ARGS >"$W/heatshield.log" 2>&1 &
 echo $! >"$W/heatshield.pid"
-for _ in $(seq 100); do redis-cli -p 7400 ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-python3 "$B/compare.py" "$@" redis=127.0.0.1:7100 twemproxy=127.0.0.1:7300 heatshield=127.0.0.1:7400
+# shellcheck disable=SC2086
+RUST_LOG=warn target/release/heatshield --cluster 127.0.0.1:7000 --listen 127.0.0.1:7401 \
+  --metrics off $ARGS >"$W/heatshield-nometrics.log" 2>&1 &
+echo $! >"$W/heatshield-nometrics.pid"
+for p in 7400 7401; do
+  for _ in $(seq 100); do redis-cli -p $p ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+done
+# scrape the metrics-on instance every 5 s, as Prometheus would
+( while sleep 5; do curl -s 127.0.0.1:7480/metrics >/dev/null 2>&1 || true; done ) &
+SCRAPER=$!
+trap 'kill $SCRAPER 2>/dev/null; cleanup' EXIT
+python3 "$B/compare.py" "$@" redis=127.0.0.1:7100 twemproxy=127.0.0.1:7300 \
+  heatshield=127.0.0.1:7400 heatshield-nometrics=127.0.0.1:7401

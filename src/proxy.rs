@@ -548,10 +548,12 @@ impl Proxy {
                     self.send_later(ctx, part, idx as u32);
                     return None;
                 }
+                tracing::warn!(node = %addr, command = self.command_name(ctx.cmd), client = ctx.client.id, "node unreachable; request failed");
                 Bytes::from(format!("-CLUSTERDOWN heatshield cannot reach node {addr}\r\n"))
             }
             Err(e) => {
                 self.cluster.request_refresh();
+                tracing::warn!(error = %e, command = self.command_name(ctx.cmd), client = ctx.client.id, "backend request failed");
                 Bytes::from(format!("-ERR heatshield: {e}\r\n"))
             }
         };
