@@ -9,24 +9,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::client::{Conn, Kind, Proto, Shared, SlotOwners, V};
+use common::client::{ClusterEnv, Conn, Kind, Proto, Shared, V};
 use common::{Proxy, RedisCluster, cli, info_field};
 
-struct Env {
-    cluster: RedisCluster,
-    proxy: Proxy,
-    owners: SlotOwners,
-}
+static ENV: Shared<ClusterEnv> = Shared::new();
 
-static ENV: Shared<Env> = Shared::new();
-
-fn env() -> Arc<Env> {
-    ENV.get(|| {
-        let cluster = RedisCluster::start();
-        let proxy = Proxy::start_cluster(&cluster, &[]);
-        let owners = SlotOwners::read(&cluster);
-        Env { cluster, proxy, owners }
-    })
+fn env() -> Arc<ClusterEnv> {
+    ENV.get(ClusterEnv::start)
 }
 
 /// The FLUSHALL test empties the shared cluster; tests that count or keep keys take the
@@ -60,7 +49,7 @@ fn err(text: &str) -> V {
     V::Err(text.to_string())
 }
 
-fn sum_dbsize(env: &Env) -> i64 {
+fn sum_dbsize(env: &ClusterEnv) -> i64 {
     env.owners.masters().iter().map(|&m| cli(m, &["DBSIZE"]).parse::<i64>().expect("DBSIZE")).sum()
 }
 

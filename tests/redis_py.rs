@@ -10,24 +10,12 @@ mod common;
 use std::process::Command;
 use std::sync::Arc;
 
-use common::client::{Shared, SlotOwners};
-use common::{Proxy, RedisCluster};
+use common::client::{ClusterEnv, Shared};
 
-struct Env {
-    _cluster: RedisCluster,
-    proxy: Proxy,
-    owners: SlotOwners,
-}
+static ENV: Shared<ClusterEnv> = Shared::new();
 
-static ENV: Shared<Env> = Shared::new();
-
-fn env() -> Arc<Env> {
-    ENV.get(|| {
-        let cluster = RedisCluster::start();
-        let proxy = Proxy::start_cluster(&cluster, &[]);
-        let owners = SlotOwners::read(&cluster);
-        Env { _cluster: cluster, proxy, owners }
-    })
+fn env() -> Arc<ClusterEnv> {
+    ENV.get(ClusterEnv::start)
 }
 
 const SCRIPT: &str = r#"

@@ -7,24 +7,13 @@ mod common;
 
 use std::sync::Arc;
 
-use common::client::{Conn, Kind, Proto, Shared, SlotOwners, V};
-use common::{Proxy, RedisCluster, cli, key_slot};
+use common::client::{ClusterEnv, Conn, Kind, Proto, Shared, V};
+use common::{cli, key_slot};
 
-struct Env {
-    _cluster: RedisCluster,
-    proxy: Proxy,
-    owners: SlotOwners,
-}
+static ENV: Shared<ClusterEnv> = Shared::new();
 
-static ENV: Shared<Env> = Shared::new();
-
-fn env() -> Arc<Env> {
-    ENV.get(|| {
-        let cluster = RedisCluster::start();
-        let proxy = Proxy::start_cluster(&cluster, &[]);
-        let owners = SlotOwners::read(&cluster);
-        Env { _cluster: cluster, proxy, owners }
-    })
+fn env() -> Arc<ClusterEnv> {
+    ENV.get(ClusterEnv::start)
 }
 
 const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";

@@ -869,3 +869,20 @@ impl SlotOwners {
             .expect("a tag on the master")
     }
 }
+
+/// A cluster with a proxy in front of it and its slot owners, shared by the tests of one
+/// file through a [`Shared`] (`static ENV: Shared<ClusterEnv>`).
+pub struct ClusterEnv {
+    pub cluster: super::RedisCluster,
+    pub proxy: super::Proxy,
+    pub owners: SlotOwners,
+}
+
+impl ClusterEnv {
+    pub fn start() -> ClusterEnv {
+        let cluster = super::RedisCluster::start();
+        let proxy = super::Proxy::start_cluster(&cluster, &[]);
+        let owners = SlotOwners::read(&cluster);
+        ClusterEnv { cluster, proxy, owners }
+    }
+}
