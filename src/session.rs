@@ -53,6 +53,11 @@ struct Entry {
     reply: Reply,
     /// The connection closes after this reply (QUIT, protocol error).
     last: bool,
+    meta: Meta,
+}
+
+/// What is recorded about a request once its reply has been written.
+struct Meta {
     /// Command id (for statistics).
     cmd: usize,
     /// When the request had been read.
@@ -86,12 +91,7 @@ impl Queue {
 /// A reply written to the client, kept until the write finished to record it.
 struct Done {
     reply: Bytes,
-    cmd: usize,
-    started: Instant,
-    ready_at: Instant,
-    redirected: bool,
-    raw: Option<Bytes>,
-    node: Option<Arc<str>>,
+    meta: Meta,
 }
 
 /// Serves one client until it disconnects, sends QUIT, breaks the protocol, or the proxy
@@ -144,13 +144,15 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     if let Some(e) = queue.get_mut(seq)
                         && let Reply::Waiting(p) = &mut e.reply
                     {
-                        let mut ctx = Ctx { client: &mut client, seq, reply_to: &tx, scratch: &mut scratch, cmd: e.cmd };
+                        let mut ctx =
+                            Ctx { client: &mut client, seq, reply_to: &tx, scratch: &mut scratch, cmd: e.meta.cmd };
                         if let Some(reply) = proxy.on_reply(&mut ctx, p, r) {
-                            e.ready_at = *now.get_or_insert_with(Instant::now);
-                            e.redirected = p.redirected;
+                            let m = &mut e.meta;
+                            m.ready_at = *now.get_or_insert_with(Instant::now);
+                            m.redirected = p.redirected;
                             let slow_us = proxy.live.slowlog_slower_than_us.load(std::sync::atomic::Ordering::Relaxed);
-                            if (e.ready_at - e.started).as_micros() as u64 >= slow_us / 4 {
-                                e.node = p.node(&proxy.cluster);
+                            if (m.ready_at - m.started).as_micros() as u64 >= slow_us / 4 {
+                                m.node = p.node(&proxy.cluster);
                             }
                             e.reply = Reply::Ready(reply);
                         }
@@ -216,32 +218,27 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                 queue.entries.push_back(Entry {
                     reply,
                     last,
-                    cmd,
-                    started: read_at,
-                    ready_at: read_at,
-                    redirected: false,
-                    raw,
-                    node: None,
+                    meta: Meta { cmd, started: read_at, ready_at: read_at, redirected: false, raw, node: None },
                 });
                 parsed += 1;
             }
             match flush(&mut wr, &mut queue, &mut wbuf, &mut done).await {
                 Ok((l, write_start, written)) => {
                     last = l;
-                    for d in done.drain(..) {
+                    for Done { reply, meta: m } in done.drain(..) {
                         let stages = crate::admin::Stages {
-                            backend: d.ready_at - d.started,
-                            queued: write_start.saturating_duration_since(d.ready_at),
+                            backend: m.ready_at - m.started,
+                            queued: write_start.saturating_duration_since(m.ready_at),
                             write: written - write_start,
                         };
                         proxy.observe(
                             &client,
-                            d.cmd,
-                            written - d.started,
-                            &d.reply,
-                            d.redirected,
-                            d.raw.as_ref(),
-                            d.node.as_deref(),
+                            m.cmd,
+                            written - m.started,
+                            &reply,
+                            m.redirected,
+                            m.raw.as_ref(),
+                            m.node.as_deref(),
                             stages,
                         );
                     }
@@ -293,15 +290,7 @@ async fn flush(
         queue.head += 1;
         last = e.last;
         let Reply::Ready(reply) = e.reply else { unreachable!("checked above") };
-        done.push(Done {
-            reply,
-            cmd: e.cmd,
-            started: e.started,
-            ready_at: e.ready_at,
-            redirected: e.redirected,
-            raw: e.raw,
-            node: e.node,
-        });
+        done.push(Done { reply, meta: e.meta });
         if last {
             break;
         }

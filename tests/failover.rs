@@ -149,8 +149,18 @@ fn check_all_keys(port: u16, skip: &str) {
     }
 }
 
-#[test]
-fn manual_cluster_failover() {
+/// A cluster with data written through the proxy, and the master owning `key(0)` (`old`)
+/// with its replica (`new`) known to every node and in sync.
+struct Setup {
+    cluster: RedisCluster,
+    proxy: Proxy,
+    owners: SlotOwners,
+    k0: String,
+    old: u16,
+    new: u16,
+}
+
+fn setup() -> Setup {
     let cluster = RedisCluster::start();
     let proxy = Proxy::start_cluster(&cluster, &[]);
     let owners = SlotOwners::read(&cluster);
@@ -161,6 +171,12 @@ fn manual_cluster_failover() {
     let new = cluster.replica_of(old);
     wait_replica_known(&cluster, old, new);
     wait_replicated(old, &owners.tag_on(old, "fo:probe"));
+    Setup { cluster, proxy, owners, k0, old, new }
+}
+
+#[test]
+fn manual_cluster_failover() {
+    let Setup { cluster, proxy, owners, k0, old, new } = setup();
     let bg_keys: Vec<String> =
         (0..200).map(|i| format!("fo:bg{i}")).filter(|k| owners.of_key(k.as_bytes()) == old).collect();
     let bg = Background::start(proxy.port(), bg_keys);
@@ -207,16 +223,7 @@ fn manual_cluster_failover() {
 
 #[test]
 fn master_killed_with_sigkill() {
-    let cluster = RedisCluster::start();
-    let proxy = Proxy::start_cluster(&cluster, &[]);
-    let owners = SlotOwners::read(&cluster);
-    write_keys(&proxy, &owners);
-
-    let k0 = key(0);
-    let old = owners.of_key(k0.as_bytes());
-    let new = cluster.replica_of(old);
-    wait_replica_known(&cluster, old, new);
-    wait_replicated(old, &owners.tag_on(old, "fo:probe"));
+    let Setup { cluster, proxy, owners, k0, old, new } = setup();
 
     cluster.kill(old);
     let killed = Instant::now();
