@@ -32,7 +32,10 @@ pub type ReplyTx = mpsc::UnboundedSender<BackendReply>;
 
 /// A request for one backend connection.
 pub struct BackendRequest {
+    /// One command, or `count` commands back to back.
     pub data: Bytes,
+    /// Commands in `data`; their replies are tagged `tag.part`, `tag.part + 1`, ...
+    pub count: u32,
     /// Send `ASKING` first (and swallow its `+OK`).
     pub asking: bool,
     /// Opaque to the backend: identifies the request to its session.
@@ -131,16 +134,17 @@ impl Backend {
     #[inline]
     pub fn send(&self, req: BackendRequest) {
         if let Err(mpsc::error::SendError(req)) = self.tx.send(req) {
-            let _ = req
-                .reply_to
-                .send(BackendReply { tag: req.tag, result: Err(BackendError::NotSent(Arc::from("closed backend"))) });
+            fail_all(req.tag, req.count, &req.reply_to, &BackendError::NotSent(Arc::from("closed backend")));
         }
     }
 }
 
 /// What the FIFO remembers about a written request.
 struct Inflight {
+    /// The tag of the next reply; `part` advances through a multi-command request.
     tag: Tag,
+    /// Replies still expected for this request.
+    count: u32,
     reply_to: ReplyTx,
     /// An ASKING reply precedes this request's reply.
     asking: bool,
@@ -182,8 +186,8 @@ async fn run(
                         _ = &mut deadline => break,
                         r = rx.recv() => match r {
                             Some(req) => {
-                                metrics.err_connect.increment(1);
-                                fail(req, BackendError::NotSent(addr.clone()))
+                                metrics.err_connect.increment(req.count.max(1) as u64);
+                                fail_all(req.tag, req.count, &req.reply_to, &BackendError::NotSent(addr.clone()))
                             }
                             None => return,
                         }
@@ -195,8 +199,12 @@ async fn run(
     }
 }
 
-fn fail(req: BackendRequest, e: BackendError) {
-    let _ = req.reply_to.send(BackendReply { tag: req.tag, result: Err(e) });
+/// Answers every command of a request with `e`.
+fn fail_all(tag: Tag, count: u32, reply_to: &ReplyTx, e: &BackendError) {
+    for k in 0..count.max(1) {
+        let tag = Tag { seq: tag.seq, part: tag.part + k };
+        let _ = reply_to.send(BackendReply { tag, result: Err(e.clone()) });
+    }
 }
 
 /// Opens a connection and runs the handshake (AUTH, HELLO 3).
@@ -290,8 +298,15 @@ async fn serve(
                 if !big {
                     wbuf.extend_from_slice(&req.data);
                 }
-                fifo.lock().push_back(Inflight { tag: req.tag, reply_to: req.reply_to, asking: req.asking, sent: now });
-                stats.inflight.fetch_add(1, Ordering::Relaxed);
+                let count = req.count.max(1);
+                fifo.lock().push_back(Inflight {
+                    tag: req.tag,
+                    count,
+                    reply_to: req.reply_to,
+                    asking: req.asking,
+                    sent: now,
+                });
+                stats.inflight.fetch_add(count as usize, Ordering::Relaxed);
                 if big {
                     // large values go straight from the client's buffer to the socket
                     wr.write_all(&wbuf).await?;
@@ -335,13 +350,21 @@ async fn serve(
                     front.asking = false; // this was ASKING's +OK
                     continue;
                 }
-                let inf = q.pop_front().expect("front exists");
-                drop(q);
                 stats.inflight.fetch_sub(1, Ordering::Relaxed);
                 if crate::metrics::sampled(1, metrics.sample_every) {
-                    metrics.duration.record(inf.sent.elapsed().as_secs_f64());
+                    metrics.duration.record(front.sent.elapsed().as_secs_f64());
                 }
-                let _ = inf.reply_to.send(BackendReply { tag: inf.tag, result: Ok(frame) });
+                let tag = front.tag;
+                if front.count > 1 {
+                    // more replies of this multi-command request follow
+                    front.count -= 1;
+                    front.tag.part += 1;
+                    let _ = front.reply_to.send(BackendReply { tag, result: Ok(frame) });
+                } else {
+                    let inf = q.pop_front().expect("front exists");
+                    drop(q);
+                    let _ = inf.reply_to.send(BackendReply { tag, result: Ok(frame) });
+                }
             }
         }
     };
@@ -371,15 +394,15 @@ async fn serve(
         debug!(node = %addr, "backend connection closing");
     }
     for inf in fifo.lock().drain(..) {
-        stats.inflight.fetch_sub(1, Ordering::Relaxed);
+        stats.inflight.fetch_sub(inf.count as usize, Ordering::Relaxed);
         let e = if timed_out {
-            metrics.err_timeout.increment(1);
+            metrics.err_timeout.increment(inf.count as u64);
             BackendError::Timeout(addr.clone())
         } else {
-            metrics.err_lost.increment(1);
+            metrics.err_lost.increment(inf.count as u64);
             BackendError::Lost(addr.clone())
         };
-        let _ = inf.reply_to.send(BackendReply { tag: inf.tag, result: Err(e) });
+        fail_all(inf.tag, inf.count, &inf.reply_to, &e);
     }
     closed
 }

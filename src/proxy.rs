@@ -428,12 +428,43 @@ impl Proxy {
 
     fn start(&self, ctx: &mut Ctx, merge: Merge, parts: SmallVec<[Part; 1]>) -> Outcome {
         let mut p = Pending { remaining: parts.len() as u32, merge, parts, redirected: false };
-        for i in 0..p.parts.len() {
-            if let Err(e) = self.send(ctx, &p.parts[i], i as u32) {
-                // not routable now (slot unserved): answer that part with the error at once
-                p.parts[i].reply = Some(e);
-                p.remaining -= 1;
+        let n = p.parts.len();
+        let mut i = 0;
+        while i < n {
+            let (node, asking) = match self.resolve(&p.parts[i].target) {
+                Ok(t) => t,
+                Err(e) => {
+                    // not routable now (slot unserved): answer that part with the error at once
+                    p.parts[i].reply = Some(e);
+                    p.remaining -= 1;
+                    i += 1;
+                    continue;
+                }
+            };
+            // Consecutive parts for the same node (a split command's slots of one master)
+            // travel as one message; their replies still come back one per part.
+            let mut j = i + 1;
+            while j < n && !asking && self.resolve(&p.parts[j].target).is_ok_and(|(m, a)| !a && Arc::ptr_eq(&m, &node))
+            {
+                j += 1;
             }
+            let data = if j - i == 1 {
+                p.parts[i].data.clone()
+            } else {
+                let mut b = BytesMut::with_capacity(p.parts[i..j].iter().map(|x| x.data.len()).sum());
+                for x in &p.parts[i..j] {
+                    b.extend_from_slice(&x.data);
+                }
+                b.freeze()
+            };
+            node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
+                data,
+                count: (j - i) as u32,
+                asking,
+                tag: Tag { seq: ctx.seq, part: i as u32 },
+                reply_to: ctx.reply_to.clone(),
+            });
+            i = j;
         }
         if p.remaining == 0 {
             return Outcome::Ready(self.finish(ctx, p));
@@ -441,24 +472,27 @@ impl Proxy {
         Outcome::Waiting(p)
     }
 
+    /// The node a part goes to now, and whether ASKING must precede it; an error reply
+    /// when its slot is not served.
+    fn resolve(&self, target: &Target) -> Result<(Arc<NodePool>, bool), Bytes> {
+        match target {
+            Target::Slot(s) => match self.cluster.topology().master_for_slot(*s) {
+                Some(n) => Ok((n.clone(), false)),
+                None => Err(Bytes::from(format!("-CLUSTERDOWN Hash slot {s} not served\r\n"))),
+            },
+            Target::Node(n) => Ok((n.clone(), false)),
+            Target::Ask(n) => Ok((n.clone(), true)),
+        }
+    }
+
     /// Sends one part to its node now.
     fn send(&self, ctx: &Ctx, part: &Part, idx: u32) -> Result<(), Bytes> {
-        let tag = Tag { seq: ctx.seq, part: idx };
-        let (node, asking) = match &part.target {
-            Target::Slot(s) => {
-                let topo = self.cluster.topology();
-                match topo.master_for_slot(*s) {
-                    Some(n) => (n.clone(), false),
-                    None => return Err(Bytes::from(format!("-CLUSTERDOWN Hash slot {s} not served\r\n"))),
-                }
-            }
-            Target::Node(n) => (n.clone(), false),
-            Target::Ask(n) => (n.clone(), true),
-        };
+        let (node, asking) = self.resolve(&part.target)?;
         node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
             data: part.data.clone(),
+            count: 1,
             asking,
-            tag,
+            tag: Tag { seq: ctx.seq, part: idx },
             reply_to: ctx.reply_to.clone(),
         });
         Ok(())
@@ -481,6 +515,7 @@ impl Proxy {
             match node {
                 Some(n) => n.conn(proto, affinity).send(BackendRequest {
                     data,
+                    count: 1,
                     asking: matches!(target, Target::Ask(_)),
                     tag,
                     reply_to,

@@ -118,9 +118,12 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
     let mut reader = RequestReader::new(Limits { max_request_bytes: proxy.config.limits.max_request_bytes as usize });
-    let mut rbuf = BytesMut::with_capacity(16 * 1024);
-    let mut wbuf = BytesMut::with_capacity(16 * 1024);
-    let mut scratch = BytesMut::with_capacity(4 * 1024);
+    // Buffers start small, so idle clients cost little, and grow with the traffic.
+    let mut rbuf = BytesMut::new();
+    let mut wbuf = BytesMut::new();
+    let mut scratch = BytesMut::with_capacity(1024);
+    // How much room each read gets: doubles (up to 64 KiB) whenever a read fills it.
+    let mut read_room = 4 * 1024;
     let mut queue = Queue { entries: VecDeque::with_capacity(64), head: 0 };
     let max_pipeline = proxy.config.limits.max_pipeline;
     let mut reading = true; // false after EOF, QUIT, a protocol error, or shutdown
@@ -161,11 +164,16 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                 }
             }
             res = async {
-                let want = read_hint.clamp(16 * 1024, 4 * 1024 * 1024);
+                let want = read_hint.clamp(read_room, 4 * 1024 * 1024);
                 if rbuf.capacity() - rbuf.len() < want {
                     rbuf.reserve(want);
                 }
-                rd.read_buf(&mut rbuf).await
+                let room = rbuf.capacity() - rbuf.len();
+                let n = rd.read_buf(&mut rbuf).await;
+                if matches!(n, Ok(n) if n == room) {
+                    read_room = (read_room * 2).min(64 * 1024);
+                }
+                n
             }, if can_read => {
                 match res {
                     Ok(n) if n > 0 => {
@@ -299,7 +307,7 @@ async fn flush(
         wr.write_all(wbuf).await?;
         wbuf.clear();
         if wbuf.capacity() > 1024 * 1024 {
-            *wbuf = BytesMut::with_capacity(16 * 1024);
+            *wbuf = BytesMut::new();
         }
     }
     if sent > 0 {
