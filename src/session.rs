@@ -148,7 +148,14 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                         && let Reply::Waiting(p) = &mut e.reply
                     {
                         let mut ctx =
-                            Ctx { client: &mut client, seq, reply_to: &tx, scratch: &mut scratch, cmd: e.meta.cmd };
+                            Ctx {
+                            client: &mut client,
+                            seq,
+                            reply_to: &tx,
+                            scratch: &mut scratch,
+                            cmd: e.meta.cmd,
+                            now: e.meta.started,
+                        };
                         if let Some(reply) = proxy.on_reply(&mut ctx, p, r) {
                             let m = &mut e.meta;
                             m.ready_at = *now.get_or_insert_with(Instant::now);
@@ -205,7 +212,14 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     }
                     Ok(Next::Request(req)) => {
                         let raw = req.raw().clone();
-                        let mut ctx = Ctx { client: &mut client, seq, reply_to: &tx, scratch: &mut scratch, cmd: 0 };
+                        let mut ctx = Ctx {
+                            client: &mut client,
+                            seq,
+                            reply_to: &tx,
+                            scratch: &mut scratch,
+                            cmd: 0,
+                            now: read_at,
+                        };
                         let reply = match proxy.dispatch(&mut ctx, req) {
                             Outcome::Ready(b) => Reply::Ready(b),
                             Outcome::Waiting(p) => Reply::Waiting(p),
@@ -230,9 +244,11 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                 });
                 parsed += 1;
             }
+            let wrote;
             match flush(&mut wr, &mut queue, &mut wbuf, &mut done).await {
                 Ok((l, write_start, written)) => {
                     last = l;
+                    wrote = done.len();
                     for Done { reply, meta: m } in done.drain(..) {
                         let stages = crate::admin::Stages {
                             backend: m.ready_at - m.started,
@@ -253,7 +269,9 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                 }
                 Err(_) => return finish(&proxy, id),
             }
-            if last || parsed == 0 || queue.entries.len() >= max_pipeline {
+            // Stop when nothing moved; writing replies frees room in the queue, so after a
+            // write, requests already buffered are parsed even if none were this round.
+            if last || (parsed == 0 && wrote == 0) || queue.entries.len() >= max_pipeline {
                 break;
             }
         }

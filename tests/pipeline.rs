@@ -303,3 +303,32 @@ fn inline_commands() {
         assert_eq!(c.read_reply(), V::s("PONG"));
     }
 }
+
+/// More commands pipelined than `limits.max_pipeline` (here 4): heatshield stops reading
+/// while 4 are unanswered and must resume on what it already buffered once they are
+/// answered (this once stalled until the client gave up).
+#[test]
+fn pipelines_longer_than_max_pipeline_complete() {
+    let env = env();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("h.toml");
+    std::fs::write(&conf, "[limits]\nmax_pipeline = 4\n").unwrap();
+    let proxy = Proxy::start_cluster(&env.cluster, &["--config", conf.to_str().unwrap()]);
+    for proto in Proto::BOTH {
+        let mut c = Conn::connect_proto(proxy.port(), proto);
+        let mut cmds = Vec::new();
+        for i in 0..600 {
+            let k = format!("pl:max:{proto:?}:{}", i % 37);
+            cmds.push(args(&["SET", &k, &i.to_string()]));
+            cmds.push(args(&["GET", &k]));
+            cmds.push(args(&["PING"]));
+        }
+        let replies = c.pipeline(&cmds);
+        assert_eq!(replies.len(), cmds.len());
+        for (i, r) in replies.chunks(3).enumerate() {
+            assert_eq!(r[0], V::ok(), "{proto:?} #{i}");
+            assert_eq!(r[1], V::s(i.to_string()), "{proto:?} #{i}");
+            assert_eq!(r[2], V::s("PONG"), "{proto:?} #{i}");
+        }
+    }
+}
