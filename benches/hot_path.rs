@@ -162,5 +162,39 @@ fn mget_split_merge(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, framing, replies, slots_and_table, mget_split_merge);
+criterion_group!(benches, framing, replies, slots_and_table, mget_split_merge, ratelimit_check);
 criterion_main!(benches);
+
+fn ratelimit_check(c: &mut Criterion) {
+    use heatshield::ratelimit::{CommandsSpec, Limiter, RuleConfig, compile};
+    let t = CommandTable::new();
+    let get = t.get(b"GET").unwrap();
+    // a rule that matches every key but never refuses: the cost every request pays
+    let rules = compile(
+        &[RuleConfig {
+            name: "all".into(),
+            pattern: "*".into(),
+            commands: CommandsSpec::Kind("all".into()),
+            rate: 1e9,
+            burst: 1_000_000,
+            scope: "per-key".into(),
+        }],
+        &t,
+    )
+    .unwrap();
+    let l = Limiter::new(rules, 1_000_000, std::time::Duration::from_secs(10));
+    let keys: Vec<Vec<u8>> = (0..10_000).map(|i| format!("key:{i:012}").into_bytes()).collect();
+    let mut i = 0;
+    // the session passes the time the request was read; no clock read per check
+    let now = std::time::Instant::now();
+    c.bench_function("ratelimit/check_per_key_rule_10k_keys", |b| {
+        b.iter(|| {
+            i = (i + 1) % keys.len();
+            black_box(l.check(get, [keys[i].as_slice()].into_iter(), now).is_ok())
+        })
+    });
+    let none = Limiter::new(vec![], 1, std::time::Duration::from_secs(10));
+    c.bench_function("ratelimit/check_no_rules", |b| {
+        b.iter(|| black_box(none.check(get, [b"k".as_slice()].into_iter(), now).is_ok()))
+    });
+}

@@ -445,14 +445,100 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 "SLOWLOG GET [<count>] | LEN | RESET -- commands slower than admin.slowlog_slower_than_us.",
                 "BIGKEYS [<count>] -- the largest requests and replies seen, by key.",
                 "AUTH <password> -- unlock PROXY commands when admin.password is set.",
+                "RATELIMIT LIST | SET <name> <pattern> <rate> <burst> [per-key|shared] [reads|writes|all|CMD,CMD...] | DEL <name> -- per-key rate-limit rules.",
             ];
             w.array(lines.len());
             for l in lines {
                 w.simple(l);
             }
         }),
-        "CONFIG" | "SLOWLOG" => arity_err(ctx, &sub),
+        "RATELIMIT" if argc >= 3 => ratelimit_command(proxy, ctx, req),
+        "CONFIG" | "SLOWLOG" | "RATELIMIT" => arity_err(ctx, &sub),
         _ => ctx.error(&format!("ERR unknown subcommand '{}'. Try PROXY HELP.", String::from_utf8_lossy(req.arg(1)))),
+    }
+}
+
+/// `PROXY RATELIMIT LIST | SET ... | DEL name`
+fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
+    use crate::ratelimit::{CommandsSpec, RuleConfig, compile};
+    let op = String::from_utf8_lossy(req.arg(2)).to_ascii_uppercase();
+    let text = |i: usize| String::from_utf8_lossy(req.arg(i)).into_owned();
+    match op.as_str() {
+        "LIST" if req.argc() == 3 => {
+            let rules = proxy.ratelimit.rules();
+            ctx.reply(|w| {
+                w.array(rules.len());
+                for r in rules.iter() {
+                    let s = &r.spec;
+                    let commands = match &s.commands {
+                        CommandsSpec::Kind(k) => k.clone(),
+                        CommandsSpec::List(l) => l.join(","),
+                    };
+                    w.map(8);
+                    for (k, v) in [
+                        ("name", s.name.clone()),
+                        ("pattern", s.pattern.clone()),
+                        ("commands", commands),
+                        ("rate", s.rate.to_string()),
+                        ("burst", s.burst.to_string()),
+                        ("scope", s.scope.clone()),
+                    ] {
+                        w.bulk(k.as_bytes());
+                        w.bulk(v.as_bytes());
+                    }
+                    w.bulk(b"allowed");
+                    w.int(r.allowed.load(Ordering::Relaxed) as i64);
+                    w.bulk(b"throttled");
+                    w.int(r.throttled.load(Ordering::Relaxed) as i64);
+                }
+            })
+        }
+        "SET" if (7..=9).contains(&req.argc()) => {
+            let mut scope = "per-key".to_string();
+            let mut commands = CommandsSpec::default();
+            for i in 7..req.argc() {
+                let a = text(i);
+                match a.to_ascii_lowercase().as_str() {
+                    "per-key" | "shared" => scope = a.to_ascii_lowercase(),
+                    "reads" | "writes" | "all" => commands = CommandsSpec::Kind(a.to_ascii_lowercase()),
+                    _ => commands = CommandsSpec::List(a.split(',').map(str::to_string).collect()),
+                }
+            }
+            let (Ok(rate), Ok(burst)) = (text(5).parse::<f64>(), text(6).parse::<u64>()) else {
+                return ctx.error("ERR rate must be a number and burst an integer");
+            };
+            let new = RuleConfig { name: text(3), pattern: text(4), commands, rate, burst, scope };
+            let mut specs: Vec<RuleConfig> = proxy.ratelimit.rules().iter().map(|r| r.spec.clone()).collect();
+            match specs.iter_mut().find(|s| s.name == new.name) {
+                Some(s) => *s = new,
+                None => specs.push(new),
+            }
+            match compile(&specs, &proxy.commands) {
+                Ok(rules) => {
+                    proxy.ratelimit.replace(rules);
+                    ctx.reply(|w| w.ok())
+                }
+                Err(p) => ctx.error(&format!("ERR invalid rule: {}", p.join("; "))),
+            }
+        }
+        "DEL" if req.argc() == 4 => {
+            let name = text(3);
+            let specs: Vec<RuleConfig> = proxy.ratelimit.rules().iter().map(|r| r.spec.clone()).collect();
+            let kept: Vec<RuleConfig> = specs.iter().filter(|s| s.name != name).cloned().collect();
+            if kept.len() == specs.len() {
+                return ctx.reply(|w| w.int(0));
+            }
+            match compile(&kept, &proxy.commands) {
+                Ok(rules) => {
+                    proxy.ratelimit.replace(rules);
+                    ctx.reply(|w| w.int(1))
+                }
+                Err(p) => ctx.error(&format!("ERR {}", p.join("; "))),
+            }
+        }
+        "LIST" | "SET" | "DEL" => ctx
+            .error(&format!("ERR wrong number of arguments for 'proxy|ratelimit|{}' command", op.to_ascii_lowercase())),
+        _ => ctx.error(&format!("ERR unknown subcommand 'RATELIMIT {op}'. Try PROXY HELP.")),
     }
 }
 

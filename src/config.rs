@@ -18,6 +18,7 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub metrics: MetricsConfig,
     pub admin: AdminConfig,
+    pub ratelimit: crate::ratelimit::RateLimitConfig,
 }
 
 /// `[metrics]`: the Prometheus endpoint.
@@ -271,6 +272,9 @@ impl Config {
         }
         if !(1..=1_000_000).contains(&self.metrics.latency_sample_every) {
             p.push("metrics.latency_sample_every: must be between 1 and 1000000".into());
+        }
+        if let Err(rules) = crate::ratelimit::compile(&self.ratelimit.rules, &crate::command::CommandTable::new()) {
+            p.extend(rules);
         }
         if self.admin.password.as_deref() == Some("") {
             p.push("admin.password: must not be empty (remove the key to disable it)".into());

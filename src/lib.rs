@@ -6,7 +6,8 @@
 //! - [`config`]: the TOML configuration and its validation;
 //! - [`backend`]: pipelined connections to one Redis node;
 //! - [`cluster`]: slot function, slot map, node pools, topology refresh;
-//! - [`proxy`]: the request path (route, split, fan out, redirect, merge);
+//! - [`proxy`]: the request path (limits, route, split, fan out, redirect, merge);
+//! - [`ratelimit`]: per-key rate limits (rules, GCRA budgets, tracked-key cap);
 //! - [`local`]: commands the proxy answers itself;
 //! - [`admin`]: `PROXY ...` commands, slow log, big-key log, live settings, command stats;
 //! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
@@ -26,6 +27,7 @@ pub mod local;
 pub mod metrics;
 pub mod protocol;
 pub mod proxy;
+pub mod ratelimit;
 pub mod server;
 pub mod session;
 pub mod worker;

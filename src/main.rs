@@ -72,7 +72,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let code = rt.block_on(run(config, cli.config.map(|p| p.display().to_string())));
+    let code = rt.block_on(run(config, cli.config.clone(), ov));
     rt.shutdown_timeout(std::time::Duration::from_millis(200));
     std::process::exit(code);
 }
@@ -88,7 +88,8 @@ fn init_logging(format: &str) {
     }
 }
 
-async fn run(config: Config, config_file: Option<String>) -> i32 {
+async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides) -> i32 {
+    let config_file = config_path.as_ref().map(|p| p.display().to_string());
     let opts = BackendOptions {
         connect_timeout: config.connect_timeout(),
         command_timeout: config.command_timeout(),
@@ -126,6 +127,7 @@ async fn run(config: Config, config_file: Option<String>) -> i32 {
     cluster.spawn_refresher(config.refresh_interval());
     let proxy = Arc::new(Proxy::new(config, cluster.clone(), config_file, workers));
     spawn_gauges(proxy.clone());
+    spawn_reloader(proxy.clone(), config_path, overrides);
     // Learn the backends' version for HELLO/INFO; a node that does not answer in time
     // only leaves the default in place.
     let probe = async {
@@ -158,6 +160,36 @@ async fn run(config: Config, config_file: Option<String>) -> i32 {
     0
 }
 
+/// On SIGHUP, reloads the rate-limit rules from the configuration file; a file that does
+/// not load or validate is rejected with an error log and the old rules stay.
+fn spawn_reloader(proxy: Arc<Proxy>, path: Option<PathBuf>, overrides: Overrides) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+        while hup.recv().await.is_some() {
+            let Some(path) = &path else {
+                warn!("SIGHUP: no configuration file to reload (started without --config)");
+                continue;
+            };
+            match Config::load(Some(path), &overrides) {
+                Ok(cfg) => match heatshield::ratelimit::compile(&cfg.ratelimit.rules, &proxy.commands) {
+                    Ok(rules) => {
+                        let n = rules.len();
+                        proxy.ratelimit.replace(rules);
+                        info!(file = %path.display(), rules = n, "SIGHUP: rate-limit rules reloaded");
+                    }
+                    Err(p) => {
+                        error!(file = %path.display(), problems = %p.join("; "), "SIGHUP: rules rejected; keeping the old ones")
+                    }
+                },
+                Err(e) => error!(error = %e, "SIGHUP: configuration rejected; keeping the old rate-limit rules"),
+            }
+        }
+    });
+    #[cfg(not(unix))]
+    let _ = (proxy, path, overrides);
+}
+
 /// Refreshes the gauges that are sampled rather than counted, every second.
 fn spawn_gauges(proxy: Arc<Proxy>) {
     tokio::spawn(async move {
@@ -168,6 +200,9 @@ fn spawn_gauges(proxy: Arc<Proxy>) {
             g.uptime.set(proxy.started.elapsed().as_secs_f64());
             g.clients.set(proxy.stats.clients.load(std::sync::atomic::Ordering::Relaxed) as f64);
             g.epoch.set(proxy.cluster.epoch() as f64);
+            proxy.ratelimit.reclaim();
+            proxy.ratelimit.publish_metrics();
+            g.ratelimit_keys.set(proxy.ratelimit.tracked_keys() as f64);
             for node in proxy.cluster.pools() {
                 let (mut up, mut connecting, mut down) = (0, 0, 0);
                 for (_, b) in node.connections() {

@@ -41,8 +41,14 @@ fn describe() {
     describe_gauge!("heatshield_uptime_seconds", Unit::Seconds, "Seconds since heatshield started.");
     describe_counter!(
         "heatshield_commands_total",
-        "Commands answered, by command and outcome (ok, error, redirected)."
+        "Commands answered, by command and outcome (ok, error, redirected, throttled)."
     );
+    describe_counter!(
+        "heatshield_ratelimit_allowed_total",
+        "Requests a rate-limit rule counted and let through, by rule."
+    );
+    describe_counter!("heatshield_ratelimit_throttled_total", "Commands a rate-limit rule refused, by rule.");
+    describe_gauge!("heatshield_ratelimit_tracked_keys", "Keys with a rate-limit budget of their own.");
     describe_histogram!(
         "heatshield_command_duration_seconds",
         Unit::Seconds,
@@ -78,6 +84,8 @@ pub enum Outcome {
     Error,
     /// Answered after following MOVED/ASK.
     Redirected,
+    /// Refused by a rate limit (never sent to Redis).
+    Throttled,
 }
 
 /// Handles for one command.
@@ -85,6 +93,7 @@ pub struct CommandMetrics {
     ok: Counter,
     error: Counter,
     redirected: Counter,
+    throttled: Counter,
     duration: Histogram,
 }
 
@@ -95,6 +104,7 @@ impl CommandMetrics {
             ok: c("ok"),
             error: c("error"),
             redirected: c("redirected"),
+            throttled: c("throttled"),
             duration: histogram!("heatshield_command_duration_seconds", "command" => name.to_string()),
         }
     }
@@ -107,6 +117,7 @@ impl CommandMetrics {
             Outcome::Ok => self.ok.increment(1),
             Outcome::Error => self.error.increment(1),
             Outcome::Redirected => self.redirected.increment(1),
+            Outcome::Throttled => self.throttled.increment(1),
         }
         if timed {
             self.duration.record(took.as_secs_f64());
@@ -190,6 +201,7 @@ pub struct Global {
     pub bytes_in: Counter,
     pub bytes_out: Counter,
     pub uptime: Gauge,
+    pub ratelimit_keys: Gauge,
 }
 
 /// The process-wide handles (bound on first use, after the recorder is installed).
@@ -207,6 +219,7 @@ pub fn global() -> &'static Global {
         bytes_in: counter!("heatshield_client_bytes_received_total"),
         bytes_out: counter!("heatshield_client_bytes_sent_total"),
         uptime: gauge!("heatshield_uptime_seconds"),
+        ratelimit_keys: gauge!("heatshield_ratelimit_tracked_keys"),
     })
 }
 

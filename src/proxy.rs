@@ -62,6 +62,8 @@ pub struct Proxy {
     pub command_stats: crate::admin::CommandStats,
     /// Per-command Prometheus handles.
     pub command_metrics: crate::metrics::CommandsMetrics,
+    /// Per-key rate limits.
+    pub ratelimit: crate::ratelimit::Limiter,
 }
 
 /// Where a part goes.
@@ -142,6 +144,8 @@ pub struct Ctx<'a> {
     pub scratch: &'a mut BytesMut,
     /// Set by [`Proxy::dispatch`]: the command's id (for statistics).
     pub cmd: usize,
+    /// When the request had been read (saves clock reads on the request path).
+    pub now: Instant,
 }
 
 impl Ctx<'_> {
@@ -160,10 +164,18 @@ impl Ctx<'_> {
 impl Proxy {
     pub fn new(config: Config, cluster: Arc<Cluster>, config_file: Option<String>, workers: usize) -> Proxy {
         let commands = CommandTable::new();
+        // validated with the configuration, so compiling cannot fail here
+        let rules = crate::ratelimit::compile(&config.ratelimit.rules, &commands).unwrap_or_default();
+        let ratelimit = crate::ratelimit::Limiter::new(
+            rules,
+            config.ratelimit.max_tracked_keys,
+            Duration::from_millis(config.ratelimit.idle_reclaim_ms),
+        );
         // one extra id for requests that match no command
         let ids = commands.count() + 1;
         Proxy {
             live: crate::admin::Live::new(&config),
+            ratelimit,
             command_stats: crate::admin::CommandStats::new(workers, ids),
             command_metrics: crate::metrics::CommandsMetrics::new(ids),
             slowlog: Default::default(),
@@ -203,7 +215,9 @@ impl Proxy {
         stages: crate::admin::Stages,
     ) {
         let failed = matches!(reply.first(), Some(b'-' | b'!'));
-        let outcome = if failed {
+        let outcome = if reply.starts_with(b"-THROTTLED ") {
+            crate::metrics::Outcome::Throttled
+        } else if failed {
             crate::metrics::Outcome::Error
         } else if redirected {
             crate::metrics::Outcome::Redirected
@@ -286,6 +300,13 @@ impl Proxy {
                     );
                 }
             }
+        }
+        if matches!(cmd.route, Route::Forward | Route::Split(_))
+            && self.ratelimit.active()
+            && let Ok(keys) = keys_of(cmd, &req)
+            && let Err(t) = self.ratelimit.check(cmd, keys.iter().map(|&k| req.arg(k as usize)), ctx.now)
+        {
+            return ctx.error(&t.message());
         }
         match cmd.route {
             Route::Local(l) => local::run(self, ctx, l, &req),

@@ -47,6 +47,9 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_slot_map_epoch", "gauge", &[]),
     ("heatshield_client_bytes_received_total", "counter", &[]),
     ("heatshield_client_bytes_sent_total", "counter", &[]),
+    ("heatshield_ratelimit_allowed_total", "counter", &["rule"]),
+    ("heatshield_ratelimit_throttled_total", "counter", &["rule"]),
+    ("heatshield_ratelimit_tracked_keys", "gauge", &[]),
 ];
 
 /// The documented latency buckets (upper bounds, seconds), `+Inf` not included.
@@ -55,7 +58,7 @@ const BUCKETS: &[f64] =
 
 /// Fixed label values the documentation lists.
 const LABEL_VALUES: &[(&str, &str, &[&str])] = &[
-    ("heatshield_commands_total", "outcome", &["ok", "error", "redirected"]),
+    ("heatshield_commands_total", "outcome", &["ok", "error", "redirected", "throttled"]),
     ("heatshield_backend_errors_total", "kind", &["connect", "lost", "timeout"]),
     ("heatshield_backend_connections", "state", &["up", "connecting", "down"]),
     ("heatshield_redirections_total", "kind", &["moved", "ask"]),
@@ -552,7 +555,13 @@ fn prometheus_scrapes_exact_counts() {
     // command in 8).
     let conf_dir = tempfile::tempdir().unwrap();
     let conf = conf_dir.path().join("heatshield.toml");
-    fs::write(&conf, "[metrics]\nlatency_sample_every = 1\n").unwrap();
+    // one rate-limit rule that matches no key the test uses, so the per-rule counters are
+    // exported too
+    fs::write(
+        &conf,
+        "[metrics]\nlatency_sample_every = 1\n\n[[ratelimit.rules]]\nname = \"idle\"\npattern = \"prom:never:*\"\nrate = 1\nburst = 1\n",
+    )
+    .unwrap();
     let proxy = Proxy::start_cluster(&cluster, &["--config", conf.to_str().unwrap()]);
     let metrics = proxy.metrics_addr().expect("the harness gives every proxy a metrics address");
     let prom = Prometheus::start(&metrics);

@@ -1,0 +1,500 @@
+//! Per-key rate limits (docs/ratelimit.md): ordered rules matching keys by glob and
+//! commands by kind, each with a rate and a burst, per key or shared; GCRA budgets kept as
+//! one timestamp each; a hard cap on tracked keys; background reclaim of idle budgets.
+//!
+//! GCRA is written here rather than taken from `governor`: a multi-key command must check
+//! every key first and charge none of them when one is over budget, and governor's keyed
+//! limiter charges on each check with no way to look without consuming.
+
+use std::hash::BuildHasherDefault;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+use serde::Deserialize;
+use smallvec::SmallVec;
+
+use crate::command::{Command, CommandTable};
+
+/// Which commands a rule counts.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum CommandsSpec {
+    /// "reads", "writes" or "all".
+    Kind(String),
+    /// Explicit command names.
+    List(Vec<String>),
+}
+
+impl Default for CommandsSpec {
+    fn default() -> Self {
+        CommandsSpec::Kind("all".into())
+    }
+}
+
+/// One rule as written in the configuration.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    pub name: String,
+    pub pattern: String,
+    #[serde(default)]
+    pub commands: CommandsSpec,
+    /// Requests per second.
+    pub rate: f64,
+    /// Requests allowed at once beyond the steady rate.
+    pub burst: u64,
+    /// "per-key" (default) or "shared".
+    #[serde(default = "default_scope")]
+    pub scope: String,
+}
+
+fn default_scope() -> String {
+    "per-key".into()
+}
+
+/// `[ratelimit]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimitConfig {
+    /// Keys with a budget of their own at most; new keys beyond share their rule's budget.
+    pub max_tracked_keys: usize,
+    /// A key's budget is dropped once it has been full (unused) this long. Dropping it
+    /// sooner loses nothing but costs a re-insert when the key comes back.
+    pub idle_reclaim_ms: u64,
+    pub rules: Vec<RuleConfig>,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        RateLimitConfig { max_tracked_keys: 1_000_000, idle_reclaim_ms: 10_000, rules: vec![] }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Filter {
+    Reads,
+    Writes,
+    All,
+    Names(Vec<String>),
+}
+
+/// A compiled rule and its budgets.
+pub struct Rule {
+    pub spec: RuleConfig,
+    filter: Filter,
+    per_key: bool,
+    /// Nanoseconds between requests at the steady rate.
+    interval: u64,
+    /// How far ahead of now a budget's timestamp may run: burst × interval.
+    tolerance: u64,
+    /// The shared budget (scope = "shared", and per-key keys beyond the cap).
+    shared: AtomicU64,
+    /// Budgets by a 64-bit keyed hash of the key (see [`PreHashed`]).
+    keys: DashMap<u64, AtomicU64, BuildHasherDefault<PreHashed>>,
+    pub allowed: AtomicU64,
+    pub throttled: AtomicU64,
+    m_allowed: metrics::Counter,
+    m_throttled: metrics::Counter,
+}
+
+impl Rule {
+    fn matches(&self, cmd: &Command, key: &[u8]) -> bool {
+        let cmd_ok = match &self.filter {
+            Filter::All => true,
+            Filter::Reads => cmd.is_readonly(),
+            Filter::Writes => cmd.is_write(),
+            Filter::Names(n) => n.contains(&cmd.name),
+        };
+        cmd_ok && crate::glob::matches(self.spec.pattern.as_bytes(), key, false)
+    }
+}
+
+/// Compiles rules, checking each; every problem names the rule.
+pub fn compile(rules: &[RuleConfig], table: &CommandTable) -> Result<Vec<Arc<Rule>>, Vec<String>> {
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for (i, r) in rules.iter().enumerate() {
+        let at = format!("ratelimit.rules[{i}] ('{}')", r.name);
+        if r.name.is_empty() {
+            problems.push(format!("ratelimit.rules[{i}].name: must not be empty"));
+        }
+        if rules[..i].iter().any(|o| o.name == r.name) {
+            problems.push(format!("{at}: the name is used by an earlier rule"));
+        }
+        if r.pattern.is_empty() {
+            problems.push(format!("{at}.pattern: must not be empty"));
+        }
+        if !(r.rate.is_finite() && r.rate > 0.0 && r.rate <= 1e9) {
+            problems.push(format!("{at}.rate: must be greater than 0 (requests per second)"));
+        }
+        if r.burst == 0 || r.burst > 1_000_000_000 {
+            problems.push(format!("{at}.burst: must be at least 1"));
+        }
+        let per_key = match r.scope.as_str() {
+            "per-key" => true,
+            "shared" => false,
+            other => {
+                problems.push(format!("{at}.scope: '{other}' is neither \"per-key\" nor \"shared\""));
+                true
+            }
+        };
+        let filter = match &r.commands {
+            CommandsSpec::Kind(k) => match k.to_ascii_lowercase().as_str() {
+                "reads" => Filter::Reads,
+                "writes" => Filter::Writes,
+                "all" => Filter::All,
+                other => {
+                    problems.push(format!("{at}.commands: '{other}' is not \"reads\", \"writes\", \"all\" or a list"));
+                    Filter::All
+                }
+            },
+            CommandsSpec::List(names) => {
+                let names: Vec<String> = names.iter().map(|n| n.to_ascii_uppercase()).collect();
+                for n in &names {
+                    if table.get(n.as_bytes()).is_none() {
+                        problems.push(format!("{at}.commands: unknown command '{n}'"));
+                    }
+                }
+                Filter::Names(names)
+            }
+        };
+        let interval = if r.rate > 0.0 { (1e9 / r.rate) as u64 } else { u64::MAX / 4 };
+        let labels = [("rule", r.name.clone())];
+        out.push(Arc::new(Rule {
+            spec: r.clone(),
+            filter,
+            per_key,
+            interval,
+            tolerance: interval.saturating_mul(r.burst),
+            shared: AtomicU64::new(0),
+            keys: DashMap::default(),
+            allowed: AtomicU64::new(0),
+            throttled: AtomicU64::new(0),
+            m_allowed: metrics::counter!("heatshield_ratelimit_allowed_total", &labels),
+            m_throttled: metrics::counter!("heatshield_ratelimit_throttled_total", &labels),
+        }));
+    }
+    if problems.is_empty() { Ok(out) } else { Err(problems) }
+}
+
+/// A command over budget.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Throttled {
+    pub key: Vec<u8>,
+    pub rate: f64,
+    pub rule: String,
+}
+
+impl Throttled {
+    /// The error reply's text.
+    pub fn message(&self) -> String {
+        let rate = if self.rate.fract() == 0.0 { format!("{}", self.rate as u64) } else { format!("{}", self.rate) };
+        format!(
+            "THROTTLED key '{}' is over {} requests/s (rule '{}')",
+            String::from_utf8_lossy(&self.key[..self.key.len().min(128)]),
+            rate,
+            self.rule
+        )
+    }
+}
+
+/// Budgets are keyed by a 64-bit hash of the key made with random keys (aHash), not by
+/// the key itself: a lookup then touches one small table slot instead of a heap-allocated
+/// key, and a budget costs 16 bytes plus the table's overhead. Two keys share a budget
+/// only on a 64-bit collision, and the random keys keep clients from choosing keys that
+/// collide. This hasher passes those hashes through.
+#[derive(Default)]
+pub struct PreHashed(u64);
+
+impl std::hash::Hasher for PreHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // only u64 keys are hashed here; fold anything else in anyway
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+/// The live rules and their budgets.
+pub struct Limiter {
+    rules: ArcSwap<Vec<Arc<Rule>>>,
+    max_keys: usize,
+    /// Nanoseconds a full budget stays before [`Limiter::reclaim`] drops it.
+    idle_ns: u64,
+    tracked: AtomicUsize,
+    epoch: Instant,
+    hasher: ahash::RandomState,
+}
+
+/// Which budget a key draws on: rule index, and the key's hash (None: the rule's shared one).
+type BudgetId = (usize, Option<u64>);
+
+impl Limiter {
+    pub fn new(rules: Vec<Arc<Rule>>, max_keys: usize, idle: std::time::Duration) -> Limiter {
+        Limiter {
+            rules: ArcSwap::from_pointee(rules),
+            max_keys,
+            idle_ns: idle.as_nanos() as u64,
+            tracked: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            hasher: ahash::RandomState::new(),
+        }
+    }
+
+    /// Whether any rule exists (the request path skips everything otherwise).
+    #[inline]
+    pub fn active(&self) -> bool {
+        !self.rules.load().is_empty()
+    }
+
+    pub fn rules(&self) -> Arc<Vec<Arc<Rule>>> {
+        self.rules.load_full()
+    }
+
+    /// Replaces the rules. A rule whose definition is unchanged keeps its budgets; new
+    /// and changed rules start fresh.
+    pub fn replace(&self, rules: Vec<Arc<Rule>>) {
+        let old = self.rules.load_full();
+        let rules: Vec<Arc<Rule>> =
+            rules.into_iter().map(|r| old.iter().find(|o| o.spec == r.spec).cloned().unwrap_or(r)).collect();
+        let dropped: usize =
+            old.iter().filter(|o| !rules.iter().any(|r| Arc::ptr_eq(o, r))).map(|o| o.keys.len()).sum();
+        self.rules.store(Arc::new(rules));
+        self.tracked.fetch_sub(dropped.min(self.tracked.load(Ordering::Relaxed)), Ordering::Relaxed);
+    }
+
+    /// Keys with a budget of their own.
+    pub fn tracked_keys(&self) -> usize {
+        self.tracked.load(Ordering::Relaxed)
+    }
+
+    /// `at` in the limiter's clock (nanoseconds, offset so that a fresh budget, timestamp 0,
+    /// is always full).
+    fn ns(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_nanos() as u64 + (1 << 40)
+    }
+
+    /// Publishes the rules' counters to the metrics exporter (called periodically, so the
+    /// request path touches one counter, not two).
+    pub fn publish_metrics(&self) {
+        for r in self.rules.load().iter() {
+            r.m_allowed.absolute(r.allowed.load(Ordering::Relaxed));
+            r.m_throttled.absolute(r.throttled.load(Ordering::Relaxed));
+        }
+    }
+
+    /// Checks the keys of one command against the rules. When every key is within budget,
+    /// charges each and returns Ok; otherwise charges nothing and names the first key over.
+    /// `at` is when the request arrived (the session's read time; no clock read here).
+    pub fn check<'k>(&self, cmd: &Command, keys: impl Iterator<Item = &'k [u8]>, at: Instant) -> Result<(), Throttled> {
+        let rules = self.rules.load();
+        if rules.is_empty() {
+            return Ok(());
+        }
+        let mut keys = keys.peekable();
+        let Some(first) = keys.next() else { return Ok(()) };
+        if keys.peek().is_none() {
+            return self.check_one(&rules, cmd, first, at);
+        }
+        let keys = std::iter::once(first).chain(keys);
+        // budgets this command draws on, how many requests each, and the first key on it
+        let mut need: SmallVec<[(BudgetId, u64, &'k [u8]); 4]> = SmallVec::new();
+        for key in keys {
+            let Some(ri) = rules.iter().position(|r| r.matches(cmd, key)) else { continue };
+            let r = &rules[ri];
+            let h = self.hasher.hash_one(key);
+            let id = if r.per_key && (r.keys.contains_key(&h) || self.tracked.load(Ordering::Relaxed) < self.max_keys) {
+                (ri, Some(h))
+            } else {
+                (ri, None)
+            };
+            match need.iter_mut().find(|(b, _, _)| *b == id) {
+                Some((_, n, _)) => *n += 1,
+                None => need.push((id, 1, key)),
+            }
+        }
+        if need.is_empty() {
+            return Ok(());
+        }
+        let now = self.ns(at);
+        // Look first...
+        for &((ri, key), n, first) in &need {
+            let r = &rules[ri];
+            let tat = match key {
+                Some(h) => r.keys.get(&h).map(|t| t.load(Ordering::Relaxed)).unwrap_or(0),
+                None => r.shared.load(Ordering::Relaxed),
+            };
+            let next = tat.max(now) + n * r.interval;
+            if next - now > r.tolerance {
+                r.throttled.fetch_add(1, Ordering::Relaxed);
+                return Err(Throttled { key: first.to_vec(), rate: r.spec.rate, rule: r.spec.name.clone() });
+            }
+        }
+        // ...then charge every budget.
+        for &((ri, key), n, _) in &need {
+            let r = &rules[ri];
+            let charge = |t: &AtomicU64| {
+                let _ = t.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| Some(tat.max(now) + n * r.interval));
+            };
+            match key {
+                Some(h) => match r.keys.get(&h) {
+                    Some(t) => charge(&t),
+                    None => {
+                        r.keys.insert(h, AtomicU64::new(now + n * r.interval));
+                        self.tracked.fetch_add(1, Ordering::Relaxed);
+                    }
+                },
+                None => charge(&r.shared),
+            }
+            r.allowed.fetch_add(n, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// One key (most commands): one map lookup, checked and charged in one step.
+    fn check_one(&self, rules: &[Arc<Rule>], cmd: &Command, key: &[u8], at: Instant) -> Result<(), Throttled> {
+        let Some(r) = rules.iter().find(|r| r.matches(cmd, key)) else { return Ok(()) };
+        let now = self.ns(at);
+        let take = |tat: u64| {
+            let next = tat.max(now) + r.interval;
+            (next - now <= r.tolerance).then_some(next)
+        };
+        let ok = if r.per_key {
+            let h = self.hasher.hash_one(key);
+            match r.keys.get(&h) {
+                Some(t) => t.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok(),
+                None if self.tracked.load(Ordering::Relaxed) < self.max_keys => {
+                    // a fresh budget is full: burst >= 1 always admits one
+                    r.keys.insert(h, AtomicU64::new(now + r.interval));
+                    self.tracked.fetch_add(1, Ordering::Relaxed);
+                    true
+                }
+                None => r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok(),
+            }
+        } else {
+            r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok()
+        };
+        if ok {
+            r.allowed.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        } else {
+            r.throttled.fetch_add(1, Ordering::Relaxed);
+            Err(Throttled { key: key.to_vec(), rate: r.spec.rate, rule: r.spec.name.clone() })
+        }
+    }
+
+    /// Drops budgets that have been full (they hold no information) for the idle time.
+    /// Returns how many.
+    pub fn reclaim(&self) -> usize {
+        let now = self.ns(Instant::now()).saturating_sub(self.idle_ns);
+        let mut removed = 0;
+        for r in self.rules.load().iter() {
+            r.keys.retain(|_, t| {
+                let keep = t.load(Ordering::Relaxed) > now;
+                removed += (!keep) as usize;
+                keep
+            });
+        }
+        self.tracked.fetch_sub(removed.min(self.tracked.load(Ordering::Relaxed)), Ordering::Relaxed);
+        removed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(name: &str, pattern: &str, rate: f64, burst: u64, scope: &str, commands: &str) -> RuleConfig {
+        RuleConfig {
+            name: name.into(),
+            pattern: pattern.into(),
+            commands: CommandsSpec::Kind(commands.into()),
+            rate,
+            burst,
+            scope: scope.into(),
+        }
+    }
+
+    #[test]
+    fn burst_then_refused_without_charging() {
+        let t = CommandTable::new();
+        let get = t.get(b"GET").unwrap();
+        let mget = t.get(b"MGET").unwrap();
+        let l =
+            Limiter::new(compile(&[rule("r", "k:*", 1.0, 3, "per-key", "all")], &t).unwrap(), 100, Default::default());
+        for _ in 0..3 {
+            assert!(l.check(get, [&b"k:a"[..]].into_iter(), Instant::now()).is_ok());
+        }
+        let e = l.check(get, [&b"k:a"[..]].into_iter(), Instant::now()).unwrap_err();
+        assert_eq!(e.message(), "THROTTLED key 'k:a' is over 1 requests/s (rule 'r')");
+        // MGET with an exhausted key is refused whole and does not charge k:b
+        assert!(l.check(mget, [&b"k:b"[..], &b"k:a"[..]].into_iter(), Instant::now()).is_err());
+        for _ in 0..3 {
+            assert!(l.check(get, [&b"k:b"[..]].into_iter(), Instant::now()).is_ok());
+        }
+        assert!(l.check(get, [&b"k:b"[..]].into_iter(), Instant::now()).is_err());
+        // keys no rule matches are free
+        for _ in 0..100 {
+            assert!(l.check(get, [&b"other"[..]].into_iter(), Instant::now()).is_ok());
+        }
+        assert_eq!(l.tracked_keys(), 2);
+    }
+
+    #[test]
+    fn duplicates_and_shared_budgets_add_up() {
+        let t = CommandTable::new();
+        let mget = t.get(b"MGET").unwrap();
+        let l =
+            Limiter::new(compile(&[rule("s", "*", 1.0, 3, "shared", "reads")], &t).unwrap(), 100, Default::default());
+        // 4 keys on one shared budget of 3: refused
+        assert!(l.check(mget, [&b"a"[..], &b"b"[..], &b"c"[..], &b"d"[..]].into_iter(), Instant::now()).is_err());
+        assert!(l.check(mget, [&b"a"[..], &b"a"[..], &b"b"[..]].into_iter(), Instant::now()).is_ok());
+        assert!(l.check(mget, [&b"z"[..]].into_iter(), Instant::now()).is_err());
+        // writes are not counted by a reads rule
+        let set = t.get(b"SET").unwrap();
+        assert!(l.check(set, [&b"a"[..]].into_iter(), Instant::now()).is_ok());
+    }
+
+    #[test]
+    fn cap_falls_back_to_shared_and_reclaim_frees() {
+        let t = CommandTable::new();
+        let get = t.get(b"GET").unwrap();
+        let l = Limiter::new(
+            compile(&[rule("r", "*", 1_000_000.0, 1, "per-key", "all")], &t).unwrap(),
+            2,
+            std::time::Duration::from_millis(1),
+        );
+        for k in [&b"a"[..], b"b", b"c", b"d"] {
+            let _ = l.check(get, [k].into_iter(), Instant::now());
+        }
+        assert_eq!(l.tracked_keys(), 2);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert_eq!(l.reclaim(), 2);
+        assert_eq!(l.tracked_keys(), 0);
+    }
+
+    #[test]
+    fn invalid_rules_are_named() {
+        let t = CommandTable::new();
+        let mut bad = vec![rule("a", "x", 0.0, 1, "per-key", "all"), rule("a", "", 1.0, 0, "sideways", "some")];
+        bad.push(RuleConfig {
+            commands: CommandsSpec::List(vec!["NOPE".into()]),
+            ..rule("c", "x", 1.0, 1, "shared", "all")
+        });
+        let p = compile(&bad, &t).err().unwrap();
+        let all = p.join("\n");
+        for want in ["rate", "earlier rule", "pattern", "burst", "scope", "commands: 'some'", "unknown command 'NOPE'"]
+        {
+            assert!(all.contains(want), "{want} missing in {all}");
+        }
+    }
+}
