@@ -11,9 +11,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use common::client::{Conn, Proto, Shared, SlotOwners, V, args, encode};
@@ -542,33 +540,6 @@ fn runtime_set_del_and_sighup_reload() {
 // 7. invalid rules at start-up
 // ---------------------------------------------------------------------------
 
-/// Runs the binary with `args`; returns (exit code, stdout, stderr). Fails if it does not
-/// exit within 10 s.
-fn run_bin(args: &[&str]) -> (i32, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_heatshield"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("heatshield {args:?} did not exit within 10 s");
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 fn rule(name: &str, rate: &str, scope: &str) -> String {
     format!(
         "[[ratelimit.rules]]\nname = \"{name}\"\npattern = \"rl:{name}:*\"\ncommands = \"all\"\n\
@@ -582,7 +553,7 @@ fn invalid_rules_are_rejected_at_start() {
     let valid =
         format!("[ratelimit]\nmax_tracked_keys = 1000\n\n{}{}", rule("a", "10", "per-key"), rule("b", "1", "shared"));
     let (_d, path) = config_file(&valid);
-    let (code, stdout, stderr) = run_bin(&["--config", &path, "--cluster", "127.0.0.1:7000", "--check"]);
+    let (code, stdout, stderr) = common::run_bin(&["--config", &path, "--cluster", "127.0.0.1:7000", "--check"]);
     assert_eq!(code, 0, "a valid ratelimit configuration was rejected: {stderr}");
     assert!(stdout.contains("configuration ok"), "{stdout}");
 
@@ -603,7 +574,7 @@ fn invalid_rules_are_rejected_at_start() {
             if check {
                 a.push("--check");
             }
-            let (code, stdout, stderr) = run_bin(&a);
+            let (code, stdout, stderr) = common::run_bin(&a);
             assert_ne!(code, 0, "{what} (check={check}) was accepted; stdout {stdout:?} stderr {stderr:?}");
             for w in *words {
                 assert!(stderr.contains(w), "{what} (check={check}): stderr does not name {w:?}:\n{stderr}");

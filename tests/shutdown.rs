@@ -178,36 +178,6 @@ fn proxy_starts_even_if_the_backend_never_answers() {
     );
 }
 
-/// Runs the binary with `args`; returns (exit code, stdout, stderr). Fails if it does not
-/// exit within 10 s (an invalid config must not start a server).
-fn run_bin(args: &[&str]) -> (i32, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_heatshield"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("heatshield {args:?} did not exit within 10 s");
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn invalid_configuration_exits_nonzero_naming_the_key() {
     let listen = format!("127.0.0.1:{}", free_port());
@@ -231,7 +201,7 @@ fn invalid_configuration_exits_nonzero_naming_the_key() {
             if check {
                 a.push("--check");
             }
-            let (code, stdout, stderr) = run_bin(&a);
+            let (code, stdout, stderr) = common::run_bin(&a);
             assert_ne!(code, 0, "config {toml:?} (check={check}) was accepted; stdout {stdout:?}");
             for k in *keys {
                 assert!(stderr.contains(k), "config {toml:?} (check={check}): stderr does not name {k}:\n{stderr}");
@@ -241,11 +211,12 @@ fn invalid_configuration_exits_nonzero_naming_the_key() {
         }
     }
     // a missing file is an error too
-    let (code, _, stderr) = run_bin(&["--config", "/nonexistent/heatshield.toml", "--cluster", "127.0.0.1:7000"]);
+    let (code, _, stderr) =
+        common::run_bin(&["--config", "/nonexistent/heatshield.toml", "--cluster", "127.0.0.1:7000"]);
     assert_ne!(code, 0);
     assert!(stderr.contains("/nonexistent/heatshield.toml"), "{stderr}");
     // no seeds at all
-    let (code, _, stderr) = run_bin(&["--listen", &listen]);
+    let (code, _, stderr) = common::run_bin(&["--listen", &listen]);
     assert_ne!(code, 0);
     assert!(stderr.contains("backend.seeds"), "{stderr}");
 }
@@ -256,12 +227,12 @@ fn check_mode_accepts_a_valid_configuration() {
         "[server]\nlisten = \"127.0.0.1:7777\"\nallow_flush = true\nshutdown_timeout_ms = 100\n\
          [backend]\nseeds = [\"127.0.0.1:7000\"]\n[limits]\nmax_pipeline = 10\n",
     );
-    let (code, stdout, stderr) = run_bin(&["--config", &path, "--check"]);
+    let (code, stdout, stderr) = common::run_bin(&["--config", &path, "--check"]);
     assert_eq!(code, 0, "stderr: {stderr}");
     assert!(stdout.contains("configuration ok"), "{stdout}");
     // the shipped example configuration is valid
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/heatshield.toml");
-    let (code, stdout, stderr) = run_bin(&["--config", shipped, "--check"]);
+    let (code, stdout, stderr) = common::run_bin(&["--config", shipped, "--check"]);
     assert_eq!(code, 0, "conf/heatshield.toml: {stderr}");
     assert!(stdout.contains("configuration ok"));
 }
