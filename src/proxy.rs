@@ -301,13 +301,6 @@ impl Proxy {
                 }
             }
         }
-        if matches!(cmd.route, Route::Forward | Route::Split(_))
-            && self.ratelimit.active()
-            && let Ok(keys) = keys_of(cmd, &req)
-            && let Err(t) = self.ratelimit.check(cmd, keys.iter().map(|&k| req.arg(k as usize)), ctx.now)
-        {
-            return ctx.error(&t.message());
-        }
         match cmd.route {
             Route::Local(l) => local::run(self, ctx, l, &req),
             Route::Forward => self.forward(ctx, cmd, req),
@@ -345,6 +338,9 @@ impl Proxy {
             Ok(k) => k,
             Err(e) => return ctx.error(e),
         };
+        if let Err(t) = self.ratelimit.check(cmd, keys.iter().map(|&k| req.arg(k as usize)), ctx.now) {
+            return ctx.error(&t.message());
+        }
         let target = match keys.first() {
             None => {
                 let topo = self.cluster.topology();
@@ -371,6 +367,9 @@ impl Proxy {
             return ctx.error(&format!("ERR wrong number of arguments for '{}' command", cmd.lower));
         }
         let nkeys = (req.argc() - 1) / step;
+        if let Err(t) = self.ratelimit.check(cmd, (0..nkeys).map(|i| req.arg(1 + i * step)), ctx.now) {
+            return ctx.error(&t.message());
+        }
         let s0 = slot(req.arg(1));
         let one_slot = !self.cluster.is_cluster() || (1..nkeys).all(|i| slot(req.arg(1 + i * step)) == s0);
         if one_slot {
