@@ -156,7 +156,7 @@ fn mget_split_merge(c: &mut Criterion) {
         let mut out = BytesMut::with_capacity(4096);
         b.iter(|| {
             out.clear();
-            merge_mget(&replies, &positions, 10, &mut out).unwrap();
+            merge_mget(&replies, &positions, 10, &[], &mut out).unwrap();
             black_box(out.len())
         })
     });
@@ -178,6 +178,7 @@ fn ratelimit_check(c: &mut Criterion) {
             rate: 1e9,
             burst: 1_000_000,
             scope: "per-key".into(),
+            count_cached: false,
         }],
         &t,
     )
@@ -190,11 +191,11 @@ fn ratelimit_check(c: &mut Criterion) {
     c.bench_function("ratelimit/check_per_key_rule_10k_keys", |b| {
         b.iter(|| {
             i = (i + 1) % keys.len();
-            black_box(l.check(get, [keys[i].as_slice()].into_iter(), now).is_ok())
+            black_box(l.check(get, [keys[i].as_slice()].into_iter(), now, false).is_ok())
         })
     });
     let none = Limiter::new(vec![], 1, std::time::Duration::from_secs(10));
     c.bench_function("ratelimit/check_no_rules", |b| {
-        b.iter(|| black_box(none.check(get, [b"k".as_slice()].into_iter(), now).is_ok()))
+        b.iter(|| black_box(none.check(get, [b"k".as_slice()].into_iter(), now, false).is_ok()))
     });
 }

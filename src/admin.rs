@@ -445,7 +445,9 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 "SLOWLOG GET [<count>] | LEN | RESET -- commands slower than admin.slowlog_slower_than_us.",
                 "BIGKEYS [<count>] -- the largest requests and replies seen, by key.",
                 "AUTH <password> -- unlock PROXY commands when admin.password is set.",
-                "RATELIMIT LIST | SET <name> <pattern> <rate> <burst> [per-key|shared] [reads|writes|all|CMD,CMD...] | DEL <name> -- per-key rate-limit rules.",
+                "RATELIMIT LIST | SET <name> <pattern> <rate> <burst> [per-key|shared] [reads|writes|all|CMD,CMD...] [count-cached] | DEL <name> -- per-key rate-limit rules.",
+                "HOTKEYS [COUNT <n>] -- keys read hot enough to cache: estimated reads/s, and whether a reply is cached.",
+                "CACHE STATS | FLUSH -- hot-key cache counters, or drop every cached reply.",
             ];
             w.array(lines.len());
             for l in lines {
@@ -453,9 +455,79 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
             }
         }),
         "RATELIMIT" if argc >= 3 => ratelimit_command(proxy, ctx, req),
-        "CONFIG" | "SLOWLOG" | "RATELIMIT" => arity_err(ctx, &sub),
+        "HOTKEYS" => {
+            let n = match argc {
+                2 => 10,
+                4 if req.arg(2).eq_ignore_ascii_case(b"COUNT") => match crate::protocol::request::parse_i64(req.arg(3)) {
+                    Some(n) if n > 0 => n as usize,
+                    _ => return ctx.error("ERR count must be a positive integer"),
+                },
+                4 => return ctx.error("ERR syntax error"),
+                _ => return arity_err(ctx, "hotkeys"),
+            };
+            let keys = proxy.cache.hot_keys(n);
+            ctx.reply(|w| {
+                w.array(keys.len());
+                for (k, rate, cached) in &keys {
+                    w.map(3);
+                    w.bulk(b"key");
+                    w.bulk(k);
+                    w.bulk(b"reads_per_sec");
+                    w.int(rate.round() as i64);
+                    w.bulk(b"cached");
+                    w.int(*cached as i64);
+                }
+            })
+        }
+        "CACHE" if argc == 3 => {
+            let op = String::from_utf8_lossy(req.arg(2)).to_ascii_uppercase();
+            match op.as_str() {
+                "STATS" => {
+                    let pairs = cache_stats(proxy);
+                    ctx.reply(|w| {
+                        w.map(pairs.len());
+                        for (k, v) in &pairs {
+                            w.bulk(k.as_bytes());
+                            w.int(*v);
+                        }
+                    })
+                }
+                "FLUSH" => {
+                    proxy.cache.admin_flush();
+                    ctx.reply(|w| w.ok())
+                }
+                _ => ctx.error(&format!("ERR unknown subcommand 'CACHE {op}'. Try PROXY HELP.")),
+            }
+        }
+        "CONFIG" | "SLOWLOG" | "RATELIMIT" | "CACHE" => arity_err(ctx, &sub),
         _ => ctx.error(&format!("ERR unknown subcommand '{}'. Try PROXY HELP.", String::from_utf8_lossy(req.arg(1)))),
     }
+}
+
+/// The counters of `PROXY CACHE STATS` (and INFO's cache section).
+pub fn cache_stats(proxy: &Proxy) -> Vec<(String, i64)> {
+    let c = &proxy.cache;
+    let st = &c.stats;
+    let (entries, bytes) = c.usage();
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as i64;
+    let mut v = vec![
+        ("enabled".to_string(), c.enabled as i64),
+        ("hot_keys".into(), c.hot_count() as i64),
+        ("entries".into(), entries as i64),
+        ("bytes".into(), bytes as i64),
+        ("max_bytes".into(), c.cfg.max_bytes as i64),
+        ("hits".into(), get(&st.hits)),
+        ("misses".into(), get(&st.misses)),
+        ("fills".into(), get(&st.fills)),
+        ("fills_coalesced".into(), get(&st.coalesced)),
+        ("fills_raced".into(), get(&st.raced)),
+        ("fills_too_big".into(), get(&st.too_big)),
+        ("fills_in_flight".into(), c.fills_in_flight() as i64),
+    ];
+    for (i, cause) in crate::cache::CAUSES.iter().enumerate() {
+        v.push((format!("invalidations_{cause}"), get(&st.invalidations[i])));
+    }
+    v
 }
 
 /// `PROXY RATELIMIT LIST | SET ... | DEL name`
@@ -474,7 +546,7 @@ fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                         CommandsSpec::Kind(k) => k.clone(),
                         CommandsSpec::List(l) => l.join(","),
                     };
-                    w.map(8);
+                    w.map(9);
                     for (k, v) in [
                         ("name", s.name.clone()),
                         ("pattern", s.pattern.clone()),
@@ -482,6 +554,7 @@ fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                         ("rate", s.rate.to_string()),
                         ("burst", s.burst.to_string()),
                         ("scope", s.scope.clone()),
+                        ("count_cached", if s.count_cached { "yes" } else { "no" }.to_string()),
                     ] {
                         w.bulk(k.as_bytes());
                         w.bulk(v.as_bytes());
@@ -493,13 +566,15 @@ fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 }
             })
         }
-        "SET" if (7..=9).contains(&req.argc()) => {
+        "SET" if (7..=10).contains(&req.argc()) => {
             let mut scope = "per-key".to_string();
             let mut commands = CommandsSpec::default();
+            let mut count_cached = false;
             for i in 7..req.argc() {
                 let a = text(i);
                 match a.to_ascii_lowercase().as_str() {
                     "per-key" | "shared" => scope = a.to_ascii_lowercase(),
+                    "count-cached" => count_cached = true,
                     "reads" | "writes" | "all" => commands = CommandsSpec::Kind(a.to_ascii_lowercase()),
                     _ => commands = CommandsSpec::List(a.split(',').map(str::to_string).collect()),
                 }
@@ -507,7 +582,7 @@ fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
             let (Ok(rate), Ok(burst)) = (text(5).parse::<f64>(), text(6).parse::<u64>()) else {
                 return ctx.error("ERR rate must be a number and burst an integer");
             };
-            let new = RuleConfig { name: text(3), pattern: text(4), commands, rate, burst, scope };
+            let new = RuleConfig { name: text(3), pattern: text(4), commands, rate, burst, scope, count_cached };
             let mut specs: Vec<RuleConfig> = proxy.ratelimit.rules().iter().map(|r| r.spec.clone()).collect();
             match specs.iter_mut().find(|s| s.name == new.name) {
                 Some(s) => *s = new,

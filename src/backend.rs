@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -36,11 +36,46 @@ pub struct BackendRequest {
     pub data: Bytes,
     /// Commands in `data`; their replies are tagged `tag.part`, `tag.part + 1`, ...
     pub count: u32,
-    /// Send `ASKING` first (and swallow its `+OK`).
-    pub asking: bool,
+    /// A command sent first whose `+OK` is swallowed.
+    pub prefix: Prefix,
     /// Opaque to the backend: identifies the request to its session.
     pub tag: Tag,
     pub reply_to: ReplyTx,
+}
+
+/// A command sent just before a request, on the same connection, whose reply the client
+/// never sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefix {
+    None,
+    /// `ASKING` (after an ASK redirection).
+    Asking,
+    /// `CLIENT CACHING yes`: the read that follows is tracked (see [`Tracking`]).
+    CachingYes,
+}
+
+impl Prefix {
+    fn bytes(self) -> &'static [u8] {
+        match self {
+            Prefix::None => b"",
+            Prefix::Asking => b"*1\r\n$6\r\nASKING\r\n",
+            Prefix::CachingYes => b"*3\r\n$6\r\nCLIENT\r\n$7\r\nCACHING\r\n$3\r\nyes\r\n",
+        }
+    }
+}
+
+/// Server-assisted client-side caching state shared by one node's connections
+/// (crate::cache owns the policy). Every connection to the node turns on
+/// `CLIENT TRACKING on REDIRECT <redirect> OPTIN` when it connects (if `redirect` is set),
+/// so reads sent with [`Prefix::CachingYes`] are tracked and their invalidations go to
+/// the node's invalidation connection.
+#[derive(Debug, Default)]
+pub struct Tracking {
+    /// Client id of the node's invalidation connection; 0 while there is none.
+    pub redirect: AtomicU64,
+    /// Bumped whenever invalidations from this node may have been lost: a connection
+    /// whose reads were tracked closed, or the invalidation connection broke.
+    pub epoch: AtomicU64,
 }
 
 /// Identifies a reply to the session: which queued command, and which part of it.
@@ -69,6 +104,10 @@ pub enum BackendError {
     /// No reply within the command timeout.
     #[error("timeout waiting for {0}")]
     Timeout(Arc<str>),
+    /// Not sent on the caller's behalf after all (a shared cache fill was abandoned):
+    /// send it again now.
+    #[error("resend")]
+    Resend,
 }
 
 /// Protocol and credentials used on backend connections.
@@ -82,6 +121,8 @@ pub struct BackendOptions {
     pub resp3: bool,
     /// Time one backend request in this many for the latency histogram.
     pub latency_sample_every: u32,
+    /// The node's tracking state, when the hot-key cache is on.
+    pub tracking: Option<Arc<Tracking>>,
 }
 
 /// Connection state, for admin views.
@@ -99,6 +140,8 @@ pub struct ConnStats {
     state: AtomicU8,
     /// Requests written whose reply has not come yet.
     pub inflight: AtomicUsize,
+    /// The invalidation connection this connection's tracked reads report to (0: none).
+    pub tracking_id: AtomicU64,
 }
 
 impl ConnStats {
@@ -146,12 +189,11 @@ struct Inflight {
     /// Replies still expected for this request.
     count: u32,
     reply_to: ReplyTx,
-    /// An ASKING reply precedes this request's reply.
-    asking: bool,
+    /// A prefix's reply precedes this request's reply.
+    prefix: Prefix,
     sent: Instant,
 }
 
-const ASKING: &[u8] = b"*1\r\n$6\r\nASKING\r\n";
 const BATCH_BYTES: usize = 256 * 1024;
 
 async fn run(
@@ -165,12 +207,20 @@ async fn run(
     loop {
         stats.set(ConnState::Connecting);
         match connect(&addr, &opts).await {
-            Ok(stream) => {
+            Ok((stream, tracking_id)) => {
+                stats.tracking_id.store(tracking_id, Ordering::SeqCst);
                 info!(node = %addr, "backend connected");
                 stats.set(ConnState::Up);
                 backoff = Duration::from_millis(20);
                 let closed = serve(stream, &addr, &opts, &mut rx, &stats, &metrics).await;
                 stats.set(ConnState::Down);
+                // Redis forgets what a closed connection tracked: nothing cached from this
+                // node can be trusted to be invalidated any more.
+                if stats.tracking_id.swap(0, Ordering::SeqCst) != 0
+                    && let Some(t) = &opts.tracking
+                {
+                    t.epoch.fetch_add(1, Ordering::SeqCst);
+                }
                 if closed {
                     return;
                 }
@@ -207,8 +257,9 @@ fn fail_all(tag: Tag, count: u32, reply_to: &ReplyTx, e: &BackendError) {
     }
 }
 
-/// Opens a connection and runs the handshake (AUTH, HELLO 3).
-pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<TcpStream> {
+/// Opens a connection and runs the handshake (AUTH, HELLO 3, CLIENT TRACKING). Returns the
+/// stream and the invalidation connection its tracking reports to (0: none).
+pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<(TcpStream, u64)> {
     let fut = async {
         let mut s = TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
@@ -235,7 +286,18 @@ pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<TcpSt
                 return Err(std::io::Error::other(format!("handshake refused: {}", String::from_utf8_lossy(e))));
             }
         }
-        Ok(s)
+        let mut redirect = opts.tracking.as_ref().map(|t| t.redirect.load(Ordering::SeqCst)).unwrap_or(0);
+        if redirect != 0 {
+            let id = redirect.to_string();
+            let req = Request::from_args(&["CLIENT", "TRACKING", "on", "REDIRECT", &id, "OPTIN"]);
+            let reply = roundtrip(&mut s, req.raw()).await?;
+            if let Some(e) = error_text(&reply) {
+                // the invalidation connection just went away: serve without tracking
+                debug!(node = %addr, error = %String::from_utf8_lossy(e), "CLIENT TRACKING refused");
+                redirect = 0;
+            }
+        }
+        Ok((s, redirect))
     };
     match tokio::time::timeout(opts.connect_timeout, fut).await {
         Ok(r) => r,
@@ -291,9 +353,7 @@ async fn serve(
             let now = Instant::now();
             let mut next = Some(first);
             while let Some(req) = next.take() {
-                if req.asking {
-                    wbuf.extend_from_slice(ASKING);
-                }
+                wbuf.extend_from_slice(req.prefix.bytes());
                 let big = req.data.len() > 64 * 1024;
                 if !big {
                     wbuf.extend_from_slice(&req.data);
@@ -303,7 +363,7 @@ async fn serve(
                     tag: req.tag,
                     count,
                     reply_to: req.reply_to,
-                    asking: req.asking,
+                    prefix: req.prefix,
                     sent: now,
                 });
                 stats.inflight.fetch_add(count as usize, Ordering::Relaxed);
@@ -346,8 +406,16 @@ async fn serve(
                 let Some(front) = q.front_mut() else {
                     return Err(std::io::Error::other("reply with no request"));
                 };
-                if front.asking {
-                    front.asking = false; // this was ASKING's +OK
+                if front.prefix != Prefix::None {
+                    if front.prefix == Prefix::CachingYes
+                        && frame.first() == Some(&b'-')
+                        && let Some(t) = &opts.tracking
+                    {
+                        // the read that follows is not tracked: nothing filled from it may be kept
+                        warn!(node = %addr, reply = %String::from_utf8_lossy(&frame).trim_end(), "CLIENT CACHING refused");
+                        t.epoch.fetch_add(1, Ordering::SeqCst);
+                    }
+                    front.prefix = Prefix::None; // this was the prefix's reply
                     continue;
                 }
                 stats.inflight.fetch_sub(1, Ordering::Relaxed);

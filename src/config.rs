@@ -19,6 +19,7 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub admin: AdminConfig,
     pub ratelimit: crate::ratelimit::RateLimitConfig,
+    pub cache: crate::cache::CacheConfig,
 }
 
 /// `[metrics]`: the Prometheus endpoint.
@@ -273,9 +274,11 @@ impl Config {
         if !(1..=1_000_000).contains(&self.metrics.latency_sample_every) {
             p.push("metrics.latency_sample_every: must be between 1 and 1000000".into());
         }
-        if let Err(rules) = crate::ratelimit::compile(&self.ratelimit.rules, &crate::command::CommandTable::new()) {
+        let table = crate::command::CommandTable::new();
+        if let Err(rules) = crate::ratelimit::compile(&self.ratelimit.rules, &table) {
             p.extend(rules);
         }
+        p.extend(self.cache.validate(&table));
         if self.admin.password.as_deref() == Some("") {
             p.push("admin.password: must not be empty (remove the key to disable it)".into());
         }

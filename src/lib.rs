@@ -8,6 +8,7 @@
 //! - [`cluster`]: slot function, slot map, node pools, topology refresh;
 //! - [`proxy`]: the request path (limits, route, split, fan out, redirect, merge);
 //! - [`ratelimit`]: per-key rate limits (rules, GCRA budgets, tracked-key cap);
+//! - [`cache`]: hot-key detection and the never-stale hot-key cache;
 //! - [`local`]: commands the proxy answers itself;
 //! - [`admin`]: `PROXY ...` commands, slow log, big-key log, live settings, command stats;
 //! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
@@ -19,6 +20,7 @@
 
 pub mod admin;
 pub mod backend;
+pub mod cache;
 pub mod cluster;
 pub mod command;
 pub mod config;

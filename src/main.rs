@@ -97,6 +97,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
         password: config.backend.password.clone(),
         resp3: false,
         latency_sample_every: config.metrics.latency_sample_every,
+        tracking: None,
     };
     let workers = heatshield::worker::count(config.server.threads);
     let listeners = match heatshield::server::bind(&config.server.listen, workers) {
@@ -127,12 +128,13 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     cluster.spawn_refresher(config.refresh_interval());
     let proxy = Arc::new(Proxy::new(config, cluster.clone(), config_file, workers));
     spawn_gauges(proxy.clone());
+    heatshield::cache::tracking::start(proxy.clone());
     spawn_reloader(proxy.clone(), config_path, overrides);
     // Learn the backends' version for HELLO/INFO; a node that does not answer in time
     // only leaves the default in place.
     let probe = async {
         let node = cluster.topology().masters.first()?.addr.clone();
-        let mut s = backend::connect(&node, &opts).await.ok()?;
+        let (mut s, _) = backend::connect(&node, &opts).await.ok()?;
         let reply = backend::roundtrip(&mut s, Request::from_args(&["INFO", "server"]).raw()).await.ok()?;
         heatshield::local::redis_version_of(&reply)
     };
@@ -203,6 +205,7 @@ fn spawn_gauges(proxy: Arc<Proxy>) {
             proxy.ratelimit.reclaim();
             proxy.ratelimit.publish_metrics();
             g.ratelimit_keys.set(proxy.ratelimit.tracked_keys() as f64);
+            heatshield::metrics::publish_cache(&proxy.cache);
             for node in proxy.cluster.pools() {
                 let (mut up, mut connecting, mut down) = (0, 0, 0);
                 for (_, b) in node.connections() {

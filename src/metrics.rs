@@ -41,7 +41,7 @@ fn describe() {
     describe_gauge!("heatshield_uptime_seconds", Unit::Seconds, "Seconds since heatshield started.");
     describe_counter!(
         "heatshield_commands_total",
-        "Commands answered, by command and outcome (ok, error, redirected, throttled)."
+        "Commands answered, by command and outcome (ok, error, redirected, throttled, cached)."
     );
     describe_counter!(
         "heatshield_ratelimit_allowed_total",
@@ -74,6 +74,31 @@ fn describe() {
     describe_counter!("heatshield_topology_refreshes_total", "Slot-map refreshes, by result (ok, error).");
     describe_gauge!("heatshield_slot_map_epoch", "Version of the current slot map; increases with every change.");
     describe_counter!("heatshield_client_bytes_received_total", Unit::Bytes, "Bytes read from clients.");
+    describe_counter!("heatshield_cache_hits_total", "Reads of hot keys answered from the cache.");
+    describe_counter!("heatshield_cache_misses_total", "Reads of hot keys the cache could not answer.");
+    describe_counter!(
+        "heatshield_cache_fills_total",
+        "Reads sent to Redis to fill the cache (with CLIENT CACHING yes)."
+    );
+    describe_counter!(
+        "heatshield_cache_fills_coalesced_total",
+        "Misses that waited for a fill already in flight instead of reading Redis."
+    );
+    describe_counter!(
+        "heatshield_cache_fills_discarded_total",
+        "Fill replies not kept, by reason (raced: an invalidation came first; too_big: over cache.max_entry_bytes)."
+    );
+    describe_counter!(
+        "heatshield_cache_invalidations_total",
+        "Cache invalidations by cause (write, tracking, flush, connection, cooled)."
+    );
+    describe_gauge!("heatshield_cache_hot_keys", "Keys currently detected as hot.");
+    describe_gauge!("heatshield_cache_entries", "Keys with cached replies.");
+    describe_gauge!(
+        "heatshield_cache_bytes",
+        Unit::Bytes,
+        "Bytes the cached replies weigh (cache.max_bytes bounds it)."
+    );
     describe_counter!("heatshield_client_bytes_sent_total", Unit::Bytes, "Bytes written to clients.");
 }
 
@@ -86,6 +111,8 @@ pub enum Outcome {
     Redirected,
     /// Refused by a rate limit (never sent to Redis).
     Throttled,
+    /// Answered from the hot-key cache.
+    Cached,
 }
 
 /// Handles for one command.
@@ -94,6 +121,7 @@ pub struct CommandMetrics {
     error: Counter,
     redirected: Counter,
     throttled: Counter,
+    cached: Counter,
     duration: Histogram,
 }
 
@@ -105,6 +133,7 @@ impl CommandMetrics {
             error: c("error"),
             redirected: c("redirected"),
             throttled: c("throttled"),
+            cached: c("cached"),
             duration: histogram!("heatshield_command_duration_seconds", "command" => name.to_string()),
         }
     }
@@ -118,6 +147,7 @@ impl CommandMetrics {
             Outcome::Error => self.error.increment(1),
             Outcome::Redirected => self.redirected.increment(1),
             Outcome::Throttled => self.throttled.increment(1),
+            Outcome::Cached => self.cached.increment(1),
         }
         if timed {
             self.duration.record(took.as_secs_f64());
@@ -228,4 +258,23 @@ pub fn set_backend_connections(node: &str, up: usize, connecting: usize, down: u
     for (state, n) in [("up", up), ("connecting", connecting), ("down", down)] {
         gauge!("heatshield_backend_connections", "node" => node.to_string(), "state" => state).set(n as f64);
     }
+}
+
+/// Publishes the hot-key cache's counters and gauges (called periodically).
+pub fn publish_cache(c: &crate::cache::HotCache) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let st = &c.stats;
+    counter!("heatshield_cache_hits_total").absolute(st.hits.load(Relaxed));
+    counter!("heatshield_cache_misses_total").absolute(st.misses.load(Relaxed));
+    counter!("heatshield_cache_fills_total").absolute(st.fills.load(Relaxed));
+    counter!("heatshield_cache_fills_coalesced_total").absolute(st.coalesced.load(Relaxed));
+    counter!("heatshield_cache_fills_discarded_total", "reason" => "raced").absolute(st.raced.load(Relaxed));
+    counter!("heatshield_cache_fills_discarded_total", "reason" => "too_big").absolute(st.too_big.load(Relaxed));
+    for (i, cause) in crate::cache::CAUSES.iter().enumerate() {
+        counter!("heatshield_cache_invalidations_total", "cause" => *cause).absolute(st.invalidations[i].load(Relaxed));
+    }
+    let (entries, bytes) = c.usage();
+    gauge!("heatshield_cache_hot_keys").set(c.hot_count() as f64);
+    gauge!("heatshield_cache_entries").set(entries as f64);
+    gauge!("heatshield_cache_bytes").set(bytes as f64);
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use smallvec::{SmallVec, smallvec};
 
-use crate::backend::{BackendError, BackendReply, BackendRequest, ReplyTx, Tag};
+use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
 use crate::cluster::{Cluster, NodePool, slot};
 use crate::command::{Command, CommandTable, FanOut, Route, Split, keys_of};
 use crate::config::Config;
@@ -64,6 +64,8 @@ pub struct Proxy {
     pub command_metrics: crate::metrics::CommandsMetrics,
     /// Per-key rate limits.
     pub ratelimit: crate::ratelimit::Limiter,
+    /// Hot-key detection and cache.
+    pub cache: crate::cache::HotCache,
 }
 
 /// Where a part goes.
@@ -92,6 +94,8 @@ enum Merge {
     Mget {
         positions: Vec<SmallVec<[u32; 4]>>,
         total: usize,
+        /// Keys answered from the hot-key cache: position and `GET` reply.
+        cached: Vec<(u32, Bytes)>,
     },
     Mset,
     Sum,
@@ -116,6 +120,10 @@ pub struct Pending {
     remaining: u32,
     /// A MOVED or ASK was followed for some part.
     pub redirected: bool,
+    /// Keys of a write whose cached replies are dropped (again) before its reply is passed on.
+    invalidate: Vec<Bytes>,
+    /// FLUSHALL / FLUSHDB: empty the cache before the reply is passed on.
+    flush: bool,
 }
 
 impl Pending {
@@ -146,6 +154,12 @@ pub struct Ctx<'a> {
     pub cmd: usize,
     /// When the request had been read (saves clock reads on the request path).
     pub now: Instant,
+    /// Set by [`Proxy::dispatch`]: the reply came from the hot-key cache.
+    pub cached: bool,
+    /// Set by [`Proxy::dispatch`]: hot keys a write will change (see [`Pending`]).
+    pub invalidate: Vec<Bytes>,
+    /// Set by [`Proxy::dispatch`]: the request empties the databases.
+    pub flush: bool,
 }
 
 impl Ctx<'_> {
@@ -173,7 +187,9 @@ impl Proxy {
         );
         // one extra id for requests that match no command
         let ids = commands.count() + 1;
+        let cache = crate::cache::HotCache::new(&config.cache, &commands);
         Proxy {
+            cache,
             live: crate::admin::Live::new(&config),
             ratelimit,
             command_stats: crate::admin::CommandStats::new(workers, ids),
@@ -210,6 +226,7 @@ impl Proxy {
         took: Duration,
         reply: &[u8],
         redirected: bool,
+        cached: bool,
         raw: Option<&Bytes>,
         node: Option<&str>,
         stages: crate::admin::Stages,
@@ -217,6 +234,8 @@ impl Proxy {
         let failed = matches!(reply.first(), Some(b'-' | b'!'));
         let outcome = if reply.starts_with(b"-THROTTLED ") {
             crate::metrics::Outcome::Throttled
+        } else if cached {
+            crate::metrics::Outcome::Cached
         } else if failed {
             crate::metrics::Outcome::Error
         } else if redirected {
@@ -338,7 +357,27 @@ impl Proxy {
             Ok(k) => k,
             Err(e) => return ctx.error(e),
         };
-        if let Err(t) = self.ratelimit.check(cmd, keys.iter().map(|&k| req.arg(k as usize)), ctx.now) {
+        if self.cache.enabled
+            && let Some(&k0) = keys.first()
+        {
+            if cmd.is_readonly() {
+                let key = req.arg(k0 as usize);
+                self.cache.sample(key);
+                // Only a client with nothing in flight may be answered out of band: its
+                // earlier commands (a write to this key, say) must have been applied.
+                if keys.len() == 1
+                    && ctx.client.inflight == 0
+                    && self.cache.active()
+                    && self.cache.is_cacheable(cmd)
+                    && self.cache.tracked(key)
+                {
+                    return self.cached_read(ctx, cmd, &req, k0 as usize);
+                }
+            } else if cmd.is_write() && self.cache.active() {
+                self.note_writes(ctx, keys.iter().map(|&k| (&req, k as usize)));
+            }
+        }
+        if let Err(t) = self.ratelimit.check(cmd, keys.iter().map(|&k| req.arg(k as usize)), ctx.now, false) {
             return ctx.error(&t.message());
         }
         let target = match keys.first() {
@@ -360,6 +399,54 @@ impl Proxy {
         self.start(ctx, Merge::Pass, smallvec![Part::new(req.raw().clone(), target)])
     }
 
+    /// A cacheable read of a hot key: answered from the cache, or sent as a fill (or, when
+    /// the node's invalidations are not flowing, sent as usual).
+    fn cached_read(&self, ctx: &mut Ctx, cmd: &Command, req: &Request, k: usize) -> Outcome {
+        let key = req.arg(k);
+        let s = slot(key);
+        let Some(owner) = self.cluster.topology().master_for_slot(s).cloned() else {
+            return ctx.error(&format!("CLUSTERDOWN Hash slot {s} not served"));
+        };
+        let proto = ctx.client.proto;
+        if let Some(reply) = self.cache.lookup(cmd.id, proto, req, key, &owner) {
+            if let Err(t) = self.ratelimit.check(cmd, std::iter::once(key), ctx.now, true) {
+                return ctx.error(&t.message());
+            }
+            ctx.cached = true;
+            return Outcome::Ready(reply);
+        }
+        // a miss reaches Redis: the limits apply as to any read
+        if let Err(t) = self.ratelimit.check(cmd, std::iter::once(key), ctx.now, false) {
+            return ctx.error(&t.message());
+        }
+        let part = Part::new(req.raw().clone(), Target::Slot(s));
+        let tag = Tag { seq: ctx.seq, part: 0 };
+        let conn = owner.conn(proto, ctx.client.id);
+        if self.cache.fill(cmd.id, proto, req, key, &owner, conn, ctx.reply_to, tag) {
+            return Outcome::Waiting(Pending {
+                merge: Merge::Pass,
+                parts: smallvec![part],
+                remaining: 1,
+                redirected: false,
+                invalidate: Vec::new(),
+                flush: false,
+            });
+        }
+        self.start(ctx, Merge::Pass, smallvec![part])
+    }
+
+    /// A write to keys that may be cached: drop them now (so no fill started from here on
+    /// is kept) and again when the write's reply comes (see [`Pending::invalidate`]).
+    fn note_writes<'r>(&self, ctx: &mut Ctx, keys: impl Iterator<Item = (&'r Request, usize)>) {
+        for (req, k) in keys {
+            let key = req.arg(k);
+            if self.cache.tracked(key) {
+                self.cache.invalidate(key, crate::cache::Cause::Write);
+                ctx.invalidate.push(req.arg_bytes(k));
+            }
+        }
+    }
+
     /// MGET / MSET / DEL-like: forwarded whole when one slot holds every key, else split by slot.
     fn split(&self, ctx: &mut Ctx, cmd: &Command, req: Request, kind: Split) -> Outcome {
         let step = if kind == Split::Mset { 2 } else { 1 };
@@ -367,7 +454,30 @@ impl Proxy {
             return ctx.error(&format!("ERR wrong number of arguments for '{}' command", cmd.lower));
         }
         let nkeys = (req.argc() - 1) / step;
-        if let Err(t) = self.ratelimit.check(cmd, (0..nkeys).map(|i| req.arg(1 + i * step)), ctx.now) {
+        if self.cache.enabled {
+            if kind == Split::Mget {
+                for i in 0..nkeys {
+                    self.cache.sample(req.arg(1 + i));
+                }
+                if ctx.client.inflight == 0 && self.cache.active() {
+                    return self.cached_mget(ctx, cmd, req);
+                }
+            } else if cmd.is_readonly() {
+                let key = req.arg(1);
+                self.cache.sample(key);
+                if nkeys == 1
+                    && ctx.client.inflight == 0
+                    && self.cache.active()
+                    && self.cache.is_cacheable(cmd)
+                    && self.cache.tracked(key)
+                {
+                    return self.cached_read(ctx, cmd, &req, 1);
+                }
+            } else if cmd.is_write() && self.cache.active() {
+                self.note_writes(ctx, (0..nkeys).map(|i| (&req, 1 + i * step)));
+            }
+        }
+        if let Err(t) = self.ratelimit.check(cmd, (0..nkeys).map(|i| req.arg(1 + i * step)), ctx.now, false) {
             return ctx.error(&t.message());
         }
         let s0 = slot(req.arg(1));
@@ -382,11 +492,62 @@ impl Proxy {
             positions.push(group.positions);
         }
         let merge = match kind {
-            Split::Mget => Merge::Mget { positions, total: nkeys },
+            Split::Mget => Merge::Mget { positions, total: nkeys, cached: Vec::new() },
             Split::Mset => Merge::Mset,
             Split::Sum => Merge::Sum,
         };
         self.start(ctx, merge, parts)
+    }
+
+    /// MGET while keys are hot: hot keys come from the cache, the rest from Redis.
+    fn cached_mget(&self, ctx: &mut Ctx, cmd: &Command, req: Request) -> Outcome {
+        let nkeys = req.argc() - 1;
+        let proto = ctx.client.proto;
+        let mut cached: Vec<(u32, Bytes)> = Vec::new();
+        {
+            let topo = self.cluster.topology();
+            for i in 0..nkeys {
+                let key = req.arg(1 + i);
+                if self.cache.tracked(key)
+                    && let Some(owner) = topo.master_for_slot(slot(key))
+                    && let Some(r) = self.cache.lookup_get(proto, key, owner)
+                {
+                    cached.push((i as u32, r));
+                }
+            }
+        }
+        let is_cached = |i: usize| cached.iter().any(|(p, _)| *p as usize == i);
+        let rest: Vec<usize> = (0..nkeys).filter(|&i| !is_cached(i)).collect();
+        if let Err(t) = self.ratelimit.check(cmd, rest.iter().map(|&i| req.arg(1 + i)), ctx.now, false) {
+            return ctx.error(&t.message());
+        }
+        if let Err(t) = self.ratelimit.check(cmd, cached.iter().map(|(i, _)| req.arg(1 + *i as usize)), ctx.now, true) {
+            return ctx.error(&t.message());
+        }
+        if cached.is_empty() {
+            // nothing from the cache: the usual path (one slot: forwarded whole)
+            let s0 = slot(req.arg(1));
+            if !self.cluster.is_cluster() || (2..=nkeys).all(|i| slot(req.arg(i)) == s0) {
+                return self.start(ctx, Merge::Pass, smallvec![Part::new(req.raw().clone(), Target::Slot(s0))]);
+            }
+        }
+        ctx.cached = rest.is_empty();
+        let sub = if cached.is_empty() {
+            req
+        } else {
+            let mut args: Vec<&[u8]> = vec![req.arg(0)];
+            args.extend(rest.iter().map(|&i| req.arg(1 + i)));
+            Request::from_args(&args)
+        };
+        let mut parts: SmallVec<[Part; 1]> = SmallVec::new();
+        let mut positions: Vec<SmallVec<[u32; 4]>> = Vec::new();
+        if !rest.is_empty() {
+            for group in split_by_slot(&sub, 1) {
+                parts.push(Part::new(group.data, Target::Slot(group.slot)));
+                positions.push(group.positions.iter().map(|&p| rest[p as usize] as u32).collect());
+            }
+        }
+        self.start(ctx, Merge::Mget { positions, total: nkeys, cached }, parts)
     }
 
     /// Commands that go to every master (or, for SCAN, the master the cursor names).
@@ -411,6 +572,7 @@ impl Proxy {
                         cmd.name
                     ));
                 }
+                ctx.flush = true;
                 (Merge::AllSame, all(req.raw()))
             }
             FanOut::Scan => {
@@ -447,7 +609,14 @@ impl Proxy {
     }
 
     fn start(&self, ctx: &mut Ctx, merge: Merge, parts: SmallVec<[Part; 1]>) -> Outcome {
-        let mut p = Pending { remaining: parts.len() as u32, merge, parts, redirected: false };
+        let mut p = Pending {
+            remaining: parts.len() as u32,
+            merge,
+            parts,
+            redirected: false,
+            invalidate: std::mem::take(&mut ctx.invalidate),
+            flush: std::mem::take(&mut ctx.flush),
+        };
         let n = p.parts.len();
         let mut i = 0;
         while i < n {
@@ -480,7 +649,7 @@ impl Proxy {
             node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
                 data,
                 count: (j - i) as u32,
-                asking,
+                prefix: if asking { Prefix::Asking } else { Prefix::None },
                 tag: Tag { seq: ctx.seq, part: i as u32 },
                 reply_to: ctx.reply_to.clone(),
             });
@@ -511,7 +680,7 @@ impl Proxy {
         node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
             data: part.data.clone(),
             count: 1,
-            asking,
+            prefix: if asking { Prefix::Asking } else { Prefix::None },
             tag: Tag { seq: ctx.seq, part: idx },
             reply_to: ctx.reply_to.clone(),
         });
@@ -536,7 +705,7 @@ impl Proxy {
                 Some(n) => n.conn(proto, affinity).send(BackendRequest {
                     data,
                     count: 1,
-                    asking: matches!(target, Target::Ask(_)),
+                    prefix: if matches!(target, Target::Ask(_)) { Prefix::Asking } else { Prefix::None },
                     tag,
                     reply_to,
                 }),
@@ -595,6 +764,14 @@ impl Proxy {
                 }
                 data
             }
+            Err(BackendError::Resend) => {
+                // a shared cache fill could not answer for this request: send it ourselves
+                let part = &p.parts[idx];
+                if let Err(e) = self.send(ctx, part, idx as u32) {
+                    return self.complete(ctx, p, idx, e);
+                }
+                return None;
+            }
             Err(BackendError::NotSent(addr)) => {
                 self.cluster.request_refresh();
                 if matches!(part.target, Target::Slot(_)) && part.attempts < MAX_RETRIES {
@@ -621,11 +798,26 @@ impl Proxy {
         if p.remaining > 0 {
             return None;
         }
+        // The write has happened: whatever was filled meanwhile must not outlive this
+        // moment, which comes before its reply reaches the client.
+        for k in p.invalidate.drain(..) {
+            self.cache.invalidate(&k, crate::cache::Cause::Write);
+        }
+        if p.flush {
+            self.cache.flush(crate::cache::Cause::Flush);
+        }
         // What stays behind keeps the first part's target, for the slow log's node.
         let first = Part::new(Bytes::new(), p.parts[0].target.clone());
         let done = std::mem::replace(
             p,
-            Pending { merge: Merge::Pass, parts: smallvec![first], remaining: 0, redirected: p.redirected },
+            Pending {
+                merge: Merge::Pass,
+                parts: smallvec![first],
+                remaining: 0,
+                redirected: p.redirected,
+                invalidate: Vec::new(),
+                flush: false,
+            },
         );
         Some(self.finish(ctx, done))
     }
@@ -696,15 +888,20 @@ pub fn split_by_slot(req: &Request, step: usize) -> Vec<SlotGroup> {
     out
 }
 
-/// Merges the array replies of a split MGET (one per [`SlotGroup`], in group order) into
-/// one array in request order. Elements are copied as the bytes Redis sent.
+/// Merges the array replies of a split MGET (one per [`SlotGroup`], in group order) and
+/// the values answered from the cache into one array in request order. Elements are
+/// copied as the bytes Redis sent.
 pub fn merge_mget(
     replies: &[Bytes],
     groups: &[SmallVec<[u32; 4]>],
     total: usize,
+    cached: &[(u32, Bytes)],
     out: &mut BytesMut,
 ) -> Result<(), &'static str> {
     let mut slots: Vec<&[u8]> = vec![&[]; total];
+    for (p, v) in cached {
+        slots[*p as usize] = v;
+    }
     for (r, pos) in replies.iter().zip(groups) {
         let (n, elems) = array_elements(r)?;
         if n != pos.len() {
@@ -758,7 +955,7 @@ fn merge_replies(
     let mut w = Writer::new(scratch, proto);
     match merge {
         Merge::Pass | Merge::Info { .. } => unreachable!("handled by finish"),
-        Merge::Mget { positions, total } => merge_mget(replies, positions, *total, w.buf)?,
+        Merge::Mget { positions, total, cached } => merge_mget(replies, positions, *total, cached, w.buf)?,
         Merge::Mset => w.ok(),
         Merge::Sum | Merge::Dbsize => {
             let mut sum = 0i64;
@@ -853,7 +1050,7 @@ mod tests {
 
     #[test]
     fn mget_merge_restores_order() {
-        let m = Merge::Mget { positions: vec![smallvec![0, 2], smallvec![1]], total: 3 };
+        let m = Merge::Mget { positions: vec![smallvec![0, 2], smallvec![1]], total: 3, cached: vec![] };
         let replies = vec![b(b"*2\r\n$1\r\na\r\n$-1\r\n"), b(b"*1\r\n$1\r\nb\r\n")];
         let mut s = BytesMut::new();
         let out = merge_replies(&m, &replies, Proto::Resp2, &mut s).unwrap();

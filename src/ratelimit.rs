@@ -49,6 +49,10 @@ pub struct RuleConfig {
     /// "per-key" (default) or "shared".
     #[serde(default = "default_scope")]
     pub scope: String,
+    /// Reads answered from the hot-key cache count too (by default they do not: the
+    /// limits protect Redis).
+    #[serde(default)]
+    pub count_cached: bool,
 }
 
 fn default_scope() -> String {
@@ -295,7 +299,15 @@ impl Limiter {
     /// Checks the keys of one command against the rules. When every key is within budget,
     /// charges each and returns Ok; otherwise charges nothing and names the first key over.
     /// `at` is when the request arrived (the session's read time; no clock read here).
-    pub fn check<'k>(&self, cmd: &Command, keys: impl Iterator<Item = &'k [u8]>, at: Instant) -> Result<(), Throttled> {
+    /// `cached`: the keys are answered from the hot-key cache, so only rules with
+    /// `count_cached` apply.
+    pub fn check<'k>(
+        &self,
+        cmd: &Command,
+        keys: impl Iterator<Item = &'k [u8]>,
+        at: Instant,
+        cached: bool,
+    ) -> Result<(), Throttled> {
         let rules = self.rules.load();
         if rules.is_empty() {
             return Ok(());
@@ -303,7 +315,7 @@ impl Limiter {
         let mut keys = keys.peekable();
         let Some(first) = keys.next() else { return Ok(()) };
         if keys.peek().is_none() {
-            return self.check_one(&rules, cmd, first, at);
+            return self.check_one(&rules, cmd, first, at, cached);
         }
         let keys = std::iter::once(first).chain(keys);
         // budgets this command draws on, how many requests each, and the first key on it
@@ -311,6 +323,9 @@ impl Limiter {
         for key in keys {
             let Some(ri) = rules.iter().position(|r| r.matches(cmd, key)) else { continue };
             let r = &rules[ri];
+            if cached && !r.spec.count_cached {
+                continue;
+            }
             let h = self.hasher.hash_one(key);
             let id = if r.per_key && (r.keys.contains_key(&h) || self.tracked.load(Ordering::Relaxed) < self.max_keys) {
                 (ri, Some(h))
@@ -361,8 +376,18 @@ impl Limiter {
     }
 
     /// One key (most commands): one map lookup, checked and charged in one step.
-    fn check_one(&self, rules: &[Arc<Rule>], cmd: &Command, key: &[u8], at: Instant) -> Result<(), Throttled> {
+    fn check_one(
+        &self,
+        rules: &[Arc<Rule>],
+        cmd: &Command,
+        key: &[u8],
+        at: Instant,
+        cached: bool,
+    ) -> Result<(), Throttled> {
         let Some(r) = rules.iter().find(|r| r.matches(cmd, key)) else { return Ok(()) };
+        if cached && !r.spec.count_cached {
+            return Ok(());
+        }
         let now = self.ns(at);
         let take = |tat: u64| {
             let next = tat.max(now) + r.interval;
@@ -421,6 +446,7 @@ mod tests {
             rate,
             burst,
             scope: scope.into(),
+            count_cached: false,
         }
     }
 
@@ -432,19 +458,19 @@ mod tests {
         let l =
             Limiter::new(compile(&[rule("r", "k:*", 1.0, 3, "per-key", "all")], &t).unwrap(), 100, Default::default());
         for _ in 0..3 {
-            assert!(l.check(get, [&b"k:a"[..]].into_iter(), Instant::now()).is_ok());
+            assert!(l.check(get, [&b"k:a"[..]].into_iter(), Instant::now(), false).is_ok());
         }
-        let e = l.check(get, [&b"k:a"[..]].into_iter(), Instant::now()).unwrap_err();
+        let e = l.check(get, [&b"k:a"[..]].into_iter(), Instant::now(), false).unwrap_err();
         assert_eq!(e.message(), "THROTTLED key 'k:a' is over 1 requests/s (rule 'r')");
         // MGET with an exhausted key is refused whole and does not charge k:b
-        assert!(l.check(mget, [&b"k:b"[..], &b"k:a"[..]].into_iter(), Instant::now()).is_err());
+        assert!(l.check(mget, [&b"k:b"[..], &b"k:a"[..]].into_iter(), Instant::now(), false).is_err());
         for _ in 0..3 {
-            assert!(l.check(get, [&b"k:b"[..]].into_iter(), Instant::now()).is_ok());
+            assert!(l.check(get, [&b"k:b"[..]].into_iter(), Instant::now(), false).is_ok());
         }
-        assert!(l.check(get, [&b"k:b"[..]].into_iter(), Instant::now()).is_err());
+        assert!(l.check(get, [&b"k:b"[..]].into_iter(), Instant::now(), false).is_err());
         // keys no rule matches are free
         for _ in 0..100 {
-            assert!(l.check(get, [&b"other"[..]].into_iter(), Instant::now()).is_ok());
+            assert!(l.check(get, [&b"other"[..]].into_iter(), Instant::now(), false).is_ok());
         }
         assert_eq!(l.tracked_keys(), 2);
     }
@@ -456,12 +482,14 @@ mod tests {
         let l =
             Limiter::new(compile(&[rule("s", "*", 1.0, 3, "shared", "reads")], &t).unwrap(), 100, Default::default());
         // 4 keys on one shared budget of 3: refused
-        assert!(l.check(mget, [&b"a"[..], &b"b"[..], &b"c"[..], &b"d"[..]].into_iter(), Instant::now()).is_err());
-        assert!(l.check(mget, [&b"a"[..], &b"a"[..], &b"b"[..]].into_iter(), Instant::now()).is_ok());
-        assert!(l.check(mget, [&b"z"[..]].into_iter(), Instant::now()).is_err());
+        assert!(
+            l.check(mget, [&b"a"[..], &b"b"[..], &b"c"[..], &b"d"[..]].into_iter(), Instant::now(), false).is_err()
+        );
+        assert!(l.check(mget, [&b"a"[..], &b"a"[..], &b"b"[..]].into_iter(), Instant::now(), false).is_ok());
+        assert!(l.check(mget, [&b"z"[..]].into_iter(), Instant::now(), false).is_err());
         // writes are not counted by a reads rule
         let set = t.get(b"SET").unwrap();
-        assert!(l.check(set, [&b"a"[..]].into_iter(), Instant::now()).is_ok());
+        assert!(l.check(set, [&b"a"[..]].into_iter(), Instant::now(), false).is_ok());
     }
 
     #[test]
@@ -474,7 +502,7 @@ mod tests {
             std::time::Duration::from_millis(1),
         );
         for k in [&b"a"[..], b"b", b"c", b"d"] {
-            let _ = l.check(get, [k].into_iter(), Instant::now());
+            let _ = l.check(get, [k].into_iter(), Instant::now(), false);
         }
         assert_eq!(l.tracked_keys(), 2);
         std::thread::sleep(std::time::Duration::from_millis(5));

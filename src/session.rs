@@ -41,6 +41,8 @@ pub struct ClientState {
     pub refused_multi: bool,
     /// `PROXY AUTH` succeeded on this connection.
     pub admin: bool,
+    /// Requests dispatched whose replies are not complete yet.
+    pub inflight: u32,
 }
 
 enum Reply {
@@ -65,6 +67,8 @@ struct Meta {
     /// When its reply was ready.
     ready_at: Instant,
     redirected: bool,
+    /// Answered from the hot-key cache.
+    cached: bool,
     /// The request (for the slow log and big-key log).
     raw: Option<Bytes>,
     /// The node that served it, noted only when it was slow to answer.
@@ -115,6 +119,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
         quit: false,
         refused_multi: false,
         admin: false,
+        inflight: 0,
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
     let mut reader = RequestReader::new(Limits { max_request_bytes: proxy.config.limits.max_request_bytes as usize });
@@ -155,8 +160,12 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                             scratch: &mut scratch,
                             cmd: e.meta.cmd,
                             now: e.meta.started,
+                            cached: false,
+                            invalidate: Vec::new(),
+                            flush: false,
                         };
                         if let Some(reply) = proxy.on_reply(&mut ctx, p, r) {
+                            client.inflight -= 1;
                             let m = &mut e.meta;
                             m.ready_at = *now.get_or_insert_with(Instant::now);
                             m.redirected = p.redirected;
@@ -205,7 +214,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
             let mut parsed = 0;
             while reading && queue.entries.len() < max_pipeline && !rbuf.is_empty() {
                 let seq = queue.next_seq();
-                let (reply, cmd, raw) = match reader.next(&mut rbuf) {
+                let (reply, cmd, cached, raw) = match reader.next(&mut rbuf) {
                     Ok(Next::Incomplete { hint }) => {
                         read_hint = hint;
                         break;
@@ -219,18 +228,25 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                             scratch: &mut scratch,
                             cmd: 0,
                             now: read_at,
+                            cached: false,
+                            invalidate: Vec::new(),
+                            flush: false,
                         };
                         let reply = match proxy.dispatch(&mut ctx, req) {
                             Outcome::Ready(b) => Reply::Ready(b),
                             Outcome::Waiting(p) => Reply::Waiting(p),
                         };
-                        (reply, ctx.cmd, Some(raw))
+                        let (cmd, cached) = (ctx.cmd, ctx.cached);
+                        if let Reply::Waiting(_) = reply {
+                            client.inflight += 1;
+                        }
+                        (reply, cmd, cached, Some(raw))
                     }
                     Err(e) => {
                         info!(client = id, error = %e, "protocol error; closing");
                         Writer::new(&mut scratch, client.proto).error(&format!("ERR {e}"));
                         client.quit = true;
-                        (Reply::Ready(scratch.split().freeze()), proxy.unknown_id(), None)
+                        (Reply::Ready(scratch.split().freeze()), proxy.unknown_id(), false, None)
                     }
                 };
                 let last = client.quit;
@@ -240,7 +256,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                 queue.entries.push_back(Entry {
                     reply,
                     last,
-                    meta: Meta { cmd, started: read_at, ready_at: read_at, redirected: false, raw, node: None },
+                    meta: Meta { cmd, started: read_at, ready_at: read_at, redirected: false, cached, raw, node: None },
                 });
                 parsed += 1;
             }
@@ -261,6 +277,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                             written - m.started,
                             &reply,
                             m.redirected,
+                            m.cached,
                             m.raw.as_ref(),
                             m.node.as_deref(),
                             stages,

@@ -50,6 +50,15 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_ratelimit_allowed_total", "counter", &["rule"]),
     ("heatshield_ratelimit_throttled_total", "counter", &["rule"]),
     ("heatshield_ratelimit_tracked_keys", "gauge", &[]),
+    ("heatshield_cache_hits_total", "counter", &[]),
+    ("heatshield_cache_misses_total", "counter", &[]),
+    ("heatshield_cache_fills_total", "counter", &[]),
+    ("heatshield_cache_fills_coalesced_total", "counter", &[]),
+    ("heatshield_cache_fills_discarded_total", "counter", &["reason"]),
+    ("heatshield_cache_invalidations_total", "counter", &["cause"]),
+    ("heatshield_cache_hot_keys", "gauge", &[]),
+    ("heatshield_cache_entries", "gauge", &[]),
+    ("heatshield_cache_bytes", "gauge", &[]),
 ];
 
 /// The documented latency buckets (upper bounds, seconds), `+Inf` not included.
@@ -58,7 +67,9 @@ const BUCKETS: &[f64] =
 
 /// Fixed label values the documentation lists.
 const LABEL_VALUES: &[(&str, &str, &[&str])] = &[
-    ("heatshield_commands_total", "outcome", &["ok", "error", "redirected", "throttled"]),
+    ("heatshield_commands_total", "outcome", &["ok", "error", "redirected", "throttled", "cached"]),
+    ("heatshield_cache_fills_discarded_total", "reason", &["raced", "too_big"]),
+    ("heatshield_cache_invalidations_total", "cause", &["write", "tracking", "flush", "connection", "cooled"]),
     ("heatshield_backend_errors_total", "kind", &["connect", "lost", "timeout"]),
     ("heatshield_backend_connections", "state", &["up", "connecting", "down"]),
     ("heatshield_redirections_total", "kind", &["moved", "ask"]),

@@ -19,6 +19,10 @@ use common::{Proxy, RedisCluster, cli, free_port, info_field, wait_until};
 
 /// Rules for the shared proxy, in this order.
 const RULES: &str = r#"
+# the hot-key cache would answer the hammered keys itself (tests/cache.rs covers that)
+[cache]
+enabled = false
+
 [ratelimit]
 max_tracked_keys = 100000
 

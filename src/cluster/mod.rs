@@ -21,7 +21,7 @@ use redis_protocol::resp2::types::OwnedFrame;
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
-use crate::backend::{self, Backend, BackendOptions};
+use crate::backend::{self, Backend, BackendOptions, Tracking};
 use crate::protocol::{Proto, Request};
 use crate::worker;
 pub use slot::{SLOTS, slot};
@@ -34,6 +34,8 @@ pub const UNASSIGNED: u16 = u16::MAX;
 /// `n` RESP2 connections, and `n` RESP3 ones when the first RESP3 client needs them.
 pub struct NodePool {
     pub addr: Arc<str>,
+    /// Server-assisted caching state of this node's connections (see crate::cache).
+    pub tracking: Arc<Tracking>,
     opts: BackendOptions,
     per_conn: usize,
     workers: Box<[WorkerConns]>,
@@ -48,9 +50,11 @@ struct WorkerConns {
 
 impl NodePool {
     fn new(addr: &str, opts: &BackendOptions, n: usize, workers: usize) -> NodePool {
+        let tracking = Arc::new(Tracking::default());
         NodePool {
             addr: Arc::from(addr),
-            opts: opts.clone(),
+            opts: BackendOptions { tracking: Some(tracking.clone()), ..opts.clone() },
+            tracking,
             per_conn: n.max(1),
             workers: (0..workers.max(1)).map(|_| WorkerConns::default()).collect(),
             metrics: Arc::new(crate::metrics::NodeMetrics::new(addr, opts.latency_sample_every)),
@@ -72,6 +76,11 @@ impl NodePool {
             (0..self.per_conn).map(|_| Backend::spawn(self.addr.clone(), o.clone(), self.metrics.clone())).collect()
         });
         &conns[(affinity % conns.len() as u64) as usize]
+    }
+
+    /// The options this node's connections use.
+    pub fn options(&self) -> &BackendOptions {
+        &self.opts
     }
 
     /// All connections made so far (for admin views).
@@ -266,7 +275,7 @@ impl Cluster {
 
     async fn fetch_slots(&self, addr: &str) -> Result<SlotMap, String> {
         let opts = BackendOptions { resp3: false, ..self.opts.clone() };
-        let mut s = backend::connect(addr, &opts).await.map_err(|e| e.to_string())?;
+        let (mut s, _) = backend::connect(addr, &opts).await.map_err(|e| e.to_string())?;
         let req = Request::from_args(&["CLUSTER", "SLOTS"]);
         let reply = tokio::time::timeout(opts.command_timeout, backend::roundtrip(&mut s, req.raw()))
             .await

@@ -128,6 +128,11 @@ impl Command {
         self.flags & flags::READONLY != 0 && !self.is_write()
     }
 
+    /// The subcommand `name` (uppercase).
+    pub fn sub(&self, name: &[u8]) -> Option<&Command> {
+        self.subs.get(name)
+    }
+
     pub fn has_subcommands(&self) -> bool {
         !self.subs.is_empty()
     }

@@ -7,7 +7,7 @@ use bytes::{BufMut, BytesMut};
 pub use super::request::{write_array_header, write_bulk, write_bulk_header};
 
 /// The protocol a client speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Proto {
     #[default]
     Resp2,

@@ -1,0 +1,697 @@
+//! The hot-key cache (docs/cache.md): notices keys read often enough to hurt their shard
+//! and answers their reads from memory, never serving a value older than a write some
+//! client was already told had succeeded.
+//!
+//! - Detection ([`detect`]): 1 in N reads' keys go into a top-k sketch; at the end of each
+//!   window the hot set is republished as an immutable snapshot the request path reads
+//!   without locking. Patterns can pin keys hot or keep them out of the cache.
+//! - Storage: a moka cache keyed by data key, bounded by bytes, LRU, with a maximum age as
+//!   a last resort. An entry holds, for each command variant read of that key (command,
+//!   protocol, arguments), the reply exactly as Redis sent it.
+//! - Freshness: a read that fills the cache is sent on the client's own backend connection
+//!   (so the client's pipeline keeps its order) prefixed with `CLIENT CACHING yes`; every
+//!   backend connection has `CLIENT TRACKING on REDIRECT <id> OPTIN`, so Redis tracks
+//!   exactly those reads and reports changes to the node's invalidation connection
+//!   ([`tracking`]). Writes through the proxy drop their keys when sent and again before
+//!   their reply is passed on. Generations (per key stripe, per node, whole cache) are
+//!   taken when a fill starts and checked when it lands, so a fill that raced an
+//!   invalidation is never kept; a hit also checks that its node still owns the slot.
+//! - Single flight: concurrent misses of one variant wait for the one fill in flight.
+
+pub mod detect;
+pub mod tracking;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde::Deserialize;
+
+use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
+use crate::cluster::NodePool;
+use crate::command::{Command, CommandTable, KeySpec, Route};
+use crate::protocol::{Proto, Request};
+use detect::{Detector, DetectorConfig};
+
+/// Generation stripes for keys: an invalidation bumps its key's stripe.
+const STRIPES: usize = 4096;
+
+/// `[cache]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    pub enabled: bool,
+    /// One read in this many is counted by the detector.
+    pub sample_every: u32,
+    /// Length of a detection window.
+    pub window_ms: u64,
+    /// Estimated reads per second at which a key becomes hot.
+    pub hot_threshold: f64,
+    /// Windows in a row below half the threshold before a hot key stops being hot.
+    pub cool_windows: u32,
+    /// Hot keys tracked at most.
+    pub max_hot_keys: usize,
+    /// Memory for cached replies (keys, arguments and reply bytes).
+    pub max_bytes: u64,
+    /// Replies larger than this are not cached.
+    pub max_entry_bytes: u64,
+    /// An entry older than this is dropped even if no invalidation came (a safety net).
+    pub max_age_ms: u64,
+    /// Commands whose replies may be cached (read-only, one key, deterministic).
+    pub commands: Vec<String>,
+    /// Keys matching these globs are cached whenever read, hot or not.
+    pub pin: Vec<String>,
+    /// Keys matching these globs are never cached (they can still be reported hot).
+    pub never: Vec<String>,
+}
+
+/// The commands cached by default.
+pub const DEFAULT_COMMANDS: &[&str] = &[
+    "GET",
+    "HGET",
+    "HMGET",
+    "HGETALL",
+    "HEXISTS",
+    "HLEN",
+    "HSTRLEN",
+    "STRLEN",
+    "GETRANGE",
+    "EXISTS",
+    "TYPE",
+    "LRANGE",
+    "LINDEX",
+    "LLEN",
+    "SMEMBERS",
+    "SISMEMBER",
+    "SMISMEMBER",
+    "SCARD",
+    "ZSCORE",
+    "ZMSCORE",
+    "ZRANGE",
+    "ZREVRANGE",
+    "ZRANGEBYSCORE",
+    "ZRANK",
+    "ZREVRANK",
+    "ZCARD",
+    "ZCOUNT",
+];
+
+/// Read-only commands whose reply changes without a write (time, randomness): never cached.
+const NOT_CACHEABLE: &[&str] = &[
+    "TTL",
+    "PTTL",
+    "EXPIRETIME",
+    "PEXPIRETIME",
+    "SRANDMEMBER",
+    "HRANDFIELD",
+    "ZRANDMEMBER",
+    "RANDOMKEY",
+    "OBJECT|IDLETIME",
+    "OBJECT|FREQ",
+    "OBJECT|ENCODING",
+    "OBJECT|REFCOUNT",
+    "MEMORY|USAGE",
+];
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            enabled: true,
+            sample_every: 8,
+            window_ms: 1_000,
+            hot_threshold: 1_000.0,
+            cool_windows: 3,
+            max_hot_keys: 1_024,
+            max_bytes: 64 * 1024 * 1024,
+            max_entry_bytes: 64 * 1024,
+            max_age_ms: 10_000,
+            commands: DEFAULT_COMMANDS.iter().map(|s| s.to_string()).collect(),
+            pin: vec![],
+            never: vec![],
+        }
+    }
+}
+
+impl CacheConfig {
+    /// Every problem, each naming its key.
+    pub fn validate(&self, table: &CommandTable) -> Vec<String> {
+        let mut p = Vec::new();
+        if !(1..=1_000_000).contains(&self.sample_every) {
+            p.push("cache.sample_every: must be between 1 and 1000000".into());
+        }
+        if !(10..=3_600_000).contains(&self.window_ms) {
+            p.push("cache.window_ms: must be between 10 and 3600000".into());
+        }
+        if !(self.hot_threshold.is_finite() && self.hot_threshold > 0.0) {
+            p.push("cache.hot_threshold: must be greater than 0 (reads per second)".into());
+        }
+        if self.cool_windows == 0 {
+            p.push("cache.cool_windows: must be at least 1".into());
+        }
+        if !(1..=1_000_000).contains(&self.max_hot_keys) {
+            p.push("cache.max_hot_keys: must be between 1 and 1000000".into());
+        }
+        if self.max_bytes < 1024 {
+            p.push("cache.max_bytes: must be at least 1024".into());
+        }
+        if self.max_entry_bytes == 0
+            || self.max_entry_bytes > self.max_bytes
+            || self.max_entry_bytes > u32::MAX as u64 / 2
+        {
+            p.push("cache.max_entry_bytes: must be at least 1 and at most cache.max_bytes".into());
+        }
+        if self.max_age_ms == 0 {
+            p.push("cache.max_age_ms: must be greater than 0".into());
+        }
+        for name in &self.commands {
+            if let Err(why) = cacheable(table, name) {
+                p.push(format!("cache.commands: '{name}' {why}"));
+            }
+        }
+        for (k, list) in [("cache.pin", &self.pin), ("cache.never", &self.never)] {
+            if list.iter().any(|s| s.is_empty()) {
+                p.push(format!("{k}: patterns must not be empty"));
+            }
+        }
+        p
+    }
+}
+
+/// Whether `name` can be cached: a known read-only command with its key first.
+fn cacheable<'t>(table: &'t CommandTable, name: &str) -> Result<&'t Command, &'static str> {
+    let upper = name.to_ascii_uppercase();
+    let cmd = match upper.split_once(' ') {
+        Some((a, b)) => table.get(a.as_bytes()).and_then(|c| c.sub(b.as_bytes())),
+        None => table.get(upper.as_bytes()),
+    }
+    .ok_or("is not a known command")?;
+    if !cmd.is_readonly() {
+        return Err("is not a read-only command");
+    }
+    if NOT_CACHEABLE.contains(&cmd.name.as_str()) {
+        return Err("has a reply that changes without a write (time or randomness)");
+    }
+    match (cmd.route, &cmd.keys) {
+        (Route::Forward, KeySpec::Range { first: 1, .. }) => Ok(cmd),
+        // EXISTS: cached when it names one key
+        (Route::Split(crate::command::Split::Sum), _) => Ok(cmd),
+        _ => Err("does not take its key as the first argument"),
+    }
+}
+
+/// Why entries were dropped (the `cause` label of the invalidation metric).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// A write through this proxy.
+    Write = 0,
+    /// An invalidation message from Redis (a write elsewhere, expiry, eviction).
+    Tracking = 1,
+    /// FLUSHALL / FLUSHDB (through the proxy or reported by Redis), or PROXY CACHE FLUSH.
+    Flush = 2,
+    /// A connection whose reads were tracked, or the invalidation connection, broke.
+    Connection = 3,
+    /// The key stopped being hot.
+    Cooled = 4,
+}
+
+pub const CAUSES: [&str; 5] = ["write", "tracking", "flush", "connection", "cooled"];
+
+/// Counters (exported periodically, so the request path touches plain atomics).
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub fills: AtomicU64,
+    /// Misses that waited for a fill already in flight.
+    pub coalesced: AtomicU64,
+    /// Fills not kept because an invalidation raced them.
+    pub raced: AtomicU64,
+    /// Fills not kept because the reply was larger than `max_entry_bytes`.
+    pub too_big: AtomicU64,
+    pub invalidations: [AtomicU64; 5],
+}
+
+/// A hot key as the request path sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct HotInfo {
+    /// Estimated reads per second in the last window.
+    pub rate: f64,
+    /// Not excluded by `cache.never`.
+    pub cacheable: bool,
+}
+
+type HotSet = HashMap<Bytes, HotInfo, ahash::RandomState>;
+
+/// One cached reply.
+struct Variant {
+    cmd: usize,
+    proto: Proto,
+    /// The arguments after the command name.
+    args: Vec<Bytes>,
+    reply: Bytes,
+    /// Where it was read, and that node's tracking generation then.
+    pool: Arc<NodePool>,
+    node_epoch: u64,
+    /// The cache-wide generation then.
+    epoch: u64,
+}
+
+impl Variant {
+    fn matches(&self, cmd: usize, proto: Proto, req: &Request) -> bool {
+        self.cmd == cmd
+            && self.proto == proto
+            && self.args.len() + 1 == req.argc()
+            && self.args.iter().enumerate().all(|(i, a)| a[..] == *req.arg(i + 1))
+    }
+
+    fn size(&self) -> usize {
+        self.reply.len() + self.args.iter().map(|a| a.len() + 32).sum::<usize>() + 96
+    }
+}
+
+/// The cached variants of one key.
+struct KeyEntry {
+    variants: Vec<Variant>,
+}
+
+/// Generations a fill saw when it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Snap {
+    stripe: u64,
+    node: u64,
+    epoch: u64,
+}
+
+/// A read in flight that will fill the cache.
+struct Fill {
+    key: Bytes,
+    cmd: usize,
+    proto: Proto,
+    args: Vec<Bytes>,
+    pool: Arc<NodePool>,
+    snap: Snap,
+    /// The client whose request was sent, then clients waiting for the same reply.
+    waiters: Vec<(ReplyTx, Tag)>,
+    req: (Proto, Bytes),
+}
+
+#[derive(Default)]
+struct Fills {
+    by_id: HashMap<u64, Fill>,
+    by_req: HashMap<(Proto, Bytes), u64>,
+}
+
+/// The shared hot-key cache.
+pub struct HotCache {
+    pub cfg: CacheConfig,
+    pub enabled: bool,
+    /// By command id.
+    cacheable: Vec<bool>,
+    get_id: usize,
+    pins: Vec<Vec<u8>>,
+    never: Vec<Vec<u8>>,
+    detector: Mutex<Detector>,
+    hot: ArcSwap<HotSet>,
+    hot_count: AtomicUsize,
+    entries: moka::sync::Cache<Bytes, Arc<KeyEntry>>,
+    stripes: Box<[AtomicU64]>,
+    hasher: ahash::RandomState,
+    epoch: AtomicU64,
+    fills: Mutex<Fills>,
+    next_fill: AtomicU64,
+    fill_tx: std::sync::OnceLock<ReplyTx>,
+    pub stats: CacheStats,
+}
+
+impl HotCache {
+    /// Builds the cache (the configuration was validated). Fills need [`tracking::start`].
+    pub fn new(cfg: &CacheConfig, table: &CommandTable) -> HotCache {
+        let mut cacheable = vec![false; table.count() + 1];
+        for name in &cfg.commands {
+            if let Ok(c) = self::cacheable(table, name) {
+                cacheable[c.id] = true;
+            }
+        }
+        let entries = moka::sync::Cache::builder()
+            .max_capacity(cfg.max_bytes)
+            .weigher(|k: &Bytes, v: &Arc<KeyEntry>| {
+                (k.len() + 64 + v.variants.iter().map(Variant::size).sum::<usize>()).min(u32::MAX as usize) as u32
+            })
+            .time_to_live(Duration::from_millis(cfg.max_age_ms.max(1)))
+            .eviction_policy(moka::policy::EvictionPolicy::lru())
+            .build();
+        HotCache {
+            enabled: cfg.enabled,
+            cacheable,
+            get_id: table.get(b"GET").map(|c| c.id).unwrap_or(usize::MAX),
+            pins: cfg.pin.iter().map(|p| p.as_bytes().to_vec()).collect(),
+            never: cfg.never.iter().map(|p| p.as_bytes().to_vec()).collect(),
+            detector: Mutex::new(Detector::new(DetectorConfig {
+                sample_every: cfg.sample_every.max(1),
+                threshold: cfg.hot_threshold,
+                cool_windows: cfg.cool_windows.max(1),
+                max_hot_keys: cfg.max_hot_keys.max(1),
+            })),
+            hot: ArcSwap::from_pointee(HotSet::default()),
+            hot_count: AtomicUsize::new(0),
+            entries,
+            stripes: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            hasher: ahash::RandomState::new(),
+            epoch: AtomicU64::new(0),
+            fills: Mutex::new(Fills::default()),
+            next_fill: AtomicU64::new(1),
+            fill_tx: std::sync::OnceLock::new(),
+            stats: CacheStats::default(),
+            cfg: cfg.clone(),
+        }
+    }
+
+    /// Counts a read of `key` for detection: one in `sample_every` takes the detector's
+    /// lock; the others cost a thread-local increment.
+    #[inline]
+    pub fn sample(&self, key: &[u8]) {
+        thread_local! {
+            static N: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+        }
+        let hit = N.with(|n| {
+            let v = n.get() + 1;
+            let hit = v >= self.cfg.sample_every;
+            n.set(if hit { 0 } else { v });
+            hit
+        });
+        if hit {
+            self.detector.lock().record(key);
+        }
+    }
+
+    /// Whether anything may be cached now (some key is hot, or keys are pinned).
+    #[inline]
+    pub fn active(&self) -> bool {
+        self.enabled && (self.hot_count.load(Ordering::Relaxed) > 0 || !self.pins.is_empty())
+    }
+
+    /// Whether replies of `cmd` may be cached.
+    #[inline]
+    pub fn is_cacheable(&self, cmd: &Command) -> bool {
+        self.cacheable[cmd.id]
+    }
+
+    /// Whether reads of `key` are cached: hot (or pinned) and not excluded.
+    pub fn tracked(&self, key: &[u8]) -> bool {
+        if let Some(h) = self.hot.load().get(key) {
+            return h.cacheable;
+        }
+        !self.pins.is_empty()
+            && self.pins.iter().any(|p| crate::glob::matches(p, key, false))
+            && !self.never.iter().any(|p| crate::glob::matches(p, key, false))
+    }
+
+    fn stripe(&self, key: &[u8]) -> &AtomicU64 {
+        &self.stripes[(self.hasher.hash_one(key) as usize) % STRIPES]
+    }
+
+    fn snap(&self, key: &[u8], pool: &NodePool) -> Snap {
+        Snap {
+            stripe: self.stripe(key).load(Ordering::SeqCst),
+            node: pool.tracking.epoch.load(Ordering::SeqCst),
+            epoch: self.epoch.load(Ordering::SeqCst),
+        }
+    }
+
+    /// A cached reply for this read, if one is valid: `owner` is the master serving the
+    /// key's slot now.
+    pub fn lookup(&self, cmd: usize, proto: Proto, req: &Request, key: &[u8], owner: &Arc<NodePool>) -> Option<Bytes> {
+        let found = self.entries.get(key).and_then(|e| {
+            let v = e.variants.iter().find(|v| v.matches(cmd, proto, req))?;
+            let valid = Arc::ptr_eq(&v.pool, owner)
+                && v.node_epoch == owner.tracking.epoch.load(Ordering::SeqCst)
+                && v.epoch == self.epoch.load(Ordering::SeqCst);
+            valid.then(|| v.reply.clone())
+        });
+        match &found {
+            Some(_) => self.stats.hits.fetch_add(1, Ordering::Relaxed),
+            None => self.stats.misses.fetch_add(1, Ordering::Relaxed),
+        };
+        found
+    }
+
+    /// The cached `GET key` reply (for MGET), if valid.
+    pub fn lookup_get(&self, proto: Proto, key: &[u8], owner: &Arc<NodePool>) -> Option<Bytes> {
+        let e = self.entries.get(key)?;
+        let v = e.variants.iter().find(|v| v.cmd == self.get_id && v.proto == proto && v.args.len() == 1)?;
+        let valid = Arc::ptr_eq(&v.pool, owner)
+            && v.node_epoch == owner.tracking.epoch.load(Ordering::SeqCst)
+            && v.epoch == self.epoch.load(Ordering::SeqCst);
+        if valid {
+            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+            Some(v.reply.clone())
+        } else {
+            None
+        }
+    }
+
+    /// Starts (or joins) the fill of a missed read. The request goes on `conn` (the
+    /// client's own connection to `owner`) prefixed with `CLIENT CACHING yes`; its reply
+    /// reaches the client as `tag` on `reply_to`. Returns false when the read cannot fill
+    /// the cache now (the caller sends it as usual).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fill(
+        &self,
+        cmd: usize,
+        proto: Proto,
+        req: &Request,
+        key: &[u8],
+        owner: &Arc<NodePool>,
+        conn: &crate::backend::Backend,
+        reply_to: &ReplyTx,
+        tag: Tag,
+    ) -> bool {
+        let Some(fill_tx) = self.fill_tx.get() else { return false };
+        let redirect = owner.tracking.redirect.load(Ordering::SeqCst);
+        if redirect == 0 || conn.stats.tracking_id.load(Ordering::SeqCst) != redirect {
+            return false; // invalidations from this connection would not reach us
+        }
+        let mut fills = self.fills.lock();
+        if let Some(id) = fills.by_req.get(&(proto, req.raw().clone())).copied()
+            && let Some(f) = fills.by_id.get_mut(&id)
+        {
+            f.waiters.push((reply_to.clone(), tag));
+            self.stats.coalesced.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        let id = self.next_fill.fetch_add(1, Ordering::Relaxed);
+        let raw = Bytes::copy_from_slice(req.raw());
+        fills.by_req.insert((proto, raw.clone()), id);
+        fills.by_id.insert(
+            id,
+            Fill {
+                key: Bytes::copy_from_slice(key),
+                cmd,
+                proto,
+                args: req.args().skip(1).map(Bytes::copy_from_slice).collect(),
+                pool: owner.clone(),
+                snap: self.snap(key, owner),
+                waiters: vec![(reply_to.clone(), tag)],
+                req: (proto, raw.clone()),
+            },
+        );
+        drop(fills);
+        self.stats.fills.fetch_add(1, Ordering::Relaxed);
+        conn.send(BackendRequest {
+            data: raw,
+            count: 1,
+            prefix: Prefix::CachingYes,
+            tag: Tag { seq: id, part: 0 },
+            reply_to: fill_tx.clone(),
+        });
+        true
+    }
+
+    /// A fill's reply: keep it if nothing invalidated the key meanwhile, and answer the
+    /// waiters. The first waiter (whose request it was) always gets the reply; the others
+    /// get it only if it is still current, else they send their own read.
+    pub fn fill_done(&self, reply: BackendReply) {
+        let Some(f) = ({
+            let mut fills = self.fills.lock();
+            let f = fills.by_id.remove(&reply.tag.seq);
+            if let Some(f) = &f {
+                fills.by_req.remove(&f.req);
+            }
+            f
+        }) else {
+            return;
+        };
+        let mut waiters = f.waiters.into_iter();
+        let Some((first_tx, first_tag)) = waiters.next() else { return };
+        let data = match reply.result {
+            Ok(d) if !matches!(d.first(), Some(b'-' | b'!')) => d,
+            other => {
+                // errors (redirections included) are the asking client's; the others retry
+                let _ = first_tx.send(BackendReply { tag: first_tag, result: other });
+                for (tx, tag) in waiters {
+                    let _ = tx.send(BackendReply { tag, result: Err(BackendError::Resend) });
+                }
+                return;
+            }
+        };
+        let current = self.snap(&f.key, &f.pool) == f.snap && self.tracked(&f.key);
+        if !current {
+            self.stats.raced.fetch_add(1, Ordering::Relaxed);
+        } else if data.len() as u64 > self.cfg.max_entry_bytes {
+            self.stats.too_big.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let v = Variant {
+                cmd: f.cmd,
+                proto: f.proto,
+                args: f.args,
+                reply: data.clone(),
+                node_epoch: f.snap.node,
+                epoch: f.snap.epoch,
+                pool: f.pool.clone(),
+            };
+            self.insert(f.key.clone(), v);
+            // An invalidation that slipped in between the check and the insert must not
+            // leave the entry behind: look again now that it is visible.
+            if self.snap(&f.key, &f.pool) != f.snap {
+                self.entries.invalidate(&f.key);
+                self.stats.raced.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let _ = first_tx.send(BackendReply { tag: first_tag, result: Ok(data.clone()) });
+        for (tx, tag) in waiters {
+            let result = if current { Ok(data.clone()) } else { Err(BackendError::Resend) };
+            let _ = tx.send(BackendReply { tag, result });
+        }
+    }
+
+    /// Adds a variant to a key's entry (replacing the same variant, dropping stale ones).
+    fn insert(&self, key: Bytes, v: Variant) {
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        let mut variants: Vec<Variant> = Vec::new();
+        if let Some(old) = self.entries.get(&key) {
+            for o in &old.variants {
+                let same = o.cmd == v.cmd && o.proto == v.proto && o.args == v.args;
+                let fresh = Arc::ptr_eq(&o.pool, &v.pool)
+                    && o.node_epoch == v.pool.tracking.epoch.load(Ordering::SeqCst)
+                    && o.epoch == epoch;
+                if !same && fresh {
+                    variants.push(Variant {
+                        cmd: o.cmd,
+                        proto: o.proto,
+                        args: o.args.clone(),
+                        reply: o.reply.clone(),
+                        pool: o.pool.clone(),
+                        node_epoch: o.node_epoch,
+                        epoch: o.epoch,
+                    });
+                }
+            }
+        }
+        variants.push(v);
+        self.entries.insert(key, Arc::new(KeyEntry { variants }));
+    }
+
+    /// Drops every cached reply of `key` and voids fills of it in flight.
+    pub fn invalidate(&self, key: &[u8], cause: Cause) {
+        self.stripe(key).fetch_add(1, Ordering::SeqCst);
+        self.entries.invalidate(key);
+        self.stats.invalidations[cause as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops everything.
+    pub fn flush(&self, cause: Cause) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.entries.invalidate_all();
+        self.stats.invalidations[cause as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops everything read from `pool` (its invalidations may have been lost).
+    pub fn drop_node(&self, pool: &NodePool, cause: Cause) {
+        pool.tracking.epoch.fetch_add(1, Ordering::SeqCst);
+        self.stats.invalidations[cause as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Ends a detection window: republishes the hot set and drops keys that cooled.
+    pub fn roll(&self, elapsed: Duration) {
+        let (changes, set) = {
+            let mut d = self.detector.lock();
+            let changes = d.roll(elapsed);
+            let set: HotSet = d
+                .hot()
+                .map(|(k, st)| {
+                    let cacheable = !self.never.iter().any(|p| crate::glob::matches(p, k, false));
+                    (Bytes::copy_from_slice(k), HotInfo { rate: st.rate, cacheable })
+                })
+                .collect();
+            (changes, set)
+        };
+        // A key entering the hot set voids fills that started before it left it last time.
+        for k in &changes.became_hot {
+            self.stripe(k).fetch_add(1, Ordering::SeqCst);
+        }
+        self.hot_count.store(set.len(), Ordering::Relaxed);
+        self.hot.store(Arc::new(set));
+        for k in &changes.cooled {
+            if !self.pins.is_empty() && self.tracked(k) {
+                continue; // still pinned
+            }
+            self.invalidate(k, Cause::Cooled);
+        }
+    }
+
+    /// Hot keys by estimated rate, highest first, with whether a reply of each is cached.
+    pub fn hot_keys(&self, n: usize) -> Vec<(Bytes, f64, bool)> {
+        let set = self.hot.load();
+        let mut v: Vec<(Bytes, f64, bool)> =
+            set.iter().map(|(k, h)| (k.clone(), h.rate, self.entries.contains_key(&k[..]))).collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v.truncate(n);
+        v
+    }
+
+    /// Entries (keys) and weighted bytes now.
+    pub fn usage(&self) -> (u64, u64) {
+        self.entries.run_pending_tasks();
+        (self.entries.entry_count(), self.entries.weighted_size())
+    }
+
+    /// Hot keys now.
+    pub fn hot_count(&self) -> usize {
+        self.hot_count.load(Ordering::Relaxed)
+    }
+
+    /// Drops every cached reply (PROXY CACHE FLUSH); hot keys stay hot.
+    pub fn admin_flush(&self) {
+        self.flush(Cause::Flush);
+    }
+
+    /// Fills in flight.
+    pub fn fills_in_flight(&self) -> usize {
+        self.fills.lock().by_id.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_commands_are_cacheable_and_bad_ones_named() {
+        let t = CommandTable::new();
+        assert!(CacheConfig::default().validate(&t).is_empty());
+        let cfg = CacheConfig {
+            commands: vec!["SET".into(), "TTL".into(), "NOPE".into(), "MGET".into()],
+            ..Default::default()
+        };
+        let p = cfg.validate(&t);
+        assert_eq!(p.len(), 4, "{p:?}");
+        assert!(p[0].contains("'SET' is not a read-only command"), "{p:?}");
+        assert!(p[1].contains("'TTL' has a reply that changes"), "{p:?}");
+        assert!(p[2].contains("'NOPE' is not a known command"), "{p:?}");
+        assert!(p[3].contains("'MGET' does not take its key"), "{p:?}");
+    }
+}

@@ -1,0 +1,186 @@
+//! The cache's background tasks: one invalidation connection per master (RESP3, named
+//! `heatshield-invalidations`, the target every backend connection's tracking redirects
+//! to), the task that lands fills, and the detection window clock.
+//!
+//! While a node's invalidation connection is up, its id is published in the node's
+//! [`Tracking`](crate::backend::Tracking) so new backend connections redirect to it, and
+//! connections made earlier are switched to it. When it breaks, the id is withdrawn and
+//! the node's generation bumped: everything cached from the node is dropped, and no read
+//! from it fills the cache until a new invalidation connection is up and connections are
+//! redirected to it again.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::Cause;
+use crate::backend::{self, BackendOptions, BackendReply, BackendRequest, Prefix, Tag};
+use crate::cluster::NodePool;
+use crate::protocol::Request;
+use crate::protocol::reply::{ReplyScanner, Value, error_text};
+use crate::proxy::Proxy;
+
+/// Starts the cache's tasks on the current runtime (the control runtime).
+pub fn start(proxy: Arc<Proxy>) {
+    if !proxy.cache.enabled {
+        return;
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
+    if proxy.cache.fill_tx.set(tx).is_err() {
+        return; // already started
+    }
+    let p = proxy.clone();
+    tokio::spawn(async move {
+        while let Some(r) = rx.recv().await {
+            p.cache.fill_done(r);
+        }
+    });
+    let p = proxy.clone();
+    tokio::spawn(async move {
+        let window = Duration::from_millis(p.cache.cfg.window_ms);
+        let mut tick = tokio::time::interval(window);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        let mut last = Instant::now();
+        loop {
+            tick.tick().await;
+            let now = Instant::now();
+            p.cache.roll(now - last);
+            last = now;
+        }
+    });
+    tokio::spawn(async move {
+        // one invalidation connection per node that ever served a slot
+        let mut started: HashSet<Arc<str>> = HashSet::new();
+        loop {
+            let masters: Vec<Arc<NodePool>> = proxy.cluster.topology().masters.clone();
+            for pool in masters {
+                if started.insert(pool.addr.clone()) {
+                    tokio::spawn(invalidations(proxy.clone(), pool));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+}
+
+/// Keeps `pool`'s invalidation connection up and applies what it reports.
+async fn invalidations(proxy: Arc<Proxy>, pool: Arc<NodePool>) {
+    let opts = BackendOptions { resp3: true, tracking: None, ..pool.options().clone() };
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match serve(&proxy, &pool, &opts).await {
+            Ok(()) => backoff = Duration::from_millis(50),
+            Err(e) => {
+                debug!(node = %pool.addr, error = %e, "invalidation connection failed");
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+/// One invalidation connection's life. Returns when it breaks.
+async fn serve(proxy: &Proxy, pool: &Arc<NodePool>, opts: &BackendOptions) -> std::io::Result<()> {
+    let (mut s, _) = backend::connect(&pool.addr, opts).await?;
+    let name = Request::from_args(&["CLIENT", "SETNAME", "heatshield-invalidations"]);
+    backend::roundtrip(&mut s, name.raw()).await?;
+    let reply = backend::roundtrip(&mut s, Request::from_args(&["CLIENT", "ID"]).raw()).await?;
+    let id = match Value::parse(&reply) {
+        Ok((Value::Int(id), _)) if id > 0 => id as u64,
+        _ => return Err(std::io::Error::other("unexpected CLIENT ID reply")),
+    };
+    let tracking = &pool.tracking;
+    tracking.redirect.store(id, Ordering::SeqCst);
+    info!(node = %pool.addr, client_id = id, "invalidation connection up");
+
+    // Connections made before now report to no one (or to a dead connection): switch
+    // them over. Until one answers, its reads do not fill the cache.
+    let (rearm_tx, mut rearm_rx) = mpsc::unbounded_channel::<BackendReply>();
+    let mut conns = Vec::new();
+    let cmd = Request::from_args(&["CLIENT", "TRACKING", "on", "REDIRECT", &id.to_string(), "OPTIN"]);
+    for (_, b) in pool.connections() {
+        if b.stats.tracking_id.load(Ordering::SeqCst) != id {
+            b.send(BackendRequest {
+                data: cmd.raw().clone(),
+                count: 1,
+                prefix: Prefix::None,
+                tag: Tag { seq: conns.len() as u64, part: 0 },
+                reply_to: rearm_tx.clone(),
+            });
+            conns.push(b.stats.clone());
+        }
+    }
+
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    let mut scanner = ReplyScanner::new();
+    let result = loop {
+        tokio::select! {
+            r = s.read_buf(&mut buf) => {
+                match r {
+                    Ok(0) => break Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed by peer")),
+                    Err(e) => break Err(e),
+                    Ok(_) => {}
+                }
+                loop {
+                    match scanner.scan(&buf) {
+                        Ok(Some(n)) => {
+                            let frame = buf.split_to(n);
+                            apply(proxy, pool, &frame);
+                        }
+                        Ok(None) => break,
+                        Err(e) => return finish(proxy, pool, Err(std::io::Error::other(e))),
+                    }
+                }
+            }
+            Some(r) = rearm_rx.recv() => {
+                if let (Ok(reply), Some(stats)) = (&r.result, conns.get(r.tag.seq as usize))
+                    && error_text(reply).is_none()
+                {
+                    stats.tracking_id.store(id, Ordering::SeqCst);
+                }
+            }
+        }
+    };
+    finish(proxy, pool, result)
+}
+
+fn finish(proxy: &Proxy, pool: &NodePool, result: std::io::Result<()>) -> std::io::Result<()> {
+    pool.tracking.redirect.store(0, Ordering::SeqCst);
+    proxy.cache.drop_node(pool, Cause::Connection);
+    match &result {
+        Err(e) => {
+            warn!(node = %pool.addr, error = %e, "invalidation connection lost; dropped what was cached from the node")
+        }
+        Ok(()) => info!(node = %pool.addr, "invalidation connection closed"),
+    }
+    result
+}
+
+/// Applies one frame from the invalidation connection: `>2 invalidate [keys]`, or
+/// `>2 invalidate <null>` when the node was flushed.
+fn apply(proxy: &Proxy, pool: &NodePool, frame: &[u8]) {
+    if frame.first() != Some(&b'>') {
+        return;
+    }
+    let Ok((Value::Array(items), _)) = Value::parse(frame) else { return };
+    if items.first().and_then(|v| v.as_bytes()) != Some(&b"invalidate"[..]) {
+        return;
+    }
+    match items.get(1) {
+        Some(Value::Array(keys)) => {
+            for k in keys {
+                if let Some(k) = k.as_bytes() {
+                    proxy.cache.invalidate(k, Cause::Tracking);
+                }
+            }
+        }
+        _ => proxy.cache.drop_node(pool, Cause::Flush),
+    }
+}
