@@ -162,7 +162,7 @@ fn mget_split_merge(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, framing, replies, slots_and_table, mget_split_merge, ratelimit_check);
+criterion_group!(benches, framing, replies, slots_and_table, mget_split_merge, ratelimit_check, hot_key_cache);
 criterion_main!(benches);
 
 fn ratelimit_check(c: &mut Criterion) {
@@ -197,5 +197,80 @@ fn ratelimit_check(c: &mut Criterion) {
     let none = Limiter::new(vec![], 1, std::time::Duration::from_secs(10));
     c.bench_function("ratelimit/check_no_rules", |b| {
         b.iter(|| black_box(none.check(get, [b"k".as_slice()].into_iter(), now, false).is_ok()))
+    });
+}
+
+/// The hot-key cache: what sampling costs every read, and a cache hit from 1 and 4
+/// threads at once (moka's sync cache, LRU policy, as the proxy configures it).
+fn hot_key_cache(c: &mut Criterion) {
+    use heatshield::backend::BackendOptions;
+    use heatshield::cache::{CacheConfig, HotCache};
+    use heatshield::cluster::{Cluster, Mode};
+    use heatshield::protocol::Proto;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let t = CommandTable::new();
+    let cache = Arc::new(HotCache::new(&CacheConfig::default(), &t));
+    let keys: Vec<Vec<u8>> = (0..100_000).map(|i| format!("item:{i}").into_bytes()).collect();
+    let mut i = 0;
+    c.bench_function("cache/sample_read_1_in_8", |b| {
+        b.iter(|| {
+            i = (i + 1) % keys.len();
+            cache.sample(black_box(&keys[i]));
+        })
+    });
+    // the part every unsampled read pays
+    let rare = HotCache::new(&CacheConfig { sample_every: 1_000_000, ..Default::default() }, &t);
+    c.bench_function("cache/sample_read_unsampled", |b| {
+        b.iter(|| {
+            i = (i + 1) % keys.len();
+            rare.sample(black_box(&keys[i]));
+        })
+    });
+
+    let opts = BackendOptions {
+        connect_timeout: Duration::from_secs(1),
+        command_timeout: Duration::from_secs(1),
+        username: None,
+        password: None,
+        resp3: false,
+        latency_sample_every: 8,
+        tracking: None,
+    };
+    // no connection is made: the pool only names the node that owns the slot
+    let cluster = Cluster::new(Mode::Standalone { addr: "127.0.0.1:1".into() }, opts, 1, 1);
+    let owner = cluster.topology().master_for_slot(0).unwrap().clone();
+    let get = t.get(b"GET").unwrap().id;
+    let value = Bytes::from(format!("$100\r\n{}\r\n", "x".repeat(100)));
+    let hot: Vec<Vec<u8>> = (0..64).map(|i| format!("hot:{i}").into_bytes()).collect();
+    for k in &hot {
+        cache.prime(k, get, Proto::Resp2, &[k], value.clone(), &owner);
+    }
+    let reqs: Vec<Request> = hot.iter().map(|k| Request::from_args(&[b"GET".as_slice(), k])).collect();
+    let mut j = 0;
+    c.bench_function("cache/hit_1_thread", |b| {
+        b.iter(|| {
+            j = (j + 1) % reqs.len();
+            black_box(cache.lookup(get, Proto::Resp2, &reqs[j], &hot[j], &owner).is_some())
+        })
+    });
+    // one key read by 4 threads at once: the contended case of a single hot key
+    c.bench_function("cache/hit_4_threads_one_key", |b| {
+        b.iter_custom(|iters| {
+            let per = iters.div_ceil(4);
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                for _ in 0..4 {
+                    s.spawn(|| {
+                        for _ in 0..per {
+                            black_box(cache.lookup(get, Proto::Resp2, &reqs[0], &hot[0], &owner).is_some());
+                        }
+                    });
+                }
+            });
+            // wall time per lookup, all threads together (on 2 cores, 2 run at a time)
+            start.elapsed()
+        })
     });
 }

@@ -24,6 +24,7 @@ const CONFIG: &str = r#"
 window_ms = 200
 hot_threshold = 500
 never = ["hc:never:*"]
+pin = ["hc:pin:*"]
 
 [ratelimit]
 [[ratelimit.rules]]
@@ -465,4 +466,61 @@ fn rate_limits_skip_cached_reads_unless_count_cached() {
     assert!((10..=20).contains(&ok), "{ok} admitted, {throttled} throttled");
     assert!(throttled > 1000);
     assert_eq!(hot_state(&mut c, key), Some(true), "the counted key was never cached");
+}
+
+#[test]
+fn pinned_keys_are_cached_without_being_hot_and_flush_drops_them() {
+    let e = env();
+    // exclusive: the cache's counters must be this test's alone
+    let _q = exclusive_traffic();
+    let key = "hc:pin:config";
+    let mut c = Conn::connect(e.proxy.port());
+    assert_eq!(c.cmd(&["SET", key, "blob"]), V::ok());
+    assert_eq!(c.cmd(&["GET", key]), V::s("blob")); // fills
+    let hits = stat(&mut c, "hits");
+    for _ in 0..10 {
+        assert_eq!(c.cmd(&["GET", key]), V::s("blob"));
+    }
+    assert_eq!(stat(&mut c, "hits"), hits + 10, "a pinned key read 10 times was not served from the cache");
+    assert_eq!(hot_state(&mut c, key), None, "10 reads do not make a key hot");
+    // PROXY CACHE FLUSH drops it: the next read misses
+    assert_eq!(c.cmd(&["PROXY", "CACHE", "FLUSH"]), V::ok());
+    let misses = stat(&mut c, "misses");
+    assert_eq!(c.cmd(&["GET", key]), V::s("blob"));
+    assert_eq!(stat(&mut c, "misses"), misses + 1);
+}
+
+/// A hot key whose slot moves to another master: after the move, a write made directly on
+/// the new owner is what the proxy serves.
+#[test]
+fn slot_migration_drops_entries_of_the_moved_slot() {
+    let e = env();
+    let _q = shared_traffic();
+    let key = "hc:{migrating}:k";
+    let slot = common::key_slot(key.as_bytes()).to_string();
+    let src = e.owners.of_key(key.as_bytes());
+    let dst = *e.owners.masters().iter().find(|&&p| p != src).unwrap();
+    let (src_id, dst_id) = (e.cluster.node_id(src), e.cluster.node_id(dst));
+    let mut c = Conn::connect(e.proxy.port());
+    assert_eq!(c.cmd(&["SET", key, "on-source"]), V::ok());
+    make_hot(&mut c, key, &["GET", key]);
+
+    assert_eq!(cli(dst, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]), "OK");
+    assert_eq!(cli(src, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]), "OK");
+    let dst_port = dst.to_string();
+    assert_eq!(cli(src, &["MIGRATE", "127.0.0.1", &dst_port, "", "0", "5000", "KEYS", key]), "OK");
+    for m in e.owners.masters() {
+        assert_eq!(cli(m, &["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]), "OK");
+    }
+    assert_eq!(cli(dst, &["SET", key, "on-target"]), "OK");
+    for _ in 0..500 {
+        assert_eq!(c.cmd(&["GET", key]), V::s("on-target"), "stale read after the slot moved");
+    }
+    // and it is cached again from its new owner, still invalidated by direct writes there
+    make_hot(&mut c, key, &["GET", key]);
+    assert_eq!(cli(dst, &["SET", key, "again"]), "OK");
+    let t = Instant::now();
+    while c.cmd(&["GET", key]) != V::s("again") {
+        assert!(t.elapsed() < Duration::from_secs(1), "direct write on the new owner not seen");
+    }
 }

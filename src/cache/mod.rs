@@ -568,6 +568,21 @@ impl HotCache {
         }
     }
 
+    /// Caches `reply` for `cmd args...` on `key` as a fill read from `owner` just now would
+    /// (for benchmarks and tests; the request path fills through [`HotCache::fill`]).
+    pub fn prime(&self, key: &[u8], cmd: usize, proto: Proto, args: &[&[u8]], reply: Bytes, owner: &Arc<NodePool>) {
+        let v = Variant {
+            cmd,
+            proto,
+            args: args.iter().map(|a| Bytes::copy_from_slice(a)).collect(),
+            reply,
+            pool: owner.clone(),
+            node_epoch: owner.tracking.epoch.load(Ordering::SeqCst),
+            epoch: self.epoch.load(Ordering::SeqCst),
+        };
+        self.insert(Bytes::copy_from_slice(key), v);
+    }
+
     /// Adds a variant to a key's entry (replacing the same variant, dropping stale ones).
     fn insert(&self, key: Bytes, v: Variant) {
         let epoch = self.epoch.load(Ordering::SeqCst);
