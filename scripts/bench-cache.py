@@ -162,7 +162,7 @@ def main():
                 errs = sum(r["errors"] for r in rows)
                 note = f" ({errs} errors)" if errs else ""
                 print(f"| {label} | {name} | {ops:,.0f}{note} | {ops / base_ops:.2f}x | {proxy} | "
-                      f"{med('shard_cpu'):.2f} | {reached} |")
+                      f"{med('shard_cpu'):.3f} | {reached} |")
     finally:
         cleanup()
 
