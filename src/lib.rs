@@ -9,6 +9,7 @@
 //! - [`proxy`]: the request path (limits, route, split, fan out, redirect, merge);
 //! - [`ratelimit`]: per-key rate limits (rules, GCRA budgets, tracked-key cap);
 //! - [`cache`]: hot-key detection and the never-stale hot-key cache;
+//! - [`locks`]: distributed-lock commands (Lua scripts, parked waiters, KEEPALIVE);
 //! - [`local`]: commands the proxy answers itself;
 //! - [`admin`]: `PROXY ...` commands, slow log, big-key log, live settings, command stats;
 //! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
@@ -26,6 +27,7 @@ pub mod command;
 pub mod config;
 pub mod glob;
 pub mod local;
+pub mod locks;
 pub mod metrics;
 pub mod protocol;
 pub mod proxy;

@@ -129,6 +129,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     let proxy = Arc::new(Proxy::new(config, cluster.clone(), config_file, workers));
     spawn_gauges(proxy.clone());
     heatshield::cache::tracking::start(proxy.clone());
+    heatshield::locks::start(proxy.clone());
     spawn_reloader(proxy.clone(), config_path, overrides);
     // Learn the backends' version for HELLO/INFO; a node that does not answer in time
     // only leaves the default in place.

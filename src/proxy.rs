@@ -66,6 +66,8 @@ pub struct Proxy {
     pub ratelimit: crate::ratelimit::Limiter,
     /// Hot-key detection and cache.
     pub cache: crate::cache::HotCache,
+    /// Lock scripts, parked ACQUIREs and KEEPALIVE locks.
+    pub locks: crate::locks::Locks,
 }
 
 /// Where a part goes.
@@ -111,6 +113,8 @@ enum Merge {
     Info {
         sections: Vec<String>,
     },
+    /// A lock script: its reply becomes the command's.
+    Lock(Box<crate::locks::LockRequest>),
 }
 
 /// A request waiting for backend replies.
@@ -190,6 +194,7 @@ impl Proxy {
         let cache = crate::cache::HotCache::new(&config.cache, &commands);
         Proxy {
             cache,
+            locks: crate::locks::Locks::default(),
             live: crate::admin::Live::new(&config),
             ratelimit,
             command_stats: crate::admin::CommandStats::new(workers, ids),
@@ -334,6 +339,7 @@ impl Proxy {
                 drop(topo);
                 self.start(ctx, Merge::Pass, smallvec![Part::new(req.raw().clone(), Target::Node(node))])
             }
+            Route::Lock(kind) => self.lock_command(ctx, cmd, req, kind),
             Route::Unsupported(why) => {
                 let name = if cmd.name.contains('|') { cmd.name.replace('|', " ") } else { cmd.name.clone() };
                 if why.is_empty() {
@@ -397,6 +403,48 @@ impl Proxy {
             }
         };
         self.start(ctx, Merge::Pass, smallvec![Part::new(req.raw().clone(), target)])
+    }
+
+    /// LOCK.ACQUIRE / RELEASE / EXTEND / INFO (crate::locks).
+    fn lock_command(&self, ctx: &mut Ctx, cmd: &Command, req: Request, kind: crate::locks::LockCmd) -> Outcome {
+        use crate::locks::{LockCmd, Waiter};
+        let r = match crate::locks::parse(kind, &cmd.lower, &req) {
+            Ok(r) => r,
+            Err(e) => return ctx.error(&e),
+        };
+        if let Err(t) = self.ratelimit.check(cmd, std::iter::once(&r.key[..]), ctx.now, false) {
+            return ctx.error(&t.message());
+        }
+        if kind != LockCmd::Info && self.cache.active() {
+            self.note_writes(ctx, std::iter::once((&req, 1)));
+        }
+        let s = slot(&r.key);
+        if kind == LockCmd::Acquire && r.wait_ms > 0 {
+            let deadline = ctx.now + Duration::from_millis(r.wait_ms);
+            let w = Waiter {
+                req: r,
+                client: ctx.client.id,
+                proto: ctx.client.proto,
+                reply_to: ctx.reply_to.clone(),
+                tag: Tag { seq: ctx.seq, part: 0 },
+                deadline,
+            };
+            ctx.client.used_locks = true;
+            ctx.client.keepalive_locks |= w.req.keepalive;
+            if !self.locks.park(w) {
+                return ctx.error("ERR heatshield: the lock service is not running");
+            }
+            return Outcome::Waiting(Pending {
+                merge: Merge::Pass,
+                parts: smallvec![Part::new(req.raw().clone(), Target::Slot(s))],
+                remaining: 1,
+                redirected: false,
+                invalidate: std::mem::take(&mut ctx.invalidate),
+                flush: false,
+            });
+        }
+        let data = self.locks.command(&r, false, false).raw().clone();
+        self.start(ctx, Merge::Lock(Box::new(r)), smallvec![Part::new(data, Target::Slot(s))])
     }
 
     /// A cacheable read of a hot key: answered from the cache, or sent as a fill (or, when
@@ -726,6 +774,19 @@ impl Proxy {
         }
         let data = match reply.result {
             Ok(data) => {
+                // one of heatshield's lock scripts is not loaded there (yet): send it whole
+                if data.starts_with(b"-NOSCRIPT")
+                    && part.attempts < MAX_REDIRECTS
+                    && let Some(eval) = self.locks.eval_form(&part.data)
+                {
+                    part.attempts += 1;
+                    part.data = eval;
+                    let part = &p.parts[idx];
+                    if let Err(e) = self.send(ctx, part, idx as u32) {
+                        return self.complete(ctx, p, idx, e);
+                    }
+                    return None;
+                }
                 if let Some(err) = error_text(&data)
                     && self.cluster.is_cluster()
                 {
@@ -826,6 +887,22 @@ impl Proxy {
     fn finish(&self, ctx: &mut Ctx, mut p: Pending) -> Bytes {
         if let Merge::Pass = p.merge {
             return p.parts[0].reply.take().unwrap_or_default();
+        }
+        if let Merge::Lock(r) = &p.merge {
+            use crate::locks::LockCmd;
+            let reply = p.parts[0].reply.take().unwrap_or_default();
+            match (r.cmd, Value::parse(&reply)) {
+                (LockCmd::Acquire, Ok((Value::Int(t), _))) if t > 0 && r.keepalive => {
+                    ctx.client.used_locks = true;
+                    ctx.client.keepalive_locks = true;
+                    self.locks.acquired(ctx.client.id, r);
+                }
+                (LockCmd::Release, Ok((Value::Int(1), _))) => {
+                    self.locks.released(ctx.client.id, &r.key, ctx.client.keepalive_locks)
+                }
+                _ => {}
+            }
+            return crate::locks::client_reply(r, &reply, ctx.client.proto, ctx.scratch);
         }
         let replies: Vec<Bytes> = p.parts.iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
         // Any error among the parts is the answer (Redis would have failed the whole command).
@@ -954,7 +1031,7 @@ fn merge_replies(
 ) -> Result<Bytes, &'static str> {
     let mut w = Writer::new(scratch, proto);
     match merge {
-        Merge::Pass | Merge::Info { .. } => unreachable!("handled by finish"),
+        Merge::Pass | Merge::Info { .. } | Merge::Lock(_) => unreachable!("handled by finish"),
         Merge::Mget { positions, total, cached } => merge_mget(replies, positions, *total, cached, w.buf)?,
         Merge::Mset => w.ok(),
         Merge::Sum | Merge::Dbsize => {

@@ -43,6 +43,11 @@ pub struct ClientState {
     pub admin: bool,
     /// Requests dispatched whose replies are not complete yet.
     pub inflight: u32,
+    /// The client parked a LOCK.ACQUIRE ... WAIT or holds KEEPALIVE locks: the lock task
+    /// must hear when it leaves.
+    pub used_locks: bool,
+    /// The client acquired a lock with KEEPALIVE.
+    pub keepalive_locks: bool,
 }
 
 enum Reply {
@@ -120,6 +125,8 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
         refused_multi: false,
         admin: false,
         inflight: 0,
+        used_locks: false,
+        keepalive_locks: false,
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
     let mut reader = RequestReader::new(Limits { max_request_bytes: proxy.config.limits.max_request_bytes as usize });
@@ -284,7 +291,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                         );
                     }
                 }
-                Err(_) => return finish(&proxy, id),
+                Err(_) => return finish(&proxy, &client),
             }
             // Stop when nothing moved; writing replies frees room in the queue, so after a
             // write, requests already buffered are parsed even if none were this round.
@@ -297,10 +304,14 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
         }
     }
     let _ = wr.shutdown().await;
-    finish(&proxy, id);
+    finish(&proxy, &client);
 }
 
-fn finish(_proxy: &Proxy, id: u64) {
+fn finish(proxy: &Proxy, client: &ClientState) {
+    let id = client.id;
+    if client.used_locks {
+        proxy.locks.closed(id);
+    }
     info!(client = id, "client disconnected");
 }
 

@@ -97,6 +97,8 @@ pub enum Route {
     Local(Local),
     /// Any one master (COMMAND and its subcommands: they describe Redis itself).
     AnyMaster,
+    /// heatshield's lock commands (crate::locks), run as scripts on the lock key's master.
+    Lock(crate::locks::LockCmd),
     /// Refused with `-ERR heatshield does not support '<name>'` (and the reason, if any).
     Unsupported(&'static str),
 }
@@ -211,6 +213,52 @@ impl CommandTable {
             subs: &[],
         };
         by_name.insert(b"PROXY".to_vec(), build(&PROXY, None, &mut next_id));
+        // heatshield's lock commands (one key, the lock).
+        static LOCKS: [RawSpec; 4] = [
+            RawSpec {
+                name: "LOCK.ACQUIRE",
+                arity: -4,
+                flags: flags::WRITE | flags::DENYOOM,
+                first: 1,
+                last: 1,
+                step: 1,
+                movable: false,
+                subs: &[],
+            },
+            RawSpec {
+                name: "LOCK.RELEASE",
+                arity: 3,
+                flags: flags::WRITE,
+                first: 1,
+                last: 1,
+                step: 1,
+                movable: false,
+                subs: &[],
+            },
+            RawSpec {
+                name: "LOCK.EXTEND",
+                arity: 4,
+                flags: flags::WRITE,
+                first: 1,
+                last: 1,
+                step: 1,
+                movable: false,
+                subs: &[],
+            },
+            RawSpec {
+                name: "LOCK.INFO",
+                arity: 2,
+                flags: flags::READONLY,
+                first: 1,
+                last: 1,
+                step: 1,
+                movable: false,
+                subs: &[],
+            },
+        ];
+        for raw in &LOCKS {
+            by_name.insert(raw.name.as_bytes().to_vec(), build(raw, None, &mut next_id));
+        }
         let mut names = vec![String::new(); next_id];
         for c in by_name.values() {
             names[c.id] = c.name.clone();
@@ -350,6 +398,10 @@ pub fn route_of(name: &str, fl: u32) -> Route {
     match name {
         "PING" => Local(self::Local::Ping),
         "PROXY" => Local(self::Local::Proxy),
+        "LOCK.ACQUIRE" => Lock(crate::locks::LockCmd::Acquire),
+        "LOCK.RELEASE" => Lock(crate::locks::LockCmd::Release),
+        "LOCK.EXTEND" => Lock(crate::locks::LockCmd::Extend),
+        "LOCK.INFO" => Lock(crate::locks::LockCmd::Info),
         "ECHO" => Local(self::Local::Echo),
         "QUIT" => Local(self::Local::Quit),
         "SELECT" => Local(self::Local::Select),

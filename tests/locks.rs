@@ -1,0 +1,283 @@
+//! Lock commands (docs/locks.md) against a real cluster: mutual exclusion under
+//! contention with strictly increasing fencing tokens, reentrancy, NOTOWNER, EXTEND,
+//! INFO, argument errors, expiry, KEEPALIVE, WAIT wake-up latency and timeout, NOSCRIPT
+//! recovery, locks on every master, a lock that survives a slot migration, and the plain
+//! SET NX PX + Lua idioms.
+
+mod common;
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::client::{Conn, Proto, Shared, SlotOwners, V};
+use common::{Proxy, RedisCluster, cli, key_slot};
+
+struct Env {
+    cluster: RedisCluster,
+    proxy: Proxy,
+    owners: SlotOwners,
+}
+
+static ENV: Shared<Env> = Shared::new();
+
+fn env() -> Arc<Env> {
+    ENV.get(|| {
+        let cluster = RedisCluster::start();
+        let proxy = Proxy::start_cluster(&cluster, &[]);
+        let owners = SlotOwners::read(&cluster);
+        Env { cluster, proxy, owners }
+    })
+}
+
+fn token(v: &V) -> i64 {
+    match v {
+        V::Int(t) if *t > 0 => *t,
+        other => panic!("expected a fencing token, got {other:?}"),
+    }
+}
+
+#[test]
+fn mutual_exclusion_with_increasing_fencing_tokens() {
+    let e = env();
+    let (lock, counter) = ("lk:mutex", "lk:mutex:counter");
+    let mut c = Conn::connect(e.proxy.port());
+    assert_eq!(c.cmd(&["SET", counter, "0"]), V::ok());
+    const CLIENTS: usize = 32;
+    const ROUNDS: usize = 200;
+    let started = Instant::now();
+    let handles: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let port = e.proxy.port();
+            thread::spawn(move || {
+                let mut c = Conn::connect(port);
+                let owner = format!("client-{i}");
+                let mut seen = Vec::with_capacity(ROUNDS);
+                for _ in 0..ROUNDS {
+                    let t = token(&c.cmd(&["LOCK.ACQUIRE", lock, &owner, "5000", "WAIT", "5000"]));
+                    let n: i64 = c.cmd(&["GET", counter]).text().parse().unwrap();
+                    assert_eq!(c.cmd(&["SET", counter, &(n + 1).to_string()]), V::ok());
+                    assert_eq!(c.cmd(&["LOCK.RELEASE", lock, &owner]), V::Int(1));
+                    seen.push((n, t));
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut all: Vec<(i64, i64)> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let took = started.elapsed();
+    assert_eq!(c.cmd(&["GET", counter]), V::s((CLIENTS * ROUNDS).to_string()), "lost updates: mutual exclusion broken");
+    // in the order the lock was held (the counter value each holder read), tokens increase
+    all.sort();
+    for w in all.windows(2) {
+        assert_eq!(w[1].0, w[0].0 + 1, "two holders read the same counter value");
+        assert!(w[1].1 > w[0].1, "token {} after {} is not increasing", w[1].1, w[0].1);
+    }
+    println!(
+        "{CLIENTS} clients x {ROUNDS} rounds: counter {}, {:.0} acquisitions/s under contention",
+        CLIENTS * ROUNDS,
+        (CLIENTS * ROUNDS) as f64 / took.as_secs_f64()
+    );
+}
+
+#[test]
+fn reentrancy_release_counts_extend_info_and_errors() {
+    let e = env();
+    for proto in Proto::BOTH {
+        let mut c = Conn::connect_proto(e.proxy.port(), proto);
+        let k = format!("lk:reent:{}", proto.tag());
+        let k = k.as_str();
+        let t = token(&c.cmd(&["LOCK.ACQUIRE", k, "alice", "10000"]));
+        assert_eq!(c.cmd(&["LOCK.ACQUIRE", k, "alice", "10000"]), V::Int(t), "reentrant acquire keeps the token");
+        assert!(c.cmd(&["LOCK.ACQUIRE", k, "bob", "10000"]).is_nil(), "another owner gets nil");
+        let info = c.cmd(&["LOCK.INFO", k]);
+        match proto {
+            Proto::Resp3 => assert!(matches!(info, V::Map(_)), "{info:?}"),
+            Proto::Resp2 => assert!(matches!(info, V::Arr(_)), "{info:?}"),
+        }
+        assert_eq!(info.get("owner"), Some(V::s("alice")));
+        assert_eq!(info.get("count"), Some(V::Int(2)));
+        assert_eq!(info.get("token"), Some(V::Int(t)));
+        let ttl = info.get("ttl_ms").unwrap().int();
+        assert!((9000..=10000).contains(&ttl), "ttl_ms {ttl}");
+        assert_eq!(c.cmd(&["LOCK.RELEASE", k, "alice"]), V::Int(0), "still held once");
+        assert_eq!(
+            c.cmd(&["LOCK.RELEASE", k, "bob"]),
+            V::Err(format!("NOTOWNER lock '{k}' is not held by 'bob'")),
+            "never releases someone else's lock"
+        );
+        assert_eq!(c.cmd(&["LOCK.EXTEND", k, "bob", "1000"]), V::Int(0));
+        assert_eq!(c.cmd(&["LOCK.EXTEND", k, "alice", "60000"]), V::Int(1));
+        assert!(c.cmd(&["LOCK.INFO", k]).get("ttl_ms").unwrap().int() > 50_000);
+        assert_eq!(c.cmd(&["LOCK.RELEASE", k, "alice"]), V::Int(1), "free now");
+        assert_eq!(c.cmd(&["LOCK.RELEASE", k, "alice"]), V::Err(format!("NOTOWNER lock '{k}' is not held by 'alice'")));
+        assert!(c.cmd(&["LOCK.INFO", k]).is_nil());
+        assert_eq!(c.cmd(&["LOCK.EXTEND", k, "alice", "1000"]), V::Int(0));
+        // the fencing counter survives the release
+        let t2 = token(&c.cmd(&["LOCK.ACQUIRE", k, "bob", "10000"]));
+        assert!(t2 > t, "token {t2} after release is not above {t}");
+        assert_eq!(c.cmd(&["LOCK.RELEASE", k, "bob"]), V::Int(1));
+
+        // wrong types and bad arguments
+        let plain = format!("lk:plain:{}", proto.tag());
+        assert_eq!(c.cmd(&["SET", &plain, "x"]), V::ok());
+        let wrongtype = V::Err("WRONGTYPE Operation against a key holding the wrong kind of value".into());
+        assert_eq!(c.cmd(&["LOCK.ACQUIRE", &plain, "o", "1000"]), wrongtype);
+        assert_eq!(c.cmd(&["LOCK.RELEASE", &plain, "o"]), wrongtype);
+        assert_eq!(c.cmd(&["LOCK.INFO", &plain]), wrongtype);
+        assert_eq!(c.cmd(&["HSET", &plain, "f", "v"]).err().map(|e| e.starts_with("WRONGTYPE")), Some(true));
+        let bad: &[(&[&str], &str)] = &[
+            (&["LOCK.ACQUIRE", k, "o", "0"], "ERR invalid ttl-ms in 'lock.acquire' command: must be greater than 0"),
+            (&["LOCK.ACQUIRE", k, "o", "-5"], "ERR invalid ttl-ms in 'lock.acquire' command: must be greater than 0"),
+            (&["LOCK.ACQUIRE", k, "o", "soon"], "ERR value is not an integer or out of range"),
+            (&["LOCK.ACQUIRE", k, "o", "100", "WAIT"], "ERR syntax error"),
+            (&["LOCK.ACQUIRE", k, "o", "100", "WAIT", "x"], "ERR value is not an integer or out of range"),
+            (&["LOCK.ACQUIRE", k, "o", "100", "FOREVER"], "ERR syntax error"),
+            (&["LOCK.ACQUIRE", k, "o"], "ERR wrong number of arguments for 'lock.acquire' command"),
+            (&["LOCK.RELEASE", k], "ERR wrong number of arguments for 'lock.release' command"),
+            (&["LOCK.EXTEND", k, "o", "0"], "ERR invalid ttl-ms in 'lock.extend' command: must be greater than 0"),
+            (&["LOCK.INFO"], "ERR wrong number of arguments for 'lock.info' command"),
+        ];
+        for (cmd, want) in bad {
+            assert_eq!(c.cmd(cmd), V::Err(want.to_string()), "{cmd:?}");
+        }
+    }
+}
+
+#[test]
+fn a_stopped_holder_blocks_only_until_its_ttl() {
+    let e = env();
+    let k = "lk:expiry";
+    let mut a = Conn::connect(e.proxy.port());
+    token(&a.cmd(&["LOCK.ACQUIRE", k, "a", "400"]));
+    drop(a); // no KEEPALIVE: the lock stays until its TTL
+    let mut b = Conn::connect(e.proxy.port());
+    let t = Instant::now();
+    token(&b.cmd(&["LOCK.ACQUIRE", k, "b", "1000", "WAIT", "3000"]));
+    let waited = t.elapsed();
+    println!("holder gone without KEEPALIVE: next owner waited {waited:?} (TTL 400 ms)");
+    assert!(waited >= Duration::from_millis(250) && waited < Duration::from_millis(1200), "waited {waited:?}");
+    assert_eq!(b.cmd(&["LOCK.RELEASE", k, "b"]), V::Int(1));
+}
+
+#[test]
+fn keepalive_renews_while_connected_and_releases_on_close() {
+    let e = env();
+    let k = "lk:keepalive";
+    let mut a = Conn::connect(e.proxy.port());
+    let mut b = Conn::connect(e.proxy.port());
+    let t = token(&a.cmd(&["LOCK.ACQUIRE", k, "a", "200", "KEEPALIVE"]));
+    thread::sleep(Duration::from_millis(1000)); // 5x the TTL
+    assert!(b.cmd(&["LOCK.ACQUIRE", k, "b", "200"]).is_nil(), "KEEPALIVE lock expired while its client lived");
+    let info = b.cmd(&["LOCK.INFO", k]);
+    assert_eq!(info.get("owner"), Some(V::s("a")));
+    assert_eq!(info.get("token"), Some(V::Int(t)));
+    let closed = Instant::now();
+    drop(a);
+    token(&b.cmd(&["LOCK.ACQUIRE", k, "b", "5000", "WAIT", "2000"]));
+    let freed = closed.elapsed();
+    println!("KEEPALIVE lock free {freed:?} after its connection closed");
+    assert!(freed < Duration::from_millis(100), "freed only after {freed:?}");
+    assert_eq!(b.cmd(&["LOCK.RELEASE", k, "b"]), V::Int(1));
+}
+
+#[test]
+fn wait_wakes_on_release_and_times_out_on_time() {
+    let e = env();
+    let k = "lk:wake";
+    let mut holder = Conn::connect(e.proxy.port());
+    let mut waiter = Conn::connect(e.proxy.port());
+    let mut delays = Vec::new();
+    for i in 0..20 {
+        token(&holder.cmd(&["LOCK.ACQUIRE", k, "h", "30000"]));
+        waiter.send(&["LOCK.ACQUIRE", k, &format!("w{i}"), "30000", "WAIT", "5000"]);
+        thread::sleep(Duration::from_millis(30)); // the waiter is parked by now
+        let released = Instant::now();
+        assert_eq!(holder.cmd(&["LOCK.RELEASE", k, "h"]), V::Int(1));
+        token(&waiter.read_reply());
+        delays.push(released.elapsed());
+        assert_eq!(waiter.cmd(&["LOCK.RELEASE", k, &format!("w{i}")]), V::Int(1));
+    }
+    delays.sort();
+    let median = delays[delays.len() / 2];
+    println!("WAIT wake-up after a release: median {median:?}, max {:?}", delays.last().unwrap());
+    assert!(median < Duration::from_millis(10), "median wake-up {median:?}");
+
+    token(&holder.cmd(&["LOCK.ACQUIRE", k, "h", "30000"]));
+    let t = Instant::now();
+    assert!(waiter.cmd(&["LOCK.ACQUIRE", k, "w", "1000", "WAIT", "300"]).is_nil());
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(290) && waited < Duration::from_millis(500), "WAIT 300 took {waited:?}");
+    assert_eq!(holder.cmd(&["LOCK.RELEASE", k, "h"]), V::Int(1));
+}
+
+#[test]
+fn noscript_recovery_and_locks_on_every_master() {
+    let e = env();
+    let mut c = Conn::connect(e.proxy.port());
+    // a key on each master
+    let mut keys = Vec::new();
+    for m in e.owners.masters() {
+        let k = (0..).map(|i| format!("lk:master:{i}")).find(|k| e.owners.of_key(k.as_bytes()) == m).unwrap();
+        keys.push(k);
+    }
+    for k in &keys {
+        token(&c.cmd(&["LOCK.ACQUIRE", k, "o", "10000"]));
+    }
+    for m in e.owners.masters() {
+        assert_eq!(cli(m, &["SCRIPT", "FLUSH"]), "OK");
+    }
+    for k in &keys {
+        assert_eq!(c.cmd(&["LOCK.INFO", k]).get("owner"), Some(V::s("o")), "INFO after SCRIPT FLUSH");
+        assert_eq!(c.cmd(&["LOCK.RELEASE", k, "o"]), V::Int(1), "RELEASE after SCRIPT FLUSH");
+        token(&c.cmd(&["LOCK.ACQUIRE", k, "o", "10000", "WAIT", "100"]));
+        assert_eq!(c.cmd(&["LOCK.EXTEND", k, "o", "10000"]), V::Int(1));
+        assert_eq!(c.cmd(&["LOCK.RELEASE", k, "o"]), V::Int(1));
+    }
+}
+
+#[test]
+fn a_lock_survives_a_slot_migration() {
+    let e = env();
+    let k = "{lk:mig}:lock";
+    let fence = "{lk:mig}:lock:lock-fence";
+    assert_eq!(key_slot(k.as_bytes()), key_slot(fence.as_bytes()));
+    let slot = key_slot(k.as_bytes()).to_string();
+    let src = e.owners.of_key(k.as_bytes());
+    let dst = *e.owners.masters().iter().find(|&&p| p != src).unwrap();
+    let (src_id, dst_id) = (e.cluster.node_id(src), e.cluster.node_id(dst));
+    let mut c = Conn::connect(e.proxy.port());
+    let t = token(&c.cmd(&["LOCK.ACQUIRE", k, "before", "30000"]));
+    assert_eq!(cli(dst, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]), "OK");
+    assert_eq!(cli(src, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]), "OK");
+    let dst_port = dst.to_string();
+    assert_eq!(cli(src, &["MIGRATE", "127.0.0.1", &dst_port, "", "0", "5000", "KEYS", k, fence]), "OK");
+    for m in e.owners.masters() {
+        assert_eq!(cli(m, &["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]), "OK");
+    }
+    assert!(c.cmd(&["LOCK.ACQUIRE", k, "after", "1000"]).is_nil(), "the lock was lost in the migration");
+    assert_eq!(c.cmd(&["LOCK.INFO", k]).get("token"), Some(V::Int(t)));
+    assert_eq!(c.cmd(&["LOCK.RELEASE", k, "before"]), V::Int(1));
+    let t2 = token(&c.cmd(&["LOCK.ACQUIRE", k, "after", "1000"]));
+    assert!(t2 > t, "fencing counter moved with the lock: {t2} > {t}");
+    assert_eq!(c.cmd(&["LOCK.RELEASE", k, "after"]), V::Int(1));
+}
+
+#[test]
+fn plain_lock_idioms_work_through_the_proxy() {
+    let e = env();
+    let mut c = Conn::connect(e.proxy.port());
+    let k = "lk:plain-idiom";
+    let unlock = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+    assert_eq!(c.cmd(&["SET", k, "token-1", "NX", "PX", "5000"]), V::ok());
+    assert!(c.cmd(&["SET", k, "token-2", "NX", "PX", "5000"]).is_nil());
+    assert_eq!(
+        c.cmd(&["EVAL", unlock, "1", k, "token-2"]),
+        V::Int(0),
+        "compare-and-delete spares another owner's lock"
+    );
+    assert_eq!(c.cmd(&["EVAL", unlock, "1", k, "token-1"]), V::Int(1));
+    assert_eq!(c.cmd(&["SET", k, "token-2", "NX", "PX", "5000"]), V::ok());
+    let sha = c.cmd(&["SCRIPT", "LOAD", unlock]).text();
+    assert_eq!(c.cmd(&["EVALSHA", &sha, "1", k, "token-2"]), V::Int(1));
+}
