@@ -120,11 +120,12 @@ pub fn fence_key(key: &[u8]) -> Vec<u8> {
         // the key's own tag stays the first one
         return [key, SUFFIX].concat();
     }
-    if !key.contains(&b'}') {
+    if !key.is_empty() && !key.contains(&b'}') {
         // tag the whole key
         return [b"{".as_slice(), key, b"}", SUFFIX].concat();
     }
-    // a key with a `}` but no tag cannot be a tag itself: find a suffix in its slot
+    // a key with a `}` but no tag (or an empty key) cannot be a tag itself: find a suffix
+    // that lands in its slot
     let want = slot(key);
     (0u32..)
         .map(|n| [key, SUFFIX, b":", n.to_string().as_bytes()].concat())
@@ -467,7 +468,7 @@ enum Flight {
     Attempt { key: Bytes, data: Bytes, tries: u32 },
     /// A KEEPALIVE renewal, a release on close, or the release of a lock taken for a
     /// client that left: fire and forget, retried on NOSCRIPT.
-    Other { key: Bytes, data: Bytes },
+    Other { key: Bytes, data: Bytes, renewal_of: Option<u64> },
 }
 
 async fn run(proxy: std::sync::Arc<crate::proxy::Proxy>, mut rx: mpsc::UnboundedReceiver<Event>) {
@@ -506,7 +507,7 @@ async fn run(proxy: std::sync::Arc<crate::proxy::Proxy>, mut rx: mpsc::Unbounded
                         st.held = kept;
                         for h in gone {
                             let r = LockRequest { cmd: LockCmd::Release, key: h.key.clone(), owner: h.owner, ttl_ms: 0, wait_ms: 0, keepalive: false };
-                            fire(&proxy, &mut st, &rtx, &r, true);
+                            fire(&proxy, &mut st, &rtx, &r, true, None);
                         }
                     }
                 }
@@ -567,38 +568,41 @@ fn tick(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSender
         st.inflight.insert(id, Flight::Attempt { key: r.key.clone(), data: data.clone(), tries: 0 });
         send_to(proxy, &r.key, data, id, rtx, Prefix::None, None);
     }
-    let due: Vec<LockRequest> = st
+    let due: Vec<(u64, LockRequest)> = st
         .held
         .iter_mut()
         .filter(|h| now >= h.next)
         .map(|h| {
             h.next = now + Duration::from_millis((h.ttl_ms / 3).max(1));
-            LockRequest {
+            let r = LockRequest {
                 cmd: LockCmd::Extend,
                 key: h.key.clone(),
                 owner: h.owner.clone(),
                 ttl_ms: h.ttl_ms,
                 wait_ms: 0,
                 keepalive: true,
-            }
+            };
+            (h.client, r)
         })
         .collect();
-    for r in due {
-        fire(proxy, st, rtx, &r, false);
+    for (client, r) in due {
+        fire(proxy, st, rtx, &r, false, Some(client));
     }
 }
 
-/// Sends a request whose reply only matters for NOSCRIPT and redirections.
+/// Sends a request whose reply only matters for NOSCRIPT and redirections (and, for a
+/// renewal of `renewal_of`'s lock, whether the lock is still held).
 fn fire(
     proxy: &crate::proxy::Proxy,
     st: &mut State,
     rtx: &mpsc::UnboundedSender<BackendReply>,
     r: &LockRequest,
     force: bool,
+    renewal_of: Option<u64>,
 ) {
     let id = proxy.locks.next_id.fetch_add(1, Ordering::Relaxed);
     let data = proxy.locks.command(r, false, force).raw().clone();
-    st.inflight.insert(id, Flight::Other { key: r.key.clone(), data: data.clone() });
+    st.inflight.insert(id, Flight::Other { key: r.key.clone(), data: data.clone(), renewal_of });
     send_to(proxy, &r.key, data, id, rtx, Prefix::None, None);
 }
 
@@ -625,7 +629,7 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
     let id = r.tag.seq;
     let Some(flight) = st.inflight.remove(&id) else { return };
     let (key, data) = match &flight {
-        Flight::Attempt { key, data, .. } | Flight::Other { key, data } => (key.clone(), data.clone()),
+        Flight::Attempt { key, data, .. } | Flight::Other { key, data, .. } => (key.clone(), data.clone()),
     };
     // transport trouble and cluster redirections: try again
     let retry_after = match &r.result {
@@ -656,10 +660,17 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
         },
     };
     let Flight::Attempt { tries, .. } = flight else {
+        let Flight::Other { renewal_of, .. } = flight else { return };
+        // a renewal that found the lock no longer ours: stop renewing it
+        if let (Some(client), Ok(d)) = (renewal_of, &r.result)
+            && &d[..] == b":0\r\n"
+        {
+            st.held.retain(|h| !(h.client == client && h.key == key));
+        }
         match retry_after {
             // moved: once more, to the new owner
             Some(Duration::ZERO) => {
-                st.inflight.insert(id, Flight::Other { key: key.clone(), data: data.clone() });
+                st.inflight.insert(id, Flight::Other { key: key.clone(), data: data.clone(), renewal_of });
                 send_to(proxy, &key, data, id, rtx, Prefix::None, None);
             }
             Some(_) => {
@@ -699,7 +710,7 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
             if token {
                 if !delivered {
                     // the client left while we waited: give the lock back
-                    fire(proxy, st, rtx, &p.w.req.clone(), true);
+                    fire(proxy, st, rtx, &p.w.req.clone(), true, None);
                 } else if p.w.req.keepalive {
                     let r = &p.w.req;
                     st.held.push(Held {

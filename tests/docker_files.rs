@@ -740,10 +740,11 @@ fn dashboard_metrics_exist_in_a_live_exposition() {
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("heatshield.toml");
     // A small client limit (to see a refusal), a short command timeout (to see a backend
-    // timeout) and a slow periodic refresh (so the slot moved below is found by MOVED).
+    // timeout), a slow periodic refresh (so the slot moved below is found by MOVED), and a
+    // rate-limit rule that never refuses (so its per-rule counters exist).
     std::fs::write(
         &conf,
-        "[server]\nthreads = 1\nmax_clients = 8\n\n[backend]\ncommand_timeout_ms = 300\nrefresh_interval_ms = 60000\n\n[metrics]\nlatency_sample_every = 1\n",
+        "[server]\nthreads = 1\nmax_clients = 8\n\n[backend]\ncommand_timeout_ms = 300\nrefresh_interval_ms = 60000\n\n[metrics]\nlatency_sample_every = 1\n\n[[ratelimit.rules]]\nname = \"docker\"\npattern = \"hs:docker:*\"\nrate = 1000000\nburst = 1000000\n",
     )
     .unwrap();
     let metrics_addr = format!("127.0.0.1:{}", free_port());
