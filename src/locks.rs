@@ -460,6 +460,9 @@ struct Parked {
     w: Waiter,
     id: u64,
     trying: bool,
+    /// A wake-up came while an attempt was in flight: if that attempt finds the lock
+    /// held, try again at once (the release may have come after the attempt ran).
+    woken: bool,
     next_try: Instant,
 }
 
@@ -484,11 +487,12 @@ async fn run(proxy: std::sync::Arc<crate::proxy::Proxy>, mut rx: mpsc::Unbounded
                     Event::Park(w) => {
                         let id = locks.next_id.fetch_add(1, Ordering::Relaxed);
                         let q = st.queues.entry(w.req.key.clone()).or_default();
-                        q.push_back(Parked { w, id, trying: false, next_try: Instant::now() });
+                        q.push_back(Parked { w, id, trying: false, woken: false, next_try: Instant::now() });
                     }
                     Event::Wake(key) => {
                         if let Some(p) = st.queues.get_mut(&key).and_then(|q| q.front_mut()) {
                             p.next_try = Instant::now();
+                            p.woken |= p.trying;
                         }
                     }
                     Event::Hold { client, key, owner, ttl_ms } => {
@@ -559,6 +563,7 @@ fn tick(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSender
             && now >= p.next_try
         {
             p.trying = true;
+            p.woken = false;
             attempts.push((p.id, p.w.req.clone()));
         }
         !q.is_empty()
@@ -699,7 +704,11 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
             let p = &mut q[pos];
             p.trying = false;
             let jitter = Duration::from_micros(id.wrapping_mul(0x9E37_79B9) % 5_000);
-            p.next_try = Instant::now() + remaining.min(FALLBACK_RETRY) + jitter;
+            p.next_try = if std::mem::take(&mut p.woken) {
+                Instant::now()
+            } else {
+                Instant::now() + remaining.min(FALLBACK_RETRY) + jitter
+            };
         }
         _ => {
             // a token, or an error for the client

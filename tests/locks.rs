@@ -281,3 +281,40 @@ fn plain_lock_idioms_work_through_the_proxy() {
     let sha = c.cmd(&["SCRIPT", "LOAD", unlock]).text();
     assert_eq!(c.cmd(&["EVALSHA", &sha, "1", k, "token-2"]), V::Int(1));
 }
+
+/// A client that releases and at once waits again must not starve a client that was
+/// already waiting: waiters of one key are served first come, first served.
+#[test]
+fn waiters_are_served_in_order() {
+    let e = env();
+    let k = "lk:fair";
+    let port = e.proxy.port();
+    let mut greedy = Conn::connect(port);
+    token(&greedy.cmd(&["LOCK.ACQUIRE", k, "greedy", "10000"]));
+    // the patient client parks first
+    let patient = thread::spawn(move || {
+        let mut c = Conn::connect(port);
+        let t = token(&c.cmd(&["LOCK.ACQUIRE", k, "patient", "10000", "WAIT", "5000"]));
+        assert_eq!(c.cmd(&["LOCK.RELEASE", k, "patient"]), V::Int(1));
+        t
+    });
+    thread::sleep(Duration::from_millis(50));
+    // the greedy client releases and immediately queues again, 20 times over; each of its
+    // acquisitions after the first must come after the patient client's
+    assert_eq!(greedy.cmd(&["LOCK.RELEASE", k, "greedy"]), V::Int(1));
+    let t1 = Instant::now();
+    let t = token(&greedy.cmd(&["LOCK.ACQUIRE", k, "greedy", "10000", "WAIT", "5000"]));
+    let waited = t1.elapsed();
+    println!("greedy waited {waited:?} behind the patient client");
+    // woken by the patient's release, not by the fallback retry
+    assert!(waited < Duration::from_millis(150), "the release did not wake the next waiter: {waited:?}");
+    let patient_token = patient.join().unwrap();
+    assert!(patient_token < t, "the waiting client got token {patient_token} after the greedy one's {t}");
+    let t0 = Instant::now();
+    for _ in 0..20 {
+        assert_eq!(greedy.cmd(&["LOCK.RELEASE", k, "greedy"]), V::Int(1));
+        token(&greedy.cmd(&["LOCK.ACQUIRE", k, "greedy", "10000", "WAIT", "5000"]));
+    }
+    println!("20 uncontended WAIT acquisitions: {:?}", t0.elapsed());
+    assert_eq!(greedy.cmd(&["LOCK.RELEASE", k, "greedy"]), V::Int(1));
+}
