@@ -26,25 +26,16 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.environ.get("BENCH_DIR", os.path.join(ROOT, "..", "shared", "bench"))
-TICK = os.sysconf("SC_CLK_TCK")
+from benchlib import BENCH, ROOT, build, cpu, redis_pid, sh, wait_ping
 
 
-def sh(*args, **kw):
-    return subprocess.run(args, check=True, text=True, capture_output=True, **kw).stdout
 
 
-def cpu(pid):
-    """utime + stime of a process, in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def redis_pid(port):
-    out = sh("redis-cli", "-p", str(port), "INFO", "server")
-    return int(re.search(r"process_id:(\d+)", out).group(1))
+
+
+
 
 
 def get_calls(port):
@@ -60,15 +51,7 @@ def owner_of(key, masters):
     raise SystemExit(f"no master owns {key}")
 
 
-def wait_ping(port):
-    for _ in range(100):
-        try:
-            if "PONG" in sh("redis-cli", "-p", str(port), "PING"):
-                return
-        except subprocess.CalledProcessError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"nothing answers on {port}")
+
 
 
 def main():
@@ -78,11 +61,7 @@ def main():
     ap.add_argument("--clients", type=int, default=50)
     opts = ap.parse_args()
 
-    sh("cargo", "build", "--release", "--quiet", cwd=ROOT)
-    out = subprocess.run(["cargo", "bench", "--bench", "cache_load", "--no-run"], cwd=ROOT, text=True,
-                         capture_output=True, check=True).stderr
-    load = re.search(r"Executable .*\((.*cache_load-[^)]*)\)", out).group(1)
-    load = os.path.join(ROOT, load)
+    load = build("cache_load")
 
     work = tempfile.mkdtemp(prefix="heatshield-bench-cache-")
     procs = []

@@ -21,34 +21,19 @@ import subprocess
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.environ.get("BENCH_DIR", os.path.join(ROOT, "..", "shared", "bench"))
-TICK = os.sysconf("SC_CLK_TCK")
+from benchlib import BENCH, ROOT, build, cpu, redis_pid, sh, wait_ping
 
 
-def sh(*args, **kw):
-    return subprocess.run(args, check=True, text=True, capture_output=True, **kw).stdout
 
 
-def cpu(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def redis_pid(port):
-    return int(re.search(r"process_id:(\d+)", sh("redis-cli", "-p", str(port), "INFO", "server")).group(1))
 
 
-def wait_ping(port):
-    for _ in range(100):
-        try:
-            if "PONG" in sh("redis-cli", "-p", str(port), "PING"):
-                return
-        except subprocess.CalledProcessError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"nothing answers on {port}")
+
+
+
+
 
 
 def main():
@@ -56,10 +41,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=4)
     opts = ap.parse_args()
-    sh("cargo", "build", "--release", "--quiet", cwd=ROOT)
-    out = subprocess.run(["cargo", "bench", "--bench", "lock_load", "--no-run"], cwd=ROOT, text=True,
-                         capture_output=True, check=True).stderr
-    load = os.path.join(ROOT, re.search(r"Executable .*\((.*lock_load-[^)]*)\)", out).group(1))
+    load = build("lock_load")
     work = tempfile.mkdtemp(prefix="heatshield-bench-locks-")
     procs = []
     try:

@@ -7,15 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::client::{Conn, Proto, SlotOwners, V};
-use common::{Proxy, RedisCluster, http_get};
-
-fn config_file(text: &str) -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("heatshield.toml");
-    std::fs::write(&path, text).unwrap();
-    let p = path.to_str().unwrap().to_string();
-    (dir, p)
-}
+use common::{Proxy, RedisCluster, config_file, http_get};
 
 fn field(text: &str, name: &str) -> Option<String> {
     text.lines().find_map(|l| l.strip_prefix(&format!("{name}:")).map(|v| v.trim().to_string()))

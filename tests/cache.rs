@@ -7,17 +7,17 @@
 //!
 //! The shared proxy uses a short detection window (200 ms) and a low threshold (500
 //! reads/s) so keys turn hot quickly. Tests that read a master's `INFO commandstats` take
-//! the write side of [`QUIET`]; the others hold the read side.
+//! the write side of the harness's traffic lock; the others hold the read side.
 
 mod common;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::client::{Conn, Proto, Shared, SlotOwners, V};
-use common::{Proxy, RedisCluster, cli, info_field};
+use common::{Proxy, RedisCluster, cli, cmdstat_calls, config_file, exclusive_traffic, shared_traffic};
 
 const CONFIG: &str = r#"
 [cache]
@@ -62,35 +62,6 @@ fn env() -> Arc<Env> {
     })
 }
 
-static QUIET: RwLock<()> = RwLock::new(());
-
-fn shared_traffic() -> RwLockReadGuard<'static, ()> {
-    QUIET.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn exclusive_traffic() -> RwLockWriteGuard<'static, ()> {
-    QUIET.write().unwrap_or_else(|e| e.into_inner())
-}
-
-fn config_file(text: &str) -> (tempfile::TempDir, String) {
-    let dir = tempfile::Builder::new().prefix("heatshield-cache-").tempdir().unwrap();
-    let path = dir.path().join("heatshield.toml");
-    std::fs::write(&path, text).unwrap();
-    let p = path.to_str().unwrap().to_string();
-    (dir, p)
-}
-
-/// `calls=` of `cmdstat_<name>` on a Redis node (0 if the command never ran there).
-fn calls(port: u16, name: &str) -> u64 {
-    let info = cli(port, &["INFO", "commandstats"]);
-    match info_field(&info, &format!("cmdstat_{name}")) {
-        None => 0,
-        Some(line) => {
-            line.split(',').find_map(|kv| kv.strip_prefix("calls=")).and_then(|n| n.parse().ok()).unwrap_or(0)
-        }
-    }
-}
-
 /// `PROXY CACHE STATS` field.
 fn stat(c: &mut Conn, name: &str) -> i64 {
     let r = c.cmd(&["PROXY", "CACHE", "STATS"]);
@@ -129,12 +100,12 @@ fn hot_key_reads_stay_off_redis() {
     let mut c = Conn::connect(e.proxy.port());
     assert_eq!(c.cmd(&["SET", key, "v1"]), V::ok());
     make_hot(&mut c, key, &["GET", key]);
-    let before = calls(master, "get");
+    let before = cmdstat_calls(master, "get");
     let hits_before = stat(&mut c, "hits");
     for _ in 0..20_000 {
         assert_eq!(c.cmd(&["GET", key]), V::s("v1"));
     }
-    let reached = calls(master, "get") - before;
+    let reached = cmdstat_calls(master, "get") - before;
     let hits = stat(&mut c, "hits") - hits_before;
     println!("20000 GETs of a hot key: {reached} reached the master, {hits} cache hits");
     assert!(reached <= 5, "{reached} GETs reached the master");

@@ -6,16 +6,18 @@
 //!
 //! Tests 2-5 share one cluster and one proxy whose configuration holds every rule they
 //! need (distinct patterns per test). The rate/burst test reads `INFO commandstats` from a
-//! master, so it takes the write side of [`QUIET`] while the others hold the read side
+//! master, so it takes the write side of the harness's traffic lock while the others hold the read side
 //! around their data commands.
 
 mod common;
 
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::client::{Conn, Proto, Shared, SlotOwners, V, args, encode};
-use common::{Proxy, RedisCluster, cli, free_port, info_field, wait_until};
+use common::{
+    Proxy, RedisCluster, cli, cmdstat_calls, config_file, exclusive_traffic, free_port, shared_traffic, wait_until,
+};
 
 /// Rules for the shared proxy, in this order.
 const RULES: &str = r#"
@@ -113,27 +115,6 @@ fn env() -> Arc<Env> {
     })
 }
 
-/// Held (read side) by tests sending data commands through the shared cluster; the
-/// rate/burst test holds the write side so the masters' `INFO commandstats` only count its
-/// own GETs.
-static QUIET: RwLock<()> = RwLock::new(());
-
-fn shared_traffic() -> RwLockReadGuard<'static, ()> {
-    QUIET.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn exclusive_traffic() -> RwLockWriteGuard<'static, ()> {
-    QUIET.write().unwrap_or_else(|e| e.into_inner())
-}
-
-fn config_file(text: &str) -> (tempfile::TempDir, String) {
-    let dir = tempfile::Builder::new().prefix("heatshield-rl-").tempdir().unwrap();
-    let path = dir.path().join("heatshield.toml");
-    std::fs::write(&path, text).unwrap();
-    let p = path.to_str().unwrap().to_string();
-    (dir, p)
-}
-
 /// The exact error text of docs/ratelimit.md (without the leading `-`).
 fn throttled(key: &str, rate: u64, rule: &str) -> String {
     format!("THROTTLED key '{key}' is over {rate} requests/s (rule '{rule}')")
@@ -148,19 +129,6 @@ fn admitted(v: &V) -> bool {
 fn repeat(c: &mut Conn, n: usize, cmd: &[&str]) -> Vec<V> {
     let cmds: Vec<Vec<Vec<u8>>> = (0..n).map(|_| args(cmd)).collect();
     c.pipeline(&cmds)
-}
-
-/// `calls=` of `cmdstat_<name>` on a Redis node (0 if the command never ran there).
-fn calls(port: u16, name: &str) -> u64 {
-    let info = cli(port, &["INFO", "commandstats"]);
-    match info_field(&info, &format!("cmdstat_{name}")) {
-        None => 0,
-        Some(line) => line
-            .split(',')
-            .find_map(|kv| kv.strip_prefix("calls="))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("bad cmdstat_{name} line {line:?}")),
-    }
 }
 
 /// A scalar LIST field as text (integers, doubles and strings alike; arrays joined by ",").
@@ -222,7 +190,7 @@ fn rate_and_burst_are_honoured() {
     assert_eq!(c.cmd(&["PING"]), V::s("PONG"));
     const BATCH: usize = 50;
     let batch: Vec<u8> = (0..BATCH).flat_map(|_| encode(&["GET", key])).collect();
-    let before = calls(master, "get");
+    let before = cmdstat_calls(master, "get");
 
     let (mut ok, mut refused) = (0u64, 0u64);
     let start = Instant::now();
@@ -246,7 +214,7 @@ fn rate_and_burst_are_honoured() {
             break elapsed;
         }
     };
-    let after = calls(master, "get");
+    let after = cmdstat_calls(master, "get");
 
     let secs = elapsed.as_secs_f64();
     let expected = 10.0 + 100.0 * secs;
@@ -377,14 +345,14 @@ fn multi_key_refused_whole_and_charges_nothing() {
         let (ma, a) = owners.key_per_master(&format!("rl:mk:{t}:a"))[0].clone();
         let (mb, b) = owners.key_per_master(&format!("rl:mk:{t}:b"))[1].clone();
         assert_ne!(ma, mb);
-        let mget_before = (calls(ma, "mget"), calls(mb, "mget"));
+        let mget_before = (cmdstat_calls(ma, "mget"), cmdstat_calls(mb, "mget"));
         let mut cmds: Vec<Vec<Vec<u8>>> = (0..3).map(|_| args(&["GET", a.as_str()])).collect();
         cmds.push(args(&["MGET", a.as_str(), b.as_str()]));
         let r = c.pipeline(&cmds);
         assert!(r[..3].iter().all(admitted), "{proto:?}: 3 GETs of {a}: {r:?}");
         assert_eq!(r[3], V::Err(throttled(&a, 1, "multikey")), "{proto:?}: MGET {a} {b}");
         assert_eq!(
-            (calls(ma, "mget"), calls(mb, "mget")),
+            (cmdstat_calls(ma, "mget"), cmdstat_calls(mb, "mget")),
             mget_before,
             "{proto:?}: the refused MGET reached a master (cmdstat_mget on {ma}, on {mb})"
         );

@@ -363,6 +363,41 @@ pub fn cmd(port: u16, args: &[&str]) -> Resp {
     try_cmd(port, args).unwrap_or_else(|e| panic!("cmd to port {port} {args:?} failed: {e}"))
 }
 
+/// Writes `text` as heatshield.toml in a fresh temp dir; keep the dir alive while used.
+pub fn config_file(text: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::Builder::new().prefix("heatshield-conf-").tempdir().expect("tempdir");
+    let path = dir.path().join("heatshield.toml");
+    std::fs::write(&path, text).expect("write config");
+    let p = path.to_str().expect("utf-8 temp path").to_string();
+    (dir, p)
+}
+
+/// `calls=` of `cmdstat_<name>` on a Redis node (0 if the command never ran there).
+pub fn cmdstat_calls(port: u16, name: &str) -> u64 {
+    let info = cli(port, &["INFO", "commandstats"]);
+    match info_field(&info, &format!("cmdstat_{name}")) {
+        None => 0,
+        Some(line) => line
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("calls="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("bad cmdstat_{name} line {line:?}")),
+    }
+}
+
+/// Tests of one binary that send data commands through a shared cluster hold the read
+/// side; a test that reads the masters' counters (`INFO commandstats`, cache statistics)
+/// holds the write side, so those count only its own commands.
+static QUIET: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+pub fn shared_traffic() -> std::sync::RwLockReadGuard<'static, ()> {
+    QUIET.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn exclusive_traffic() -> std::sync::RwLockWriteGuard<'static, ()> {
+    QUIET.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Extracts `field` from an `INFO`-style `key:value` text.
 pub fn info_field(info: &str, field: &str) -> Option<String> {
     info.lines()
