@@ -216,6 +216,11 @@ pub struct Locks {
     next_id: AtomicU64,
     /// Requests parked now: releases through this proxy wake the lock task only if some are.
     parked: AtomicUsize,
+    /// KEEPALIVE locks being renewed now.
+    held: AtomicUsize,
+    /// Parked requests that got the lock / that timed out.
+    pub granted_after_wait: AtomicU64,
+    pub wait_timeouts: AtomicU64,
 }
 
 impl Default for Locks {
@@ -228,6 +233,9 @@ impl Default for Locks {
             tx: OnceLock::new(),
             next_id: AtomicU64::new(1),
             parked: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
+            granted_after_wait: AtomicU64::new(0),
+            wait_timeouts: AtomicU64::new(0),
         }
     }
 }
@@ -342,6 +350,16 @@ impl Locks {
         if self.parked.load(Ordering::SeqCst) > 0 {
             self.send(Event::Wake(key.clone()));
         }
+    }
+
+    /// Publishes the lock gauges and counters (called periodically).
+    pub fn publish_metrics(&self) {
+        metrics::gauge!("heatshield_lock_waiters").set(self.parked.load(Ordering::Relaxed) as f64);
+        metrics::gauge!("heatshield_lock_keepalive_locks").set(self.held.load(Ordering::Relaxed) as f64);
+        metrics::counter!("heatshield_lock_waits_total", "result" => "acquired")
+            .absolute(self.granted_after_wait.load(Ordering::Relaxed));
+        metrics::counter!("heatshield_lock_waits_total", "result" => "timeout")
+            .absolute(self.wait_timeouts.load(Ordering::Relaxed));
     }
 
     /// A client's connection closed: its parked requests go, its KEEPALIVE locks are
@@ -520,6 +538,7 @@ async fn run(proxy: std::sync::Arc<crate::proxy::Proxy>, mut rx: mpsc::Unbounded
             _ = tokio::time::sleep_until(next.into()) => {}
         }
         tick(&proxy, &mut st, &rtx);
+        locks.held.store(st.held.len(), Ordering::Relaxed);
     }
 }
 
@@ -553,6 +572,7 @@ fn tick(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSender
             }
             if !p.trying && now >= p.w.deadline {
                 deliver(&p.w, None);
+                proxy.locks.wait_timeouts.fetch_add(1, Ordering::Relaxed);
                 return false;
             }
             true
@@ -716,6 +736,9 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
             proxy.locks.parked.fetch_sub(1, Ordering::SeqCst);
             let token = matches!(Value::parse(&reply), Ok((Value::Int(t), _)) if t > 0);
             let delivered = deliver(&p.w, Some(&reply));
+            if token {
+                proxy.locks.granted_after_wait.fetch_add(1, Ordering::Relaxed);
+            }
             if token {
                 if !delivered {
                     // the client left while we waited: give the lock back

@@ -207,6 +207,7 @@ fn spawn_gauges(proxy: Arc<Proxy>) {
             proxy.ratelimit.publish_metrics();
             g.ratelimit_keys.set(proxy.ratelimit.tracked_keys() as f64);
             heatshield::metrics::publish_cache(&proxy.cache);
+            proxy.locks.publish_metrics();
             for node in proxy.cluster.pools() {
                 let (mut up, mut connecting, mut down) = (0, 0, 0);
                 for (_, b) in node.connections() {

@@ -93,6 +93,9 @@ fn describe() {
         "Cache invalidations by cause (write, tracking, flush, connection, cooled)."
     );
     describe_gauge!("heatshield_cache_hot_keys", "Keys currently detected as hot.");
+    describe_gauge!("heatshield_lock_waiters", "LOCK.ACQUIRE ... WAIT requests parked now.");
+    describe_gauge!("heatshield_lock_keepalive_locks", "KEEPALIVE locks heatshield is renewing now.");
+    describe_counter!("heatshield_lock_waits_total", "Parked LOCK.ACQUIRE requests by result (acquired, timeout).");
     describe_gauge!("heatshield_cache_entries", "Keys with cached replies.");
     describe_gauge!(
         "heatshield_cache_bytes",

@@ -209,6 +209,17 @@ fn wait_wakes_on_release_and_times_out_on_time() {
     let waited = t.elapsed();
     assert!(waited >= Duration::from_millis(290) && waited < Duration::from_millis(500), "WAIT 300 took {waited:?}");
     assert_eq!(holder.cmd(&["LOCK.RELEASE", k, "h"]), V::Int(1));
+
+    // the waits show in the metrics (published every second)
+    let metrics = e.proxy.metrics_addr().expect("metrics address");
+    let value = |name: &str| -> f64 {
+        let (_, text) = common::http_get(&metrics, "/metrics");
+        text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0)
+    };
+    common::wait_until(Duration::from_secs(5), "lock wait metrics", || {
+        value("heatshield_lock_waits_total{result=\"acquired\"}") >= 20.0
+            && value("heatshield_lock_waits_total{result=\"timeout\"}") >= 1.0
+    });
 }
 
 #[test]

@@ -59,6 +59,9 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_cache_hot_keys", "gauge", &[]),
     ("heatshield_cache_entries", "gauge", &[]),
     ("heatshield_cache_bytes", "gauge", &[]),
+    ("heatshield_lock_waiters", "gauge", &[]),
+    ("heatshield_lock_keepalive_locks", "gauge", &[]),
+    ("heatshield_lock_waits_total", "counter", &["result"]),
 ];
 
 /// The documented latency buckets (upper bounds, seconds), `+Inf` not included.
@@ -70,6 +73,7 @@ const LABEL_VALUES: &[(&str, &str, &[&str])] = &[
     ("heatshield_commands_total", "outcome", &["ok", "error", "redirected", "throttled", "cached"]),
     ("heatshield_cache_fills_discarded_total", "reason", &["raced", "too_big"]),
     ("heatshield_cache_invalidations_total", "cause", &["write", "tracking", "flush", "connection", "cooled"]),
+    ("heatshield_lock_waits_total", "result", &["acquired", "timeout"]),
     ("heatshield_backend_errors_total", "kind", &["connect", "lost", "timeout"]),
     ("heatshield_backend_connections", "state", &["up", "connecting", "down"]),
     ("heatshield_redirections_total", "kind", &["moved", "ask"]),
