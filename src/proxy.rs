@@ -128,6 +128,8 @@ pub struct Pending {
     invalidate: Vec<Bytes>,
     /// FLUSHALL / FLUSHDB: empty the cache before the reply is passed on.
     flush: bool,
+    /// A write: the cache's hot epoch when it was sent (see [`crate::cache::HotCache::hot_epoch`]).
+    write_epoch: Option<u64>,
 }
 
 impl Pending {
@@ -164,6 +166,8 @@ pub struct Ctx<'a> {
     pub invalidate: Vec<Bytes>,
     /// Set by [`Proxy::dispatch`]: the request empties the databases.
     pub flush: bool,
+    /// Set by [`Proxy::dispatch`] for writes while the cache is on (see [`Pending`]).
+    pub write_epoch: Option<u64>,
 }
 
 impl Ctx<'_> {
@@ -379,8 +383,11 @@ impl Proxy {
                 {
                     return self.cached_read(ctx, cmd, &req, k0 as usize);
                 }
-            } else if cmd.is_write() && self.cache.active() {
-                self.note_writes(ctx, keys.iter().map(|&k| (&req, k as usize)));
+            } else if cmd.is_write() {
+                ctx.write_epoch = Some(self.cache.hot_epoch());
+                if self.cache.active() {
+                    self.note_writes(ctx, keys.iter().map(|&k| (&req, k as usize)));
+                }
             }
         }
         if let Err(t) = self.ratelimit.check(cmd, keys.iter().map(|&k| req.arg(k as usize)), ctx.now, false) {
@@ -415,8 +422,11 @@ impl Proxy {
         if let Err(t) = self.ratelimit.check(cmd, std::iter::once(&r.key[..]), ctx.now, false) {
             return ctx.error(&t.message());
         }
-        if kind != LockCmd::Info && self.cache.active() {
-            self.note_writes(ctx, std::iter::once((&req, 1)));
+        if kind != LockCmd::Info && self.cache.enabled {
+            ctx.write_epoch = Some(self.cache.hot_epoch());
+            if self.cache.active() {
+                self.note_writes(ctx, std::iter::once((&req, 1)));
+            }
         }
         let s = slot(&r.key);
         if kind == LockCmd::Acquire && r.wait_ms > 0 {
@@ -441,6 +451,7 @@ impl Proxy {
                 redirected: false,
                 invalidate: std::mem::take(&mut ctx.invalidate),
                 flush: false,
+                write_epoch: ctx.write_epoch.take(),
             });
         }
         let data = self.locks.command(&r, false, false).raw().clone();
@@ -478,9 +489,26 @@ impl Proxy {
                 redirected: false,
                 invalidate: Vec::new(),
                 flush: false,
+                write_epoch: None,
             });
         }
         self.start(ctx, Merge::Pass, smallvec![part])
+    }
+
+    /// Drops the cached replies of the hot keys of a command given as its RESP bytes (the
+    /// rare path of [`Pending::write_epoch`]).
+    fn invalidate_keys_of(&self, data: &Bytes) {
+        let req = Request::from_args(&crate::admin::args_of(data));
+        if let Ok(cmd) = self.commands.lookup(&req)
+            && let Ok(keys) = keys_of(cmd, &req)
+        {
+            for k in keys {
+                let key = req.arg(k as usize);
+                if self.cache.tracked(key) {
+                    self.cache.invalidate(key, crate::cache::Cause::Write);
+                }
+            }
+        }
     }
 
     /// A write to keys that may be cached: drop them now (so no fill started from here on
@@ -521,8 +549,11 @@ impl Proxy {
                 {
                     return self.cached_read(ctx, cmd, &req, 1);
                 }
-            } else if cmd.is_write() && self.cache.active() {
-                self.note_writes(ctx, (0..nkeys).map(|i| (&req, 1 + i * step)));
+            } else if cmd.is_write() {
+                ctx.write_epoch = Some(self.cache.hot_epoch());
+                if self.cache.active() {
+                    self.note_writes(ctx, (0..nkeys).map(|i| (&req, 1 + i * step)));
+                }
             }
         }
         if let Err(t) = self.ratelimit.check(cmd, (0..nkeys).map(|i| req.arg(1 + i * step)), ctx.now, false) {
@@ -664,6 +695,7 @@ impl Proxy {
             redirected: false,
             invalidate: std::mem::take(&mut ctx.invalidate),
             flush: std::mem::take(&mut ctx.flush),
+            write_epoch: ctx.write_epoch.take(),
         };
         let n = p.parts.len();
         let mut i = 0;
@@ -867,6 +899,14 @@ impl Proxy {
         if p.flush {
             self.cache.flush(crate::cache::Cause::Flush);
         }
+        if let Some(e) = p.write_epoch
+            && e != self.cache.hot_epoch()
+        {
+            // keys turned hot while the write was out: it may have raced their first fill
+            for part in &p.parts {
+                self.invalidate_keys_of(&part.data);
+            }
+        }
         // What stays behind keeps the first part's target, for the slow log's node.
         let first = Part::new(Bytes::new(), p.parts[0].target.clone());
         let done = std::mem::replace(
@@ -878,6 +918,7 @@ impl Proxy {
                 redirected: p.redirected,
                 invalidate: Vec::new(),
                 flush: false,
+                write_epoch: None,
             },
         );
         Some(self.finish(ctx, done))

@@ -170,6 +170,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                             cached: false,
                             invalidate: Vec::new(),
                             flush: false,
+                            write_epoch: None,
                         };
                         if let Some(reply) = proxy.on_reply(&mut ctx, p, r) {
                             client.inflight -= 1;
@@ -238,6 +239,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                             cached: false,
                             invalidate: Vec::new(),
                             flush: false,
+                            write_epoch: None,
                         };
                         let reply = match proxy.dispatch(&mut ctx, req) {
                             Outcome::Ready(b) => Reply::Ready(b),

@@ -317,6 +317,8 @@ pub struct HotCache {
     detector: Mutex<Detector>,
     hot: ArcSwap<HotSet>,
     hot_count: AtomicUsize,
+    /// Bumped whenever keys become hot (see [`HotCache::hot_epoch`]).
+    hot_epoch: AtomicU64,
     entries: moka::sync::Cache<Bytes, Arc<KeyEntry>>,
     stripes: Box<[AtomicU64]>,
     hasher: ahash::RandomState,
@@ -358,6 +360,7 @@ impl HotCache {
             })),
             hot: ArcSwap::from_pointee(HotSet::default()),
             hot_count: AtomicUsize::new(0),
+            hot_epoch: AtomicU64::new(0),
             entries,
             stripes: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
             hasher: ahash::RandomState::new(),
@@ -650,6 +653,9 @@ impl HotCache {
         }
         self.hot_count.store(set.len(), Ordering::Relaxed);
         self.hot.store(Arc::new(set));
+        if !changes.became_hot.is_empty() {
+            self.hot_epoch.fetch_add(1, Ordering::SeqCst);
+        }
         for k in &changes.cooled {
             if !self.pins.is_empty() && self.tracked(k) {
                 continue; // still pinned
@@ -672,6 +678,14 @@ impl HotCache {
     pub fn usage(&self) -> (u64, u64) {
         self.entries.run_pending_tasks();
         (self.entries.entry_count(), self.entries.weighted_size())
+    }
+
+    /// Changes whenever keys become hot. A write sent while none of its keys was hot, and
+    /// answered after this changed, may have raced a fill of a key that turned hot in
+    /// between: its keys are dropped before its reply is passed on.
+    #[inline]
+    pub fn hot_epoch(&self) -> u64 {
+        self.hot_epoch.load(Ordering::SeqCst)
     }
 
     /// Hot keys now.
