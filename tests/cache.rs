@@ -155,10 +155,10 @@ fn writes_through_the_proxy_are_seen_at_once() {
     assert!(r.cmd(&["GET", key]).is_nil());
 }
 
-/// Several readers through the proxy while a writer increments the key every 25 ms,
+/// Several readers through the proxy while a writer increments the key every 50 ms,
 /// alternating between the proxy and the master directly. A read that starts after a
 /// write through the proxy was acknowledged must see it; for direct writes the delay until
-/// the proxy serves them is measured, and must stay well under the 25 ms until the next
+/// the proxy serves them is measured, and must stay well under the 50 ms until the next
 /// write (which would hide a lost invalidation).
 #[test]
 fn stale_read_torture() {
@@ -171,7 +171,7 @@ fn stale_read_torture() {
     make_hot(&mut w, key, &["GET", key]);
     let hits_before = stat(&mut w, "hits");
 
-    const WRITES: i64 = 120;
+    const WRITES: i64 = 100;
     let epoch = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let mut readers = Vec::new();
@@ -196,7 +196,7 @@ fn stale_read_torture() {
         let c = if is_direct { &mut direct } else { &mut w };
         assert_eq!(c.cmd(&["INCR", key]).int(), i);
         acks.push((i, epoch.elapsed(), is_direct));
-        thread::sleep(Duration::from_millis(25));
+        thread::sleep(Duration::from_millis(50));
     }
     stop.store(true, Ordering::Relaxed);
     let reads: Vec<(Duration, i64)> = readers.into_iter().flat_map(|h| h.join().unwrap()).collect();
@@ -215,11 +215,11 @@ fn stale_read_torture() {
     }
     let hits = stat(&mut w, "hits") - hits_before;
     println!(
-        "torture: {} reads by 4 readers, {WRITES} writes (half direct, 25 ms apart); stale after a proxy write: {proxy_violations}; worst delay before a direct write was served: {worst_direct:?}; cache hits {hits}",
+        "torture: {} reads by 4 readers, {WRITES} writes (half direct, 50 ms apart); stale after a proxy write: {proxy_violations}; worst delay before a direct write was served: {worst_direct:?}; cache hits {hits}",
         reads.len()
     );
     assert_eq!(proxy_violations, 0, "reads missed writes acknowledged through the proxy");
-    assert!(worst_direct < Duration::from_millis(20), "a direct write took {worst_direct:?} to be served");
+    assert!(worst_direct < Duration::from_millis(35), "a direct write took {worst_direct:?} to be served");
     assert!(hits > 1000, "only {hits} reads were answered from the cache: not a test of the cache");
 }
 
