@@ -425,15 +425,20 @@ impl HotCache {
         }
     }
 
+    /// Whether `v` may still be served for a key whose slot `owner` serves now: read from
+    /// that node, with no invalidation of the node or the whole cache since.
+    fn valid(&self, v: &Variant, owner: &Arc<NodePool>) -> bool {
+        Arc::ptr_eq(&v.pool, owner)
+            && v.node_epoch == owner.tracking.epoch.load(Ordering::SeqCst)
+            && v.epoch == self.epoch.load(Ordering::SeqCst)
+    }
+
     /// A cached reply for this read, if one is valid: `owner` is the master serving the
     /// key's slot now.
     pub fn lookup(&self, cmd: usize, proto: Proto, req: &Request, key: &[u8], owner: &Arc<NodePool>) -> Option<Bytes> {
         let found = self.entries.get(key).and_then(|e| {
             let v = e.variants.iter().find(|v| v.matches(cmd, proto, req))?;
-            let valid = Arc::ptr_eq(&v.pool, owner)
-                && v.node_epoch == owner.tracking.epoch.load(Ordering::SeqCst)
-                && v.epoch == self.epoch.load(Ordering::SeqCst);
-            valid.then(|| v.reply.clone())
+            self.valid(v, owner).then(|| v.reply.clone())
         });
         match &found {
             Some(_) => self.stats.hits.fetch_add(1, Ordering::Relaxed),
@@ -446,10 +451,7 @@ impl HotCache {
     pub fn lookup_get(&self, proto: Proto, key: &[u8], owner: &Arc<NodePool>) -> Option<Bytes> {
         let e = self.entries.get(key)?;
         let v = e.variants.iter().find(|v| v.cmd == self.get_id && v.proto == proto && v.args.len() == 1)?;
-        let valid = Arc::ptr_eq(&v.pool, owner)
-            && v.node_epoch == owner.tracking.epoch.load(Ordering::SeqCst)
-            && v.epoch == self.epoch.load(Ordering::SeqCst);
-        if valid {
+        if self.valid(v, owner) {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
             Some(v.reply.clone())
         } else {
@@ -588,15 +590,11 @@ impl HotCache {
 
     /// Adds a variant to a key's entry (replacing the same variant, dropping stale ones).
     fn insert(&self, key: Bytes, v: Variant) {
-        let epoch = self.epoch.load(Ordering::SeqCst);
         let mut variants: Vec<Variant> = Vec::new();
         if let Some(old) = self.entries.get(&key) {
             for o in &old.variants {
                 let same = o.cmd == v.cmd && o.proto == v.proto && o.args == v.args;
-                let fresh = Arc::ptr_eq(&o.pool, &v.pool)
-                    && o.node_epoch == v.pool.tracking.epoch.load(Ordering::SeqCst)
-                    && o.epoch == epoch;
-                if !same && fresh {
+                if !same && self.valid(o, &v.pool) {
                     variants.push(Variant {
                         cmd: o.cmd,
                         proto: o.proto,
