@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 
 use crate::backend::ConnState;
 use crate::config::Config;
+use crate::metrics::bump;
 use crate::protocol::request::{Limits, Next, RequestReader};
 use crate::protocol::{Request, Writer};
 use crate::proxy::{Ctx, Outcome, Proxy};
@@ -231,12 +232,6 @@ impl Default for CmdStat {
             hist: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
-}
-
-#[inline]
-fn bump(a: &AtomicU64, n: u64) {
-    // one writer per slot: no read-modify-write instruction needed
-    a.store(a.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
 }
 
 /// Bucket of a latency in microseconds: log-linear, 4 sub-buckets per power of two.
@@ -560,7 +555,7 @@ fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                         w.bulk(v.as_bytes());
                     }
                     w.bulk(b"allowed");
-                    w.int(r.allowed.load(Ordering::Relaxed) as i64);
+                    w.int(r.allowed() as i64);
                     w.bulk(b"throttled");
                     w.int(r.throttled.load(Ordering::Relaxed) as i64);
                 }

@@ -281,3 +281,10 @@ pub fn publish_cache(c: &crate::cache::HotCache) {
     gauge!("heatshield_cache_entries").set(entries as f64);
     gauge!("heatshield_cache_bytes").set(bytes as f64);
 }
+
+/// Adds to a counter that only one thread writes (a per-worker slot): a plain load and
+/// store, no read-modify-write instruction on the request path.
+#[inline]
+pub fn bump(a: &std::sync::atomic::AtomicU64, n: u64) {
+    a.store(a.load(std::sync::atomic::Ordering::Relaxed).wrapping_add(n), std::sync::atomic::Ordering::Relaxed);
+}

@@ -1,18 +1,19 @@
 //! Per-key rate limits (docs/ratelimit.md): ordered rules matching keys by glob and
 //! commands by kind, each with a rate and a burst, per key or shared; GCRA budgets kept as
-//! one timestamp each; a hard cap on tracked keys; background reclaim of idle budgets.
+//! one timestamp each in a lock-free table ([`table`]); a hard cap on tracked keys;
+//! background reclaim of idle budgets.
 //!
 //! GCRA is written here rather than taken from `governor`: a multi-key command must check
 //! every key first and charge none of them when one is over budget, and governor's keyed
 //! limiter charges on each check with no way to look without consuming.
 
-use std::hash::BuildHasherDefault;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+pub mod table;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use dashmap::DashMap;
 use serde::Deserialize;
 use smallvec::SmallVec;
 
@@ -96,15 +97,36 @@ pub struct Rule {
     tolerance: u64,
     /// The shared budget (scope = "shared", and per-key keys beyond the cap).
     shared: AtomicU64,
-    /// Budgets by a 64-bit keyed hash of the key (see [`PreHashed`]).
-    keys: DashMap<u64, AtomicU64, BuildHasherDefault<PreHashed>>,
-    pub allowed: AtomicU64,
+    /// Mixed into the key hashes of this rule's budgets in the key table, so every rule
+    /// (and every new version of a rule) has budgets of its own.
+    salt: u64,
+    /// Requests allowed, one counter per worker (no read-modify-write on the request path).
+    allowed: Box<[PerWorker]>,
     pub throttled: AtomicU64,
     m_allowed: metrics::Counter,
     m_throttled: metrics::Counter,
 }
 
+/// A counter on a cache line of its own.
+#[repr(align(64))]
+#[derive(Default)]
+struct PerWorker(AtomicU64);
+
+/// Counter slots per rule; workers beyond share slots (then counts may be lost, not
+/// budgets: budgets are charged atomically).
+const WORKER_SLOTS: usize = 16;
+
 impl Rule {
+    /// Requests this rule allowed.
+    pub fn allowed(&self) -> u64 {
+        self.allowed.iter().map(|c| c.0.load(Ordering::Relaxed)).sum()
+    }
+
+    #[inline]
+    fn count_allowed(&self, n: u64) {
+        crate::metrics::bump(&self.allowed[crate::worker::current() % WORKER_SLOTS].0, n);
+    }
+
     fn matches(&self, cmd: &Command, key: &[u8]) -> bool {
         let cmd_ok = match &self.filter {
             Filter::All => true,
@@ -174,8 +196,8 @@ pub fn compile(rules: &[RuleConfig], table: &CommandTable) -> Result<Vec<Arc<Rul
             interval,
             tolerance: interval.saturating_mul(r.burst),
             shared: AtomicU64::new(0),
-            keys: DashMap::default(),
-            allowed: AtomicU64::new(0),
+            salt: ahash::RandomState::new().hash_one(i),
+            allowed: (0..WORKER_SLOTS).map(|_| PerWorker::default()).collect(),
             throttled: AtomicU64::new(0),
             m_allowed: metrics::counter!("heatshield_ratelimit_allowed_total", &labels),
             m_throttled: metrics::counter!("heatshield_ratelimit_throttled_total", &labels),
@@ -205,36 +227,19 @@ impl Throttled {
     }
 }
 
-/// Budgets are keyed by a 64-bit hash of the key made with random keys (aHash), not by
-/// the key itself: a lookup then touches one small table slot instead of a heap-allocated
-/// key, and a budget costs 16 bytes plus the table's overhead. Two keys share a budget
-/// only on a 64-bit collision, and the random keys keep clients from choosing keys that
-/// collide. This hasher passes those hashes through.
-#[derive(Default)]
-pub struct PreHashed(u64);
-
-impl std::hash::Hasher for PreHashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // only u64 keys are hashed here; fold anything else in anyway
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ b as u64;
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
-}
-
 /// The live rules and their budgets.
+///
+/// Per-key budgets are keyed by a 64-bit hash of the key made with random keys (aHash),
+/// not by the key itself: a lookup then touches one 16-byte table slot instead of a
+/// heap-allocated key. Two keys share a budget only on a 64-bit collision, and the random
+/// keys keep clients from choosing keys that collide.
 pub struct Limiter {
     rules: ArcSwap<Vec<Arc<Rule>>>,
     max_keys: usize,
     /// Nanoseconds a full budget stays before [`Limiter::reclaim`] drops it.
     idle_ns: u64,
-    tracked: AtomicUsize,
+    /// Budgets of per-key rules, made when the first per-key rule appears.
+    table: OnceLock<table::Budgets>,
     epoch: Instant,
     hasher: ahash::RandomState,
 }
@@ -244,14 +249,16 @@ type BudgetId = (usize, Option<u64>);
 
 impl Limiter {
     pub fn new(rules: Vec<Arc<Rule>>, max_keys: usize, idle: std::time::Duration) -> Limiter {
-        Limiter {
-            rules: ArcSwap::from_pointee(rules),
+        let l = Limiter {
+            rules: ArcSwap::from_pointee(Vec::new()),
             max_keys,
             idle_ns: idle.as_nanos() as u64,
-            tracked: AtomicUsize::new(0),
+            table: OnceLock::new(),
             epoch: Instant::now(),
             hasher: ahash::RandomState::new(),
-        }
+        };
+        l.replace(rules);
+        l
     }
 
     /// Whether any rule exists (the request path skips everything otherwise).
@@ -265,20 +272,40 @@ impl Limiter {
     }
 
     /// Replaces the rules. A rule whose definition is unchanged keeps its budgets; new
-    /// and changed rules start fresh.
+    /// and changed rules start fresh (the budgets of the old ones go idle and are
+    /// reclaimed).
     pub fn replace(&self, rules: Vec<Arc<Rule>>) {
         let old = self.rules.load_full();
         let rules: Vec<Arc<Rule>> =
             rules.into_iter().map(|r| old.iter().find(|o| o.spec == r.spec).cloned().unwrap_or(r)).collect();
-        let dropped: usize =
-            old.iter().filter(|o| !rules.iter().any(|r| Arc::ptr_eq(o, r))).map(|o| o.keys.len()).sum();
+        if rules.iter().any(|r| r.per_key) {
+            self.table.get_or_init(|| table::Budgets::new(self.max_keys));
+        }
         self.rules.store(Arc::new(rules));
-        self.tracked.fetch_sub(dropped.min(self.tracked.load(Ordering::Relaxed)), Ordering::Relaxed);
     }
 
     /// Keys with a budget of their own.
     pub fn tracked_keys(&self) -> usize {
-        self.tracked.load(Ordering::Relaxed)
+        self.table.get().map_or(0, |t| t.len())
+    }
+
+    /// Brings the budget slots of the given keys (the first key of each request of a
+    /// pipelined batch) into the CPU cache, so that their misses overlap instead of
+    /// coming one per request when the requests are checked. Does nothing without a
+    /// per-key rule.
+    #[inline]
+    pub fn prefetch<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) {
+        let Some(b) = self.table.get() else { return };
+        if !self.rules.load().iter().any(|r| r.per_key) {
+            return;
+        }
+        let mut hashes = [0u64; 32];
+        let mut n = 0;
+        for (h, k) in hashes.iter_mut().zip(keys) {
+            *h = self.hasher.hash_one(k);
+            n += 1;
+        }
+        table::Budgets::prefetch(&b.load(), &hashes[..n]);
     }
 
     /// `at` in the limiter's clock (nanoseconds, offset so that a fresh budget, timestamp 0,
@@ -291,7 +318,7 @@ impl Limiter {
     /// request path touches one counter, not two).
     pub fn publish_metrics(&self) {
         for r in self.rules.load().iter() {
-            r.m_allowed.absolute(r.allowed.load(Ordering::Relaxed));
+            r.m_allowed.absolute(r.allowed());
             r.m_throttled.absolute(r.throttled.load(Ordering::Relaxed));
         }
     }
@@ -317,7 +344,20 @@ impl Limiter {
         if keys.peek().is_none() {
             return self.check_one(&rules, cmd, first, at, cached);
         }
-        let keys = std::iter::once(first).chain(keys);
+        self.check_many(&rules, cmd, std::iter::once(first).chain(keys), at, cached)
+    }
+
+    /// Several keys: look at every budget first, then charge them all or none.
+    fn check_many<'k>(
+        &self,
+        rules: &[Arc<Rule>],
+        cmd: &Command,
+        keys: impl Iterator<Item = &'k [u8]>,
+        at: Instant,
+        cached: bool,
+    ) -> Result<(), Throttled> {
+        let guard = self.table.get().map(|b| (b, b.load()));
+        let table = guard.as_ref().map(|(b, t)| (*b, &**t));
         // budgets this command draws on, how many requests each, and the first key on it
         let mut need: SmallVec<[(BudgetId, u64, &'k [u8]); 4]> = SmallVec::new();
         for key in keys {
@@ -326,11 +366,18 @@ impl Limiter {
             if cached && !r.spec.count_cached {
                 continue;
             }
-            let h = self.hasher.hash_one(key);
-            let id = if r.per_key && (r.keys.contains_key(&h) || self.tracked.load(Ordering::Relaxed) < self.max_keys) {
-                (ri, Some(h))
-            } else {
-                (ri, None)
+            let id = match table {
+                Some((b, t)) if r.per_key => {
+                    let h = self.hasher.hash_one(key);
+                    let tagged = table::tag(h, r.salt);
+                    // at the cap a new key draws on the shared budget
+                    if table::Budgets::get(t, h, tagged).is_some() || b.len() < self.max_keys {
+                        (ri, Some(h))
+                    } else {
+                        (ri, None)
+                    }
+                }
+                _ => (ri, None),
             };
             match need.iter_mut().find(|(b, _, _)| *b == id) {
                 Some((_, n, _)) => *n += 1,
@@ -344,9 +391,9 @@ impl Limiter {
         // Look first...
         for &((ri, key), n, first) in &need {
             let r = &rules[ri];
-            let tat = match key {
-                Some(h) => r.keys.get(&h).map(|t| t.load(Ordering::Relaxed)).unwrap_or(0),
-                None => r.shared.load(Ordering::Relaxed),
+            let tat = match (key, table) {
+                (Some(h), Some((_, t))) => table::Budgets::get(t, h, table::tag(h, r.salt)).unwrap_or(0),
+                _ => r.shared.load(Ordering::Relaxed),
             };
             let next = tat.max(now) + n * r.interval;
             if next - now > r.tolerance {
@@ -354,28 +401,24 @@ impl Limiter {
                 return Err(Throttled { key: first.to_vec(), rate: r.spec.rate, rule: r.spec.name.clone() });
             }
         }
-        // ...then charge every budget.
+        // ...then charge every budget (a key that lost its place to the cap meanwhile
+        // is charged to the shared budget).
         for &((ri, key), n, _) in &need {
             let r = &rules[ri];
-            let charge = |t: &AtomicU64| {
-                let _ = t.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| Some(tat.max(now) + n * r.interval));
+            let charge = |tat: u64| Some(tat.max(now) + n * r.interval);
+            let placed = match (key, table) {
+                (Some(h), Some((b, t))) => b.update(t, h, table::tag(h, r.salt), charge) != table::Update::Full,
+                _ => false,
             };
-            match key {
-                Some(h) => match r.keys.get(&h) {
-                    Some(t) => charge(&t),
-                    None => {
-                        r.keys.insert(h, AtomicU64::new(now + n * r.interval));
-                        self.tracked.fetch_add(1, Ordering::Relaxed);
-                    }
-                },
-                None => charge(&r.shared),
+            if !placed {
+                let _ = r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, charge);
             }
-            r.allowed.fetch_add(n, Ordering::Relaxed);
+            r.count_allowed(n);
         }
         Ok(())
     }
 
-    /// One key (most commands): one map lookup, checked and charged in one step.
+    /// One key (most commands): one table lookup, checked and charged in one step.
     fn check_one(
         &self,
         rules: &[Arc<Rule>],
@@ -393,23 +436,19 @@ impl Limiter {
             let next = tat.max(now) + r.interval;
             (next - now <= r.tolerance).then_some(next)
         };
-        let ok = if r.per_key {
-            let h = self.hasher.hash_one(key);
-            match r.keys.get(&h) {
-                Some(t) => t.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok(),
-                None if self.tracked.load(Ordering::Relaxed) < self.max_keys => {
-                    // a fresh budget is full: burst >= 1 always admits one
-                    r.keys.insert(h, AtomicU64::new(now + r.interval));
-                    self.tracked.fetch_add(1, Ordering::Relaxed);
-                    true
+        let ok = match self.table.get() {
+            Some(b) if r.per_key => {
+                let h = self.hasher.hash_one(key);
+                match b.update(&b.load(), h, table::tag(h, r.salt), take) {
+                    table::Update::Applied(ok) => ok,
+                    // at the cap a new key draws on the shared budget
+                    table::Update::Full => r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok(),
                 }
-                None => r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok(),
             }
-        } else {
-            r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok()
+            _ => r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok(),
         };
         if ok {
-            r.allowed.fetch_add(1, Ordering::Relaxed);
+            r.count_allowed(1);
             Ok(())
         } else {
             r.throttled.fetch_add(1, Ordering::Relaxed);
@@ -417,20 +456,16 @@ impl Limiter {
         }
     }
 
-    /// Drops budgets that have been full (they hold no information) for the idle time.
-    /// Returns how many.
+    /// Drops budgets that have been full (they hold no information) for the idle time,
+    /// visiting a tenth of the table per call (it is called every second, so a budget is
+    /// dropped at most about 10 s after it became idle). Returns how many.
     pub fn reclaim(&self) -> usize {
-        let now = self.ns(Instant::now()).saturating_sub(self.idle_ns);
-        let mut removed = 0;
-        for r in self.rules.load().iter() {
-            r.keys.retain(|_, t| {
-                let keep = t.load(Ordering::Relaxed) > now;
-                removed += (!keep) as usize;
-                keep
-            });
+        let Some(t) = self.table.get() else { return 0 };
+        if t.is_empty() {
+            return 0;
         }
-        self.tracked.fetch_sub(removed.min(self.tracked.load(Ordering::Relaxed)), Ordering::Relaxed);
-        removed
+        let cutoff = self.ns(Instant::now()).saturating_sub(self.idle_ns);
+        t.reclaim(cutoff, (t.slots() / 10).max(4096))
     }
 }
 

@@ -1,0 +1,406 @@
+//! The per-key budget table: an open-addressing table of 16-byte slots (a tag and a GCRA
+//! timestamp) that the request path reads and charges without a lock.
+//!
+//! Why not a concurrent map: at high request rates over many keys, the cost of a check is
+//! one cache miss into the table. A sharded map takes a lock before it can even start that
+//! load, so misses for requests a client pipelined come one after another. Here a key's
+//! home slot is a pure function of its hash, so the session can touch the home slots of a
+//! whole batch of pipelined requests first ([`Budgets::prefetch`]), letting the CPU
+//! overlap their misses, before any of them is checked.
+//!
+//! - A slot's tag is the key's hash with its rule's salt mixed into the high 32 bits, so
+//!   the low bits (the home slot) are the key's alone; `EMPTY` and `TOMB` (a reclaimed
+//!   slot) are reserved. Linear probing from the home slot, at most [`MAX_PROBE`] slots; a
+//!   key that finds no room is reported as [`Update::Full`].
+//! - Lookups and charges are lock-free (a compare-and-swap on the timestamp). Inserting,
+//!   growing and reclaiming take `writer`, so two inserts of one key cannot both claim a
+//!   slot.
+//! - The table starts at 1,024 slots and doubles while more than half full, up to
+//!   `2 × cap` slots rounded up to a power of two, so it stays as dense as the keys in use
+//!   (a sparse table spreads them over more cache lines and TLB entries). Growing and
+//!   reclaiming first set a slot's timestamp to `DEAD`; a charge that meets `DEAD` goes
+//!   through `writer` and retries on the current table, so no charge is lost.
+//! - A tombstone becomes `EMPTY` again once the slot after it is empty (then no probe
+//!   chain runs through it).
+//! - Memory: 16 bytes a slot, at most 32 MB at the default cap of one million keys. The
+//!   table does not shrink.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use arc_swap::ArcSwap;
+use zerocopy::FromZeros;
+
+use std::sync::{Arc, Mutex};
+
+const EMPTY: u64 = 0;
+const TOMB: u64 = 1;
+/// The timestamp of a slot being (or having been) reclaimed or moved to a bigger table.
+const DEAD: u64 = u64::MAX;
+/// How far from its home slot a key may be placed.
+pub const MAX_PROBE: usize = 64;
+const MIN_SLOTS: usize = 1024;
+
+/// What [`Budgets::update`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Update {
+    /// The budget was found or created; whether the change was applied.
+    Applied(bool),
+    /// The key has no budget and there is no room for one (cap reached, or its probe
+    /// window is full).
+    Full,
+}
+
+/// A key's tag under one rule: never `EMPTY` or `TOMB`, and with the hash's low 32 bits.
+#[inline]
+pub fn tag(hash: u64, salt: u64) -> u64 {
+    let t = hash ^ (salt & !0xffff_ffff);
+    if t <= TOMB { t | 1 << 63 } else { t }
+}
+
+/// One generation of the table. A caller holding one ([`Budgets::load`]) while the table
+/// grows finds its charges meet `DEAD`, and they are redone on the current one.
+pub struct KeyTable {
+    /// Slot `i` is `words[2i]` (tag) and `words[2i + 1]` (timestamp).
+    words: Box<[AtomicU64]>,
+    mask: usize,
+}
+
+impl KeyTable {
+    fn new(slots: usize) -> KeyTable {
+        let words = <[AtomicU64]>::new_box_zeroed_with_elems(slots * 2).expect("rate-limit table allocation");
+        KeyTable { words, mask: slots - 1 }
+    }
+
+    fn slots(&self) -> usize {
+        self.mask + 1
+    }
+
+    #[inline]
+    fn tag_at(&self, slot: usize) -> &AtomicU64 {
+        &self.words[2 * slot]
+    }
+
+    #[inline]
+    fn tat_at(&self, slot: usize) -> &AtomicU64 {
+        &self.words[2 * slot + 1]
+    }
+
+    #[inline]
+    fn find(&self, hash: u64, tag: u64) -> Option<usize> {
+        let mut i = hash as usize & self.mask;
+        for _ in 0..MAX_PROBE {
+            match self.tag_at(i).load(Ordering::Acquire) {
+                t if t == tag => return Some(i),
+                EMPTY => return None,
+                _ => i = (i + 1) & self.mask,
+            }
+        }
+        None
+    }
+
+    /// The first free slot in the key's probe window.
+    fn free_slot(&self, hash: u64) -> Option<usize> {
+        let mut i = hash as usize & self.mask;
+        for _ in 0..MAX_PROBE {
+            let t = self.tag_at(i).load(Ordering::Relaxed);
+            if t == EMPTY || t == TOMB {
+                return Some(i);
+            }
+            i = (i + 1) & self.mask;
+        }
+        None
+    }
+
+    fn put(&self, slot: usize, tag: u64, tat: u64) {
+        self.tat_at(slot).store(tat, Ordering::Relaxed);
+        self.tag_at(slot).store(tag, Ordering::Release);
+    }
+}
+
+/// The budgets of every per-key rule.
+pub struct Budgets {
+    table: ArcSwap<KeyTable>,
+    /// Held to insert, grow and reclaim.
+    writer: Mutex<()>,
+    live: AtomicUsize,
+    cap: usize,
+    max_slots: usize,
+    /// Where the next incremental reclaim pass starts (a slot index, counting down).
+    sweep: AtomicUsize,
+}
+
+impl Budgets {
+    /// A table for at most `cap` keys.
+    pub fn new(cap: usize) -> Budgets {
+        let max_slots = (cap.max(1) * 2).next_power_of_two().max(MIN_SLOTS);
+        Budgets {
+            table: ArcSwap::from_pointee(KeyTable::new(MIN_SLOTS)),
+            writer: Mutex::new(()),
+            live: AtomicUsize::new(0),
+            cap,
+            max_slots,
+            sweep: AtomicUsize::new(0),
+        }
+    }
+
+    /// The current table.
+    #[inline]
+    pub fn load(&self) -> arc_swap::Guard<Arc<KeyTable>> {
+        self.table.load()
+    }
+
+    /// Keys with a budget.
+    pub fn len(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Slots in the table now.
+    pub fn slots(&self) -> usize {
+        self.table.load().slots()
+    }
+
+    /// Loads the home slots of these key hashes, all at once, to bring them into the cache
+    /// ahead of their checks.
+    #[inline]
+    pub fn prefetch(t: &KeyTable, hashes: &[u64]) {
+        let mut sink = 0u64;
+        for &h in hashes {
+            sink = sink.wrapping_add(t.tag_at(h as usize & t.mask).load(Ordering::Relaxed));
+        }
+        std::hint::black_box(sink);
+    }
+
+    /// The key's budget timestamp, if it has a budget (in `t`, a table from
+    /// [`Budgets::load`]).
+    pub fn get(t: &KeyTable, hash: u64, tag: u64) -> Option<u64> {
+        let i = t.find(hash, tag)?;
+        match t.tat_at(i).load(Ordering::Relaxed) {
+            DEAD => None,
+            v => Some(v),
+        }
+    }
+
+    /// Applies `f` to the key's timestamp (0 for a key without a budget yet, which then
+    /// gets one if `f` accepts and there is room), looking first in `t` (a table from
+    /// [`Budgets::load`], possibly outgrown). `f` may run more than once.
+    pub fn update(&self, t: &KeyTable, hash: u64, tag: u64, mut f: impl FnMut(u64) -> Option<u64>) -> Update {
+        {
+            if let Some(i) = t.find(hash, tag) {
+                let r = t
+                    .tat_at(i)
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| if v == DEAD { None } else { f(v) });
+                match r {
+                    Ok(_) => return Update::Applied(true),
+                    Err(DEAD) => {} // moved or reclaimed under us: retry below
+                    Err(_) => return Update::Applied(false),
+                }
+            }
+        }
+        let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        // no slot is half-moved or half-reclaimed while `writer` is held
+        let mut t = self.table.load_full();
+        if let Some(i) = t.find(hash, tag) {
+            return Update::Applied(t.tat_at(i).fetch_update(Ordering::Relaxed, Ordering::Relaxed, &mut f).is_ok());
+        }
+        let live = self.live.load(Ordering::Relaxed);
+        if live >= self.cap {
+            return Update::Full;
+        }
+        if (live + 1) * 2 > t.slots() && t.slots() < self.max_slots {
+            t = self.grow(&t);
+        }
+        let Some(i) = t.free_slot(hash) else { return Update::Full };
+        let Some(new) = f(0) else { return Update::Applied(false) };
+        t.put(i, tag, new);
+        self.live.fetch_add(1, Ordering::Relaxed);
+        Update::Applied(true)
+    }
+
+    /// Moves every budget into a table twice the size and publishes it. Called with
+    /// `writer` held.
+    fn grow(&self, old: &KeyTable) -> Arc<KeyTable> {
+        let new = KeyTable::new(old.slots() * 2);
+        for i in 0..old.slots() {
+            let tag = old.tag_at(i).load(Ordering::Relaxed);
+            if tag <= TOMB {
+                continue;
+            }
+            // charges go on until the slot is marked; after that they wait for `writer`
+            let tat = old.tat_at(i).swap(DEAD, Ordering::Relaxed);
+            if let Some(j) = new.free_slot(tag) {
+                new.put(j, tag, tat);
+            } else {
+                self.live.fetch_sub(1, Ordering::Relaxed); // no room: the key starts afresh
+            }
+        }
+        let new = Arc::new(new);
+        self.table.store(new.clone());
+        new
+    }
+
+    /// Drops budgets whose timestamp is at or before `cutoff`, visiting `slots` slots from
+    /// where the previous call stopped (counting down, wrapping). Returns how many.
+    pub fn reclaim(&self, cutoff: u64, slots: usize) -> usize {
+        const CHUNK: usize = 4096;
+        let mut left = slots;
+        let mut removed = 0;
+        while left > 0 {
+            let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            let t = self.table.load();
+            let total = t.slots();
+            left = left.min(total);
+            let mut end = self.sweep.load(Ordering::Relaxed);
+            if end == 0 || end > total {
+                end = total;
+            }
+            let start = end.saturating_sub(CHUNK.min(left));
+            for i in (start..end).rev() {
+                if t.tag_at(i).load(Ordering::Relaxed) > TOMB {
+                    let tat = t.tat_at(i);
+                    let v = tat.load(Ordering::Relaxed);
+                    if v > cutoff || tat.compare_exchange(v, DEAD, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+                        continue;
+                    }
+                    t.tag_at(i).store(TOMB, Ordering::Release);
+                    self.live.fetch_sub(1, Ordering::Relaxed);
+                    removed += 1;
+                }
+                // a tombstone at the end of a chain ends the chain
+                if t.tag_at(i).load(Ordering::Relaxed) == TOMB
+                    && t.tag_at((i + 1) & t.mask).load(Ordering::Relaxed) == EMPTY
+                {
+                    t.tag_at(i).store(EMPTY, Ordering::Release);
+                }
+            }
+            self.sweep.store(start, Ordering::Relaxed);
+            left -= end - start;
+        }
+        removed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn add(t: &Budgets, h: u64, v: u64) -> Update {
+        upd(t, h, |_| Some(v))
+    }
+
+    fn upd(t: &Budgets, h: u64, f: impl FnMut(u64) -> Option<u64>) -> Update {
+        t.update(&t.load(), h, tag(h, 0), f)
+    }
+
+    fn get(t: &Budgets, h: u64, tag: u64) -> Option<u64> {
+        Budgets::get(&t.load(), h, tag)
+    }
+
+    #[test]
+    fn insert_find_charge() {
+        let t = Budgets::new(10);
+        assert_eq!(get(&t, 5, tag(5, 0)), None);
+        assert_eq!(add(&t, 5, 100), Update::Applied(true));
+        assert_eq!(get(&t, 5, tag(5, 0)), Some(100));
+        // another rule's budget for the same key is separate
+        assert_eq!(get(&t, 5, tag(5, 9 << 40)), None);
+        assert_eq!(upd(&t, 5, |v| (v < 150).then_some(v + 10)), Update::Applied(true));
+        assert_eq!(get(&t, 5, tag(5, 0)), Some(110));
+        assert_eq!(upd(&t, 5, |_| None), Update::Applied(false));
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn colliding_homes_probe_and_reclaim_keeps_chains() {
+        let t = Budgets::new(10);
+        let slots = t.slots() as u64;
+        // three keys with one home slot
+        let (a, b, c) = (7, 7 + slots, 7 + 2 * slots);
+        for h in [a, b, c] {
+            assert_eq!(add(&t, h, 10), Update::Applied(true));
+        }
+        upd(&t, c, |_| Some(1000));
+        // reclaim the first two: c, behind them in the chain, must still be found
+        assert_eq!(t.reclaim(500, usize::MAX), 2);
+        assert_eq!(get(&t, a, tag(a, 0)), None);
+        assert_eq!(get(&t, c, tag(c, 0)), Some(1000));
+        assert_eq!(t.len(), 1);
+        // a re-inserted key reuses a tombstone
+        assert_eq!(add(&t, a, 20), Update::Applied(true));
+        assert_eq!(get(&t, a, tag(a, 0)), Some(20));
+        // once everything is reclaimed the tombstones are cleared
+        assert_eq!(t.reclaim(5000, usize::MAX), 2);
+        let tb = t.table.load();
+        assert!((0..tb.slots()).all(|i| tb.tag_at(i).load(Ordering::Relaxed) == EMPTY));
+    }
+
+    #[test]
+    fn cap_and_probe_window_are_respected() {
+        let t = Budgets::new(3);
+        for h in 0..3 {
+            assert_eq!(add(&t, h, 1), Update::Applied(true));
+        }
+        assert_eq!(add(&t, 3, 1), Update::Full);
+        // a full probe window
+        let t = Budgets::new(1000);
+        let slots = t.slots() as u64;
+        for k in 0..MAX_PROBE as u64 {
+            assert_eq!(add(&t, 1 + k * slots, 1), Update::Applied(true));
+        }
+        assert_eq!(add(&t, 1 + MAX_PROBE as u64 * slots, 1), Update::Full);
+    }
+
+    #[test]
+    fn growing_keeps_every_budget_and_stops_at_twice_the_cap() {
+        let t = Budgets::new(5000);
+        let h = |k: u64| k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        for k in 0..5000 {
+            assert_eq!(add(&t, h(k), 100 + k), Update::Applied(true));
+        }
+        assert_eq!(t.slots(), 16384);
+        for k in 0..5000 {
+            assert_eq!(get(&t, h(k), tag(h(k), 0)), Some(100 + k));
+        }
+        assert_eq!(add(&t, h(5000), 1), Update::Full);
+    }
+
+    #[test]
+    fn charges_racing_growth_and_reclaim_are_not_lost() {
+        let t = Arc::new(Budgets::new(100_000));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // one thread adds keys (the table doubles several times), one reclaims budgets
+        // with small timestamps (the added keys), while this one charges key 42
+        let adder = {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                for k in 1000..9000u64 {
+                    add(&t, k.wrapping_mul(0x9e37_79b9_7f4a_7c15), 1);
+                }
+            })
+        };
+        let reclaimer = {
+            let (t, stop) = (t.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    t.reclaim(1, 1 << 20);
+                }
+            })
+        };
+        // charged through a table snapshot that is refreshed only now and then, as a
+        // worker's is, so charges also meet slots of outgrown tables
+        let mut snap = t.load();
+        for n in 0..50_000 {
+            if n % 1000 == 0 {
+                snap = t.load();
+            }
+            assert_eq!(t.update(&snap, 42, tag(42, 0), |v| Some(v.max(10) + 1)), Update::Applied(true));
+        }
+        adder.join().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        reclaimer.join().unwrap();
+        assert_eq!(get(&t, 42, tag(42, 0)), Some(50_010));
+    }
+}
