@@ -1,10 +1,11 @@
 //! One client connection: read requests, hand each to the request path, and write the
 //! replies back strictly in request order.
 //!
-//! The session is one task. Requests a client pipelines are dispatched as soon as they are
-//! parsed, so commands for different nodes are in flight together; each takes a place in
-//! the reply queue, and backend replies arrive on the session's own channel tagged with
-//! that place. Whenever the front of the queue is complete, every complete reply at the
+//! The session is one task. What a client pipelined is parsed as one batch (up to 32
+//! requests), the rate limiter prefetches the batch's budgets, and the requests are then
+//! dispatched in order, so commands for different nodes are in flight together. Each takes
+//! a place in the reply queue, and backend replies arrive on the session's own channel
+//! tagged with that place. Whenever the front of the queue is complete, every complete reply at the
 //! front is written in one syscall. A client with `max_pipeline` unanswered commands is
 //! not read from until replies drain (its commands wait in the socket, not in memory).
 
@@ -20,6 +21,7 @@ use tracing::{debug, info};
 
 use crate::backend::BackendReply;
 use crate::protocol::request::Limits;
+use crate::protocol::request::Request;
 use crate::protocol::{Next, Proto, RequestReader, Writer};
 use crate::proxy::{Ctx, Outcome, Pending, Proxy};
 
@@ -143,6 +145,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
     let (mut rd, mut wr) = stream.split();
 
     let mut done: Vec<Done> = Vec::with_capacity(64);
+    let mut batch: Vec<Request> = Vec::with_capacity(BATCH);
     let mut read_at = Instant::now();
     let gm = crate::metrics::global();
 
@@ -221,53 +224,71 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
         loop {
             let mut parsed = 0;
             while reading && queue.entries.len() < max_pipeline && !rbuf.is_empty() {
-                let seq = queue.next_seq();
-                let (reply, cmd, cached, raw) = match reader.next(&mut rbuf) {
-                    Ok(Next::Incomplete { hint }) => {
-                        read_hint = hint;
-                        break;
-                    }
-                    Ok(Next::Request(req)) => {
-                        let raw = req.raw().clone();
-                        let mut ctx = Ctx {
-                            client: &mut client,
-                            seq,
-                            reply_to: &tx,
-                            scratch: &mut scratch,
-                            cmd: 0,
-                            now: read_at,
-                            cached: false,
-                            invalidate: Vec::new(),
-                            flush: false,
-                            write_epoch: None,
-                        };
-                        let reply = match proxy.dispatch(&mut ctx, req) {
-                            Outcome::Ready(b) => Reply::Ready(b),
-                            Outcome::Waiting(p) => Reply::Waiting(p),
-                        };
-                        let (cmd, cached) = (ctx.cmd, ctx.cached);
-                        if let Reply::Waiting(_) = reply {
-                            client.inflight += 1;
+                // Parse what a pipelining client sent as one batch (up to BATCH), let the
+                // rate limiter bring the batch's budgets into the cache together, then
+                // dispatch the requests in order.
+                let room = (max_pipeline - queue.entries.len()).min(BATCH);
+                let mut failed = None;
+                while batch.len() < room && !rbuf.is_empty() {
+                    match reader.next(&mut rbuf) {
+                        Ok(Next::Incomplete { hint }) => {
+                            read_hint = hint;
+                            break;
                         }
-                        (reply, cmd, cached, Some(raw))
+                        Ok(Next::Request(req)) => batch.push(req),
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
                     }
-                    Err(e) => {
+                }
+                let more = batch.len() == room && failed.is_none();
+                if batch.len() > 1 {
+                    proxy.ratelimit.prefetch(batch.iter().filter(|r| r.argc() > 1).map(|r| r.arg(1)));
+                }
+                for req in batch.drain(..) {
+                    if !reading {
+                        break; // after QUIT: the rest is never run
+                    }
+                    let seq = queue.next_seq();
+                    let raw = req.raw().clone();
+                    let mut ctx = Ctx {
+                        client: &mut client,
+                        seq,
+                        reply_to: &tx,
+                        scratch: &mut scratch,
+                        cmd: 0,
+                        now: read_at,
+                        cached: false,
+                        invalidate: Vec::new(),
+                        flush: false,
+                        write_epoch: None,
+                    };
+                    let reply = match proxy.dispatch(&mut ctx, req) {
+                        Outcome::Ready(b) => Reply::Ready(b),
+                        Outcome::Waiting(p) => Reply::Waiting(p),
+                    };
+                    let (cmd, cached) = (ctx.cmd, ctx.cached);
+                    if let Reply::Waiting(_) = reply {
+                        client.inflight += 1;
+                    }
+                    push(&mut queue, &mut client, &mut reading, reply, cmd, cached, Some(raw), read_at);
+                    parsed += 1;
+                }
+                if let Some(e) = failed {
+                    if reading {
                         info!(client = id, error = %e, "protocol error; closing");
                         Writer::new(&mut scratch, client.proto).error(&format!("ERR {e}"));
                         client.quit = true;
-                        (Reply::Ready(scratch.split().freeze()), proxy.unknown_id(), false, None)
+                        let reply = Reply::Ready(scratch.split().freeze());
+                        push(&mut queue, &mut client, &mut reading, reply, proxy.unknown_id(), false, None, read_at);
+                        parsed += 1;
                     }
-                };
-                let last = client.quit;
-                if last {
-                    reading = false;
+                    break;
                 }
-                queue.entries.push_back(Entry {
-                    reply,
-                    last,
-                    meta: Meta { cmd, started: read_at, ready_at: read_at, redirected: false, cached, raw, node: None },
-                });
-                parsed += 1;
+                if !more {
+                    break;
+                }
             }
             let wrote;
             match flush(&mut wr, &mut queue, &mut wbuf, &mut done).await {
@@ -307,6 +328,33 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
     }
     let _ = wr.shutdown().await;
     finish(&proxy, &client);
+}
+
+/// How many pipelined requests are parsed before they are dispatched.
+const BATCH: usize = 32;
+
+/// Queues a request's reply (or its place for one); a reply that ends the connection stops
+/// the reading.
+#[allow(clippy::too_many_arguments)]
+fn push(
+    queue: &mut Queue,
+    client: &mut ClientState,
+    reading: &mut bool,
+    reply: Reply,
+    cmd: usize,
+    cached: bool,
+    raw: Option<Bytes>,
+    read_at: Instant,
+) {
+    let last = client.quit;
+    if last {
+        *reading = false;
+    }
+    queue.entries.push_back(Entry {
+        reply,
+        last,
+        meta: Meta { cmd, started: read_at, ready_at: read_at, redirected: false, cached, raw, node: None },
+    });
 }
 
 fn finish(proxy: &Proxy, client: &ClientState) {
