@@ -176,7 +176,7 @@ fn ratelimit_check(c: &mut Criterion) {
             pattern: "*".into(),
             commands: CommandsSpec::Kind("all".into()),
             rate: 1e9,
-            burst: 1_000_000,
+            burst: 1_000_000_000,
             scope: "per-key".into(),
             count_cached: false,
         }],
@@ -192,6 +192,57 @@ fn ratelimit_check(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 1) % keys.len();
             black_box(l.check(get, [keys[i].as_slice()].into_iter(), now, false).is_ok())
+        })
+    });
+    c.bench_function("ratelimit/check_per_key_rule_1_key", |b| {
+        b.iter(|| black_box(l.check(get, [keys[0].as_slice()].into_iter(), now, false).is_ok()))
+    });
+    // 100k keys in a random order (what redis-benchmark -r 100000 sends): the check
+    // alone, and in batches of 16 whose budgets are prefetched first, as the session does
+    // for pipelined requests. Keys are written into a buffer first, as they would sit in
+    // the session's read buffer.
+    fn key(n: u64, out: &mut [u8; 16]) {
+        out[..4].copy_from_slice(b"key:");
+        let mut n = n;
+        for d in out[4..].iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+    }
+    let mut x = 88172645463325252u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % 100_000
+    };
+    let mut k = [0u8; 16];
+    for _ in 0..1_000_000 {
+        key(next(), &mut k);
+        let _ = l.check(get, [&k[..]].into_iter(), now, false);
+    }
+    c.bench_function("ratelimit/keygen_only_100k_random_keys", |b| {
+        b.iter(|| {
+            key(next(), &mut k);
+            black_box(&k);
+        })
+    });
+    c.bench_function("ratelimit/check_per_key_rule_100k_random_keys", |b| {
+        b.iter(|| {
+            key(next(), &mut k);
+            black_box(l.check(get, [&k[..]].into_iter(), now, false).is_ok())
+        })
+    });
+    let mut batch = [[0u8; 16]; 16];
+    c.bench_function("ratelimit/batch_of_16_prefetched_100k_random_keys", |b| {
+        b.iter(|| {
+            for k in batch.iter_mut() {
+                key(next(), k);
+            }
+            l.prefetch(batch.iter().map(|k| &k[..]));
+            for k in &batch {
+                black_box(l.check(get, [&k[..]].into_iter(), now, false).is_ok());
+            }
         })
     });
     let none = Limiter::new(vec![], 1, std::time::Duration::from_secs(10));

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# What a rate-limit rule costs: two heatshield (release build, one worker, hot-key cache
+# off) in front of one 3-master cluster, one without rules and one with a per-key rule on
+# every key that never refuses, measured side by side with the shared harness (rounds
+# interleaved, so noise hits both alike). docs/ratelimit.md has the latest table.
+#
+#   scripts/bench-ratelimit.sh [compare.py options; default --rounds 3 --workloads get,get-P16,hot-get]
+#
+# Ports (127.0.0.1): cluster 7000-7002, heatshield 7410 (no rules) and 7411 (the rule).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${BENCH_DIR:-../shared/bench}
+[[ -f $B/compare.py ]] || { echo "bench harness not found at $B" >&2; exit 1; }
+W=${TMPDIR:-/tmp}/heatshield-bench-ratelimit
+mkdir -p "$W"
+cargo build --release --quiet
+cleanup() {
+  for f in "$W"/heatshield*.pid; do [[ -f $f ]] && kill "$(cat "$f")" 2>/dev/null; rm -f "$f"; done
+  "$B/cluster.sh" stop "$W/cluster" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+cleanup
+"$B/cluster.sh" start "$W/cluster" 7000 3 0
+printf '[cache]\nenabled = false\n' >"$W/norule.toml"
+printf '[cache]\nenabled = false\n\n[[ratelimit.rules]]\nname = "all"\npattern = "*"\nrate = 1000000000\nburst = 1000000000\n' >"$W/rule.toml"
+for t in norule:7410 rule:7411; do
+  name=${t%:*} port=${t#*:}
+  RUST_LOG=warn target/release/heatshield -c "$W/$name.toml" --cluster 127.0.0.1:7000 \
+    --listen 127.0.0.1:"$port" --metrics off --threads 1 >"$W/heatshield-$name.log" 2>&1 &
+  echo $! >"$W/heatshield-$name.pid"
+  for _ in $(seq 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+done
+[[ $# -gt 0 ]] || set -- --rounds 3 --workloads get,get-P16,hot-get
+python3 "$B/compare.py" --baseline no-rule "$@" no-rule=127.0.0.1:7410 rule=127.0.0.1:7411
