@@ -1,5 +1,41 @@
 //! Glob patterns as Redis matches them (`KEYS`, `CONFIG GET`): `*`, `?`, `[abc]`, `[^a-z]`
-//! and `\` escapes. Used for `PROXY CONFIG GET` and, later, key-pattern rules.
+//! and `\` escapes. Used for `PROXY CONFIG GET`, cache pins and rate-limit rules; a
+//! [`Pattern`] is a glob prepared for matching on the request path.
+
+/// A case-sensitive glob, with the common shapes (`*`, `prefix*`, a plain key) matched
+/// without the general matcher.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Pattern {
+    Any,
+    Prefix(Vec<u8>),
+    Exact(Vec<u8>),
+    Glob(Vec<u8>),
+}
+
+impl Pattern {
+    pub fn new(pat: &[u8]) -> Pattern {
+        let special = |b: &u8| matches!(b, b'*' | b'?' | b'[' | b'\\');
+        let body = pat.strip_suffix(b"*").unwrap_or(pat);
+        if !body.iter().any(special) {
+            return match (body.is_empty(), body.len() < pat.len()) {
+                (true, true) => Pattern::Any,
+                (false, true) => Pattern::Prefix(body.to_vec()),
+                _ => Pattern::Exact(pat.to_vec()),
+            };
+        }
+        Pattern::Glob(pat.to_vec())
+    }
+
+    #[inline]
+    pub fn matches(&self, s: &[u8]) -> bool {
+        match self {
+            Pattern::Any => true,
+            Pattern::Prefix(p) => s.starts_with(p),
+            Pattern::Exact(p) => s == &p[..],
+            Pattern::Glob(p) => matches(p, s, false),
+        }
+    }
+}
 
 /// Whether `s` matches `pat`; `nocase` folds ASCII case.
 pub fn matches(pat: &[u8], s: &[u8], nocase: bool) -> bool {
@@ -86,7 +122,22 @@ pub fn matches(pat: &[u8], s: &[u8], nocase: bool) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::matches;
+    use super::{Pattern, matches};
+
+    #[test]
+    fn prepared_patterns_agree_with_the_matcher() {
+        let pats = ["*", "stock:*", "stock:42", "", "a*b*c", "h?llo", "h[ae]llo", "\\*x", "x\\*", "**", "k*"];
+        let strs = ["", "stock:", "stock:42", "stocks:42", "axxbyyc", "hello", "hallo", "*x", "x*", "x", "k", "key"];
+        for p in pats {
+            let c = Pattern::new(p.as_bytes());
+            for s in strs {
+                assert_eq!(c.matches(s.as_bytes()), matches(p.as_bytes(), s.as_bytes(), false), "{p:?} on {s:?}");
+            }
+        }
+        assert_eq!(Pattern::new(b"*"), Pattern::Any);
+        assert_eq!(Pattern::new(b"stock:*"), Pattern::Prefix(b"stock:".to_vec()));
+        assert_eq!(Pattern::new(b"x\\*"), Pattern::Glob(b"x\\*".to_vec()));
+    }
 
     #[test]
     fn like_redis() {

@@ -89,6 +89,7 @@ enum Filter {
 /// A compiled rule and its budgets.
 pub struct Rule {
     pub spec: RuleConfig,
+    pattern: crate::glob::Pattern,
     filter: Filter,
     per_key: bool,
     /// Nanoseconds between requests at the steady rate.
@@ -134,7 +135,7 @@ impl Rule {
             Filter::Writes => cmd.is_write(),
             Filter::Names(n) => n.contains(&cmd.name),
         };
-        cmd_ok && crate::glob::matches(self.spec.pattern.as_bytes(), key, false)
+        cmd_ok && self.pattern.matches(key)
     }
 }
 
@@ -191,6 +192,7 @@ pub fn compile(rules: &[RuleConfig], table: &CommandTable) -> Result<Vec<Arc<Rul
         let labels = [("rule", r.name.clone())];
         out.push(Arc::new(Rule {
             spec: r.clone(),
+            pattern: crate::glob::Pattern::new(r.pattern.as_bytes()),
             filter,
             per_key,
             interval,
@@ -234,7 +236,9 @@ impl Throttled {
 /// heap-allocated key. Two keys share a budget only on a 64-bit collision, and the random
 /// keys keep clients from choosing keys that collide.
 pub struct Limiter {
-    rules: ArcSwap<Vec<Arc<Rule>>>,
+    state: ArcSwap<State>,
+    /// Held to publish a new [`State`].
+    publish: std::sync::Mutex<()>,
     max_keys: usize,
     /// Nanoseconds a full budget stays before [`Limiter::reclaim`] drops it.
     idle_ns: u64,
@@ -247,10 +251,19 @@ pub struct Limiter {
 /// Which budget a key draws on: rule index, and the key's hash (None: the rule's shared one).
 type BudgetId = (usize, Option<u64>);
 
+/// What a check reads with one load: the rules in order and the budget table's current
+/// generation (republished when the table grows).
+struct State {
+    rules: Arc<Vec<Arc<Rule>>>,
+    /// With at least one per-key rule.
+    table: Option<Arc<table::KeyTable>>,
+}
+
 impl Limiter {
     pub fn new(rules: Vec<Arc<Rule>>, max_keys: usize, idle: std::time::Duration) -> Limiter {
         let l = Limiter {
-            rules: ArcSwap::from_pointee(Vec::new()),
+            state: ArcSwap::from_pointee(State { rules: Arc::new(Vec::new()), table: None }),
+            publish: std::sync::Mutex::new(()),
             max_keys,
             idle_ns: idle.as_nanos() as u64,
             table: OnceLock::new(),
@@ -264,24 +277,41 @@ impl Limiter {
     /// Whether any rule exists (the request path skips everything otherwise).
     #[inline]
     pub fn active(&self) -> bool {
-        !self.rules.load().is_empty()
+        !self.state.load().rules.is_empty()
     }
 
     pub fn rules(&self) -> Arc<Vec<Arc<Rule>>> {
-        self.rules.load_full()
+        self.state.load().rules.clone()
     }
 
     /// Replaces the rules. A rule whose definition is unchanged keeps its budgets; new
     /// and changed rules start fresh (the budgets of the old ones go idle and are
     /// reclaimed).
     pub fn replace(&self, rules: Vec<Arc<Rule>>) {
-        let old = self.rules.load_full();
+        let _p = self.publish.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.state.load().rules.clone();
         let rules: Vec<Arc<Rule>> =
             rules.into_iter().map(|r| old.iter().find(|o| o.spec == r.spec).cloned().unwrap_or(r)).collect();
-        if rules.iter().any(|r| r.per_key) {
-            self.table.get_or_init(|| table::Budgets::new(self.max_keys));
+        let table = if rules.iter().any(|r| r.per_key) {
+            Some(self.table.get_or_init(|| table::Budgets::new(self.max_keys)).load_full())
+        } else {
+            None
+        };
+        self.state.store(Arc::new(State { rules: Arc::new(rules), table }));
+    }
+
+    /// After a charge: if the table grew, publishes its new generation, so checks stop
+    /// going through the old one (where they meet `DEAD` slots and take the slow path).
+    #[inline]
+    fn after_growth(&self, b: &table::Budgets) {
+        if b.grown() {
+            let _p = self.publish.lock().unwrap_or_else(|e| e.into_inner());
+            if b.take_grown() {
+                let cur = self.state.load();
+                let table = cur.table.as_ref().map(|_| b.load_full());
+                self.state.store(Arc::new(State { rules: cur.rules.clone(), table }));
+            }
         }
-        self.rules.store(Arc::new(rules));
     }
 
     /// Keys with a budget of their own.
@@ -295,29 +325,29 @@ impl Limiter {
     /// per-key rule.
     #[inline]
     pub fn prefetch<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) {
-        let Some(b) = self.table.get() else { return };
-        if !self.rules.load().iter().any(|r| r.per_key) {
-            return;
-        }
+        let state = self.state.load();
+        let Some(t) = &state.table else { return };
         let mut hashes = [0u64; 32];
         let mut n = 0;
         for (h, k) in hashes.iter_mut().zip(keys) {
             *h = self.hasher.hash_one(k);
             n += 1;
         }
-        table::Budgets::prefetch(&b.load(), &hashes[..n]);
+        table::Budgets::prefetch(t, &hashes[..n]);
     }
 
     /// `at` in the limiter's clock (nanoseconds, offset so that a fresh budget, timestamp 0,
     /// is always full).
+    #[inline]
     fn ns(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.epoch).as_nanos() as u64 + (1 << 40)
+        let d = at.saturating_duration_since(self.epoch);
+        d.as_secs() * 1_000_000_000 + d.subsec_nanos() as u64 + (1 << 40)
     }
 
     /// Publishes the rules' counters to the metrics exporter (called periodically, so the
     /// request path touches one counter, not two).
     pub fn publish_metrics(&self) {
-        for r in self.rules.load().iter() {
+        for r in self.state.load().rules.iter() {
             r.m_allowed.absolute(r.allowed());
             r.m_throttled.absolute(r.throttled.load(Ordering::Relaxed));
         }
@@ -335,29 +365,29 @@ impl Limiter {
         at: Instant,
         cached: bool,
     ) -> Result<(), Throttled> {
-        let rules = self.rules.load();
-        if rules.is_empty() {
+        let state = self.state.load();
+        if state.rules.is_empty() {
             return Ok(());
         }
         let mut keys = keys.peekable();
         let Some(first) = keys.next() else { return Ok(()) };
         if keys.peek().is_none() {
-            return self.check_one(&rules, cmd, first, at, cached);
+            return self.check_one(&state, cmd, first, at, cached);
         }
-        self.check_many(&rules, cmd, std::iter::once(first).chain(keys), at, cached)
+        self.check_many(&state, cmd, std::iter::once(first).chain(keys), at, cached)
     }
 
     /// Several keys: look at every budget first, then charge them all or none.
     fn check_many<'k>(
         &self,
-        rules: &[Arc<Rule>],
+        state: &State,
         cmd: &Command,
         keys: impl Iterator<Item = &'k [u8]>,
         at: Instant,
         cached: bool,
     ) -> Result<(), Throttled> {
-        let guard = self.table.get().map(|b| (b, b.load()));
-        let table = guard.as_ref().map(|(b, t)| (*b, &**t));
+        let rules = &state.rules;
+        let table = self.table.get().zip(state.table.as_deref());
         // budgets this command draws on, how many requests each, and the first key on it
         let mut need: SmallVec<[(BudgetId, u64, &'k [u8]); 4]> = SmallVec::new();
         for key in keys {
@@ -415,19 +445,15 @@ impl Limiter {
             }
             r.count_allowed(n);
         }
+        if let Some((b, _)) = table {
+            self.after_growth(b);
+        }
         Ok(())
     }
 
     /// One key (most commands): one table lookup, checked and charged in one step.
-    fn check_one(
-        &self,
-        rules: &[Arc<Rule>],
-        cmd: &Command,
-        key: &[u8],
-        at: Instant,
-        cached: bool,
-    ) -> Result<(), Throttled> {
-        let Some(r) = rules.iter().find(|r| r.matches(cmd, key)) else { return Ok(()) };
+    fn check_one(&self, state: &State, cmd: &Command, key: &[u8], at: Instant, cached: bool) -> Result<(), Throttled> {
+        let Some(r) = state.rules.iter().find(|r| r.matches(cmd, key)) else { return Ok(()) };
         if cached && !r.spec.count_cached {
             return Ok(());
         }
@@ -436,10 +462,12 @@ impl Limiter {
             let next = tat.max(now) + r.interval;
             (next - now <= r.tolerance).then_some(next)
         };
-        let ok = match self.table.get() {
-            Some(b) if r.per_key => {
+        let ok = match self.table.get().zip(state.table.as_deref()) {
+            Some((b, t)) if r.per_key => {
                 let h = self.hasher.hash_one(key);
-                match b.update(&b.load(), h, table::tag(h, r.salt), take) {
+                let u = b.update(t, h, table::tag(h, r.salt), take);
+                self.after_growth(b);
+                match u {
                     table::Update::Applied(ok) => ok,
                     // at the cap a new key draws on the shared budget
                     table::Update::Full => r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok(),
@@ -483,6 +511,11 @@ mod tests {
             scope: scope.into(),
             count_cached: false,
         }
+    }
+
+    /// A per-key rule on every key at a million requests a second.
+    fn every_key(t: &CommandTable, burst: u64, cap: usize, idle: std::time::Duration) -> Limiter {
+        Limiter::new(compile(&[rule("r", "*", 1_000_000.0, burst, "per-key", "all")], t).unwrap(), cap, idle)
     }
 
     #[test]
@@ -531,11 +564,7 @@ mod tests {
     fn cap_falls_back_to_shared_and_reclaim_frees() {
         let t = CommandTable::new();
         let get = t.get(b"GET").unwrap();
-        let l = Limiter::new(
-            compile(&[rule("r", "*", 1_000_000.0, 1, "per-key", "all")], &t).unwrap(),
-            2,
-            std::time::Duration::from_millis(1),
-        );
+        let l = every_key(&t, 1, 2, std::time::Duration::from_millis(1));
         for k in [&b"a"[..], b"b", b"c", b"d"] {
             let _ = l.check(get, [k].into_iter(), Instant::now(), false);
         }
@@ -543,6 +572,27 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(5));
         assert_eq!(l.reclaim(), 2);
         assert_eq!(l.tracked_keys(), 0);
+    }
+
+    #[test]
+    fn budgets_survive_the_table_growing() {
+        let t = CommandTable::new();
+        let get = t.get(b"GET").unwrap();
+        let l = every_key(&t, 5, 10_000, Default::default());
+        let now = Instant::now();
+        for i in 0..3000 {
+            let k = format!("k{i}");
+            assert!(l.check(get, [k.as_bytes()].into_iter(), now, false).is_ok());
+        }
+        let b = l.table.get().unwrap();
+        assert!(b.slots() >= 8192, "the table grew");
+        assert!(Arc::ptr_eq(l.state.load().table.as_ref().unwrap(), &b.load_full()), "checks use the new table");
+        // budgets survived the moves: each key has 4 more requests of its burst of 5
+        for _ in 0..4 {
+            assert!(l.check(get, [&b"k7"[..]].into_iter(), now, false).is_ok());
+        }
+        assert!(l.check(get, [&b"k7"[..]].into_iter(), now, false).is_err());
+        assert_eq!(l.tracked_keys(), 3000);
     }
 
     #[test]

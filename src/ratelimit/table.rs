@@ -25,7 +25,7 @@
 //! - Memory: 16 bytes a slot, at most 32 MB at the default cap of one million keys. The
 //!   table does not shrink.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use arc_swap::ArcSwap;
 use zerocopy::FromZeros;
@@ -127,6 +127,8 @@ pub struct Budgets {
     max_slots: usize,
     /// Where the next incremental reclaim pass starts (a slot index, counting down).
     sweep: AtomicUsize,
+    /// The table grew since [`Budgets::take_grown`] was last called.
+    grown: AtomicBool,
 }
 
 impl Budgets {
@@ -140,6 +142,7 @@ impl Budgets {
             cap,
             max_slots,
             sweep: AtomicUsize::new(0),
+            grown: AtomicBool::new(false),
         }
     }
 
@@ -147,6 +150,21 @@ impl Budgets {
     #[inline]
     pub fn load(&self) -> arc_swap::Guard<Arc<KeyTable>> {
         self.table.load()
+    }
+
+    pub fn load_full(&self) -> Arc<KeyTable> {
+        self.table.load_full()
+    }
+
+    /// Whether the table grew since [`Budgets::take_grown`] (a plain load).
+    #[inline]
+    pub fn grown(&self) -> bool {
+        self.grown.load(Ordering::Relaxed)
+    }
+
+    /// Whether the table grew since the last call; clears it.
+    pub fn take_grown(&self) -> bool {
+        self.grown.swap(false, Ordering::Relaxed)
     }
 
     /// Keys with a budget.
@@ -239,6 +257,7 @@ impl Budgets {
         }
         let new = Arc::new(new);
         self.table.store(new.clone());
+        self.grown.store(true, Ordering::Relaxed);
         new
     }
 
@@ -386,6 +405,8 @@ mod tests {
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     t.reclaim(1, 1 << 20);
+                    // let the others take `writer` too (the proxy reclaims once a second)
+                    std::thread::sleep(std::time::Duration::from_micros(50));
                 }
             })
         };
