@@ -5,6 +5,11 @@
 # interleaved, so noise hits both alike). docs/ratelimit.md has the latest table.
 #
 #   scripts/bench-ratelimit.sh [compare.py options; default --rounds 3 --workloads get,get-P16,hot-get]
+#   scripts/bench-ratelimit.sh --simultaneous ROUNDS
+#
+# --simultaneous loads both at the same time, each with its own redis-benchmark (GET -P16,
+# 50 clients, 100k random keys, 3M requests), and prints each one's ops per CPU-second
+# and their ratio per round: drift on a shared machine then hits both alike.
 #
 # Ports (127.0.0.1): cluster 7000-7002, heatshield 7410 (no rules) and 7411 (the rule).
 set -euo pipefail
@@ -30,5 +35,21 @@ for t in norule:7410 rule:7411; do
   echo $! >"$W/heatshield-$name.pid"
   for _ in $(seq 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
 done
+if [[ ${1:-} == --simultaneous ]]; then
+  cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; } # utime + stime, in clock ticks
+  tck=$(getconf CLK_TCK)
+  pa=$(cat "$W/heatshield-norule.pid") pb=$(cat "$W/heatshield-rule.pid")
+  for _ in $(seq "${2:-6}"); do
+    ca=$(cpu "$pa") cb=$(cpu "$pb")
+    redis-benchmark -p 7410 -t get -r 100000 -P 16 -c 50 -n 3000000 -q >/dev/null 2>&1 &
+    ja=$!
+    redis-benchmark -p 7411 -t get -r 100000 -P 16 -c 50 -n 3000000 -q >/dev/null 2>&1 &
+    jb=$!
+    wait "$ja" "$jb"
+    python3 -c "import sys; a, b = (3e6 / ((float(y) - float(x)) / $tck) for x, y in ((sys.argv[1], sys.argv[2]), (sys.argv[3], sys.argv[4]))); print(f'no-rule {a / 1e3:.1f}k  rule {b / 1e3:.1f}k ops per CPU-second  rule/no-rule {b / a:.3f}')" \
+      "$ca" "$(cpu "$pa")" "$cb" "$(cpu "$pb")"
+  done
+  exit 0
+fi
 [[ $# -gt 0 ]] || set -- --rounds 3 --workloads get,get-P16,hot-get
 python3 "$B/compare.py" --baseline no-rule "$@" no-rule=127.0.0.1:7410 rule=127.0.0.1:7411
