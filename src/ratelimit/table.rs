@@ -4,9 +4,10 @@
 //! Why not a concurrent map: at high request rates over many keys, the cost of a check is
 //! one cache miss into the table. A sharded map takes a lock before it can even start that
 //! load, so misses for requests a client pipelined come one after another. Here a key's
-//! home slot is a pure function of its hash, so the session can touch the home slots of a
-//! whole batch of pipelined requests first ([`Budgets::prefetch`]), letting the CPU
-//! overlap their misses, before any of them is checked.
+//! home slot is a pure function of its hash, so the session can prefetch the home slots
+//! of a whole batch of pipelined requests first ([`Budgets::prefetch`], prefetch
+//! instructions through the `prefetch-index` crate), letting the CPU overlap their misses,
+//! before any of them is checked.
 //!
 //! - A slot's tag is the key's hash with its rule's salt mixed into the high 32 bits, so
 //!   the low bits (the home slot) are the key's alone; `EMPTY` and `TOMB` (a reclaimed
@@ -181,15 +182,13 @@ impl Budgets {
         self.table.load().slots()
     }
 
-    /// Loads the home slots of these key hashes, all at once, to bring them into the cache
-    /// ahead of their checks.
+    /// Prefetches the home slots of these key hashes, all at once, to bring them into the
+    /// cache ahead of their checks.
     #[inline]
     pub fn prefetch(t: &KeyTable, hashes: &[u64]) {
-        let mut sink = 0u64;
         for &h in hashes {
-            sink = sink.wrapping_add(t.tag_at(h as usize & t.mask).load(Ordering::Relaxed));
+            prefetch_index::prefetch_index(&t.words, 2 * (h as usize & t.mask));
         }
-        std::hint::black_box(sink);
     }
 
     /// The key's budget timestamp, if it has a budget (in `t`, a table from
