@@ -5,9 +5,10 @@
 //! requests), the rate limiter prefetches the batch's budgets, and the requests are then
 //! dispatched in order, so commands for different nodes are in flight together. Each takes
 //! a place in the reply queue, and backend replies arrive on the session's own channel
-//! tagged with that place. Whenever the front of the queue is complete, every complete reply at the
-//! front is written in one syscall. A client with `max_pipeline` unanswered commands is
-//! not read from until replies drain (its commands wait in the socket, not in memory).
+//! tagged with that place. Whenever the front of the queue is complete, every complete
+//! reply at the front is written in one syscall. A client with `max_pipeline` unanswered
+//! commands is not read from until replies drain (its commands wait in the socket, not in
+//! memory).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -20,8 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info};
 
 use crate::backend::BackendReply;
-use crate::protocol::request::Limits;
-use crate::protocol::request::Request;
+use crate::protocol::request::{Limits, Request};
 use crate::protocol::{Next, Proto, RequestReader, Writer};
 use crate::proxy::{Ctx, Outcome, Pending, Proxy};
 
