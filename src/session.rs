@@ -1,9 +1,11 @@
 //! One client connection: read requests, hand each to the request path, and write the
 //! replies back strictly in request order.
 //!
-//! The session is one task. What a client pipelined is parsed as one batch (up to 32
-//! requests), the rate limiter prefetches the batch's budgets, and the requests are then
-//! dispatched in order, so commands for different nodes are in flight together. Each takes
+//! The session is one task. While a per-key rate-limit rule exists, what a client
+//! pipelined is parsed as one batch (up to 32 requests), the rate limiter prefetches the
+//! batch's budgets, and the requests are then dispatched in order; otherwise each request
+//! is dispatched as soon as it is parsed. Either way commands for different nodes are in
+//! flight together. Each takes
 //! a place in the reply queue, and backend replies arrive on the session's own channel
 //! tagged with that place. Whenever the front of the queue is complete, every complete
 //! reply at the front is written in one syscall. A client with `max_pipeline` unanswered
@@ -227,7 +229,9 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                 // Parse what a pipelining client sent as one batch (up to BATCH), let the
                 // rate limiter bring the batch's budgets into the cache together, then
                 // dispatch the requests in order.
-                let room = (max_pipeline - queue.entries.len()).min(BATCH);
+                // (one at a time when no rule wants the prefetch: batching alone costs)
+                let batch_max = if proxy.ratelimit.prefetching() { BATCH } else { 1 };
+                let room = (max_pipeline - queue.entries.len()).min(batch_max);
                 let mut failed = None;
                 while batch.len() < room && !rbuf.is_empty() {
                     match reader.next(&mut rbuf) {

@@ -155,27 +155,32 @@ fn malformed_resp_gets_a_protocol_error_and_is_closed() {
     assert_serving(&proxy);
 }
 
-/// Requests a client pipelined are parsed as one batch before they run: the ones before a
-/// protocol error in the same write are still run and answered, in order, then the error.
+/// Requests pipelined before a protocol error in the same write are still run and
+/// answered, in order, then the error. Checked without rules (each request dispatched as
+/// it is parsed) and with a per-key rate-limit rule (requests parsed in batches of 32 and
+/// their budgets prefetched before they run).
 #[test]
 fn requests_pipelined_before_a_protocol_error_are_answered_first() {
     let cluster = cluster();
-    let proxy = Proxy::start_cluster(&cluster, &[]);
-    for proto in Proto::BOTH {
-        let mut junk = Vec::new();
-        junk.extend_from_slice(b"*1\r\n$4\r\nPING\r\n*3\r\n$3\r\nSET\r\n$8\r\nbad:pipe\r\n$1\r\nv\r\n");
-        // more requests than one batch, so the error comes in a later batch
-        for _ in 0..40 {
-            junk.extend_from_slice(b"*2\r\n$3\r\nGET\r\n$8\r\nbad:pipe\r\n");
+    let (_dir, path) =
+        config("[[ratelimit.rules]]\nname = \"all\"\npattern = \"*\"\nrate = 1000000\nburst = 1000000\n");
+    for proxy in [Proxy::start_cluster(&cluster, &[]), Proxy::start_cluster(&cluster, &["--config", &path])] {
+        for proto in Proto::BOTH {
+            let mut junk = Vec::new();
+            junk.extend_from_slice(b"*1\r\n$4\r\nPING\r\n*3\r\n$3\r\nSET\r\n$8\r\nbad:pipe\r\n$1\r\nv\r\n");
+            // more requests than one batch, so the error comes in a later batch
+            for _ in 0..40 {
+                junk.extend_from_slice(b"*2\r\n$3\r\nGET\r\n$8\r\nbad:pipe\r\n");
+            }
+            junk.extend_from_slice(b"*1\r\n+GET\r\n*1\r\n$4\r\nPING\r\n");
+            let (got, closed) = junk_exchange(proxy.port(), proto, junk);
+            let want =
+                format!("+PONG\r\n+OK\r\n{}-ERR Protocol error: expected '$', got '+'\r\n", "$1\r\nv\r\n".repeat(40));
+            assert_eq!(String::from_utf8_lossy(&got), want, "{proto:?}");
+            assert!(closed, "{proto:?}: connection not closed after the protocol error");
         }
-        junk.extend_from_slice(b"*1\r\n+GET\r\n*1\r\n$4\r\nPING\r\n");
-        let (got, closed) = junk_exchange(proxy.port(), proto, junk);
-        let want =
-            format!("+PONG\r\n+OK\r\n{}-ERR Protocol error: expected '$', got '+'\r\n", "$1\r\nv\r\n".repeat(40));
-        assert_eq!(String::from_utf8_lossy(&got), want, "{proto:?}");
-        assert!(closed, "{proto:?}: connection not closed after the protocol error");
+        assert_serving(&proxy);
     }
-    assert_serving(&proxy);
 }
 
 #[test]

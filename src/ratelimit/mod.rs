@@ -239,6 +239,8 @@ pub struct Limiter {
     state: ArcSwap<State>,
     /// Held to publish a new [`State`].
     publish: std::sync::Mutex<()>,
+    /// Some rule is per-key.
+    per_key: std::sync::atomic::AtomicBool,
     max_keys: usize,
     /// Nanoseconds a full budget stays before [`Limiter::reclaim`] drops it.
     idle_ns: u64,
@@ -264,6 +266,7 @@ impl Limiter {
         let l = Limiter {
             state: ArcSwap::from_pointee(State { rules: Arc::new(Vec::new()), table: None }),
             publish: std::sync::Mutex::new(()),
+            per_key: std::sync::atomic::AtomicBool::new(false),
             max_keys,
             idle_ns: idle.as_nanos() as u64,
             table: OnceLock::new(),
@@ -297,7 +300,15 @@ impl Limiter {
         } else {
             None
         };
+        self.per_key.store(table.is_some(), Ordering::Relaxed);
         self.state.store(Arc::new(State { rules: Arc::new(rules), table }));
+    }
+
+    /// Whether a per-key rule exists, so that pipelined requests are worth prefetching
+    /// ([`Limiter::prefetch`]) as a batch.
+    #[inline]
+    pub fn prefetching(&self) -> bool {
+        self.per_key.load(Ordering::Relaxed)
     }
 
     /// After a charge: if the table grew, publishes its new generation, so checks stop
