@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, Shared, SlotOwners, V};
-use common::{Proxy, RedisCluster, cli, cmdstat_calls, config_file, exclusive_traffic, shared_traffic};
+use common::client::{Conn, Proto, Shared, V};
+use common::{ClusterEnv, Proxy, cli, cmdstat_calls, config_file, exclusive_traffic, shared_traffic};
 
 const CONFIG: &str = r#"
 [cache]
@@ -43,23 +43,10 @@ burst = 5
 count_cached = true
 "#;
 
-struct Env {
-    cluster: RedisCluster,
-    proxy: Proxy,
-    owners: SlotOwners,
-    _conf: tempfile::TempDir,
-}
+static ENV: Shared<ClusterEnv> = Shared::new();
 
-static ENV: Shared<Env> = Shared::new();
-
-fn env() -> Arc<Env> {
-    ENV.get(|| {
-        let cluster = RedisCluster::start();
-        let (conf, path) = config_file(CONFIG);
-        let proxy = Proxy::start_cluster(&cluster, &["--config", &path]);
-        let owners = SlotOwners::read(&cluster);
-        Env { cluster, proxy, owners, _conf: conf }
-    })
+fn env() -> Arc<ClusterEnv> {
+    ENV.get(|| ClusterEnv::start(Some(CONFIG)))
 }
 
 /// `PROXY CACHE STATS` field.

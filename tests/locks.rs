@@ -10,24 +10,13 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, Shared, SlotOwners, V};
-use common::{Proxy, RedisCluster, cli, key_slot};
+use common::client::{Conn, Proto, Shared, V};
+use common::{ClusterEnv, cli, key_slot};
 
-struct Env {
-    cluster: RedisCluster,
-    proxy: Proxy,
-    owners: SlotOwners,
-}
+static ENV: Shared<ClusterEnv> = Shared::new();
 
-static ENV: Shared<Env> = Shared::new();
-
-fn env() -> Arc<Env> {
-    ENV.get(|| {
-        let cluster = RedisCluster::start();
-        let proxy = Proxy::start_cluster(&cluster, &[]);
-        let owners = SlotOwners::read(&cluster);
-        Env { cluster, proxy, owners }
-    })
+fn env() -> Arc<ClusterEnv> {
+    ENV.get(|| ClusterEnv::start(None))
 }
 
 fn token(v: &V) -> i64 {

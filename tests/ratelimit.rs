@@ -14,9 +14,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, Shared, SlotOwners, V, args, encode};
+use common::client::{Conn, Proto, Shared, V, args, encode};
 use common::{
-    Proxy, RedisCluster, cli, cmdstat_calls, config_file, exclusive_traffic, free_port, shared_traffic, wait_until,
+    ClusterEnv, Proxy, cli, cmdstat_calls, config_file, exclusive_traffic, free_port, shared_traffic, wait_until,
 };
 
 /// Rules for the shared proxy, in this order.
@@ -96,23 +96,10 @@ scope = "per-key"
 
 const RULE_NAMES: [&str; 8] = ["one", "perkey", "shared-r2", "shared-r3", "readsonly", "narrow", "wide", "multikey"];
 
-struct Env {
-    cluster: RedisCluster,
-    proxy: Proxy,
-    owners: SlotOwners,
-    _conf: tempfile::TempDir,
-}
+static ENV: Shared<ClusterEnv> = Shared::new();
 
-static ENV: Shared<Env> = Shared::new();
-
-fn env() -> Arc<Env> {
-    ENV.get(|| {
-        let cluster = RedisCluster::start();
-        let (conf, path) = config_file(RULES);
-        let proxy = Proxy::start_cluster(&cluster, &["--config", &path]);
-        let owners = SlotOwners::read(&cluster);
-        Env { cluster, proxy, owners, _conf: conf }
-    })
+fn env() -> Arc<ClusterEnv> {
+    ENV.get(|| ClusterEnv::start(Some(RULES)))
 }
 
 /// The exact error text of docs/ratelimit.md (without the leading `-`).

@@ -372,6 +372,30 @@ pub fn config_file(text: &str) -> (tempfile::TempDir, String) {
     (dir, p)
 }
 
+/// What most test files start once and share: a cluster, a proxy in front of it (with a
+/// configuration file when `config` is given) and who owns each slot.
+pub struct ClusterEnv {
+    pub cluster: RedisCluster,
+    pub proxy: Proxy,
+    pub owners: client::SlotOwners,
+    _conf: Option<tempfile::TempDir>,
+}
+
+impl ClusterEnv {
+    pub fn start(config: Option<&str>) -> ClusterEnv {
+        let cluster = RedisCluster::start();
+        let (conf, proxy) = match config {
+            Some(text) => {
+                let (dir, path) = config_file(text);
+                (Some(dir), Proxy::start_cluster(&cluster, &["--config", &path]))
+            }
+            None => (None, Proxy::start_cluster(&cluster, &[])),
+        };
+        let owners = client::SlotOwners::read(&cluster);
+        ClusterEnv { cluster, proxy, owners, _conf: conf }
+    }
+}
+
 /// `calls=` of `cmdstat_<name>` on a Redis node (0 if the command never ran there).
 pub fn cmdstat_calls(port: u16, name: &str) -> u64 {
     let info = cli(port, &["INFO", "commandstats"]);
