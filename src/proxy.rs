@@ -390,7 +390,9 @@ impl Proxy {
                 }
             }
         }
-        if let Err(t) = self.ratelimit.check(cmd, keys.iter().map(|&k| req.arg(k as usize)), ctx.now, false) {
+        if let Err(t) =
+            self.ratelimit.check_in(&mut ctx.client.rl, cmd, keys.iter().map(|&k| req.arg(k as usize)), ctx.now, false)
+        {
             return ctx.error(&t.message());
         }
         let target = match keys.first() {
@@ -419,7 +421,7 @@ impl Proxy {
             Ok(r) => r,
             Err(e) => return ctx.error(&e),
         };
-        if let Err(t) = self.ratelimit.check(cmd, std::iter::once(&r.key[..]), ctx.now, false) {
+        if let Err(t) = self.ratelimit.check_in(&mut ctx.client.rl, cmd, std::iter::once(&r.key[..]), ctx.now, false) {
             return ctx.error(&t.message());
         }
         if kind != LockCmd::Info && self.cache.enabled {
@@ -468,14 +470,14 @@ impl Proxy {
         };
         let proto = ctx.client.proto;
         if let Some(reply) = self.cache.lookup(cmd.id, proto, req, key, &owner) {
-            if let Err(t) = self.ratelimit.check(cmd, std::iter::once(key), ctx.now, true) {
+            if let Err(t) = self.ratelimit.check_in(&mut ctx.client.rl, cmd, std::iter::once(key), ctx.now, true) {
                 return ctx.error(&t.message());
             }
             ctx.cached = true;
             return Outcome::Ready(reply);
         }
         // a miss reaches Redis: the limits apply as to any read
-        if let Err(t) = self.ratelimit.check(cmd, std::iter::once(key), ctx.now, false) {
+        if let Err(t) = self.ratelimit.check_in(&mut ctx.client.rl, cmd, std::iter::once(key), ctx.now, false) {
             return ctx.error(&t.message());
         }
         let part = Part::new(req.raw().clone(), Target::Slot(s));
@@ -556,7 +558,9 @@ impl Proxy {
                 }
             }
         }
-        if let Err(t) = self.ratelimit.check(cmd, (0..nkeys).map(|i| req.arg(1 + i * step)), ctx.now, false) {
+        if let Err(t) =
+            self.ratelimit.check_in(&mut ctx.client.rl, cmd, (0..nkeys).map(|i| req.arg(1 + i * step)), ctx.now, false)
+        {
             return ctx.error(&t.message());
         }
         let s0 = slot(req.arg(1));
@@ -597,10 +601,18 @@ impl Proxy {
         }
         let is_cached = |i: usize| cached.iter().any(|(p, _)| *p as usize == i);
         let rest: Vec<usize> = (0..nkeys).filter(|&i| !is_cached(i)).collect();
-        if let Err(t) = self.ratelimit.check(cmd, rest.iter().map(|&i| req.arg(1 + i)), ctx.now, false) {
+        if let Err(t) =
+            self.ratelimit.check_in(&mut ctx.client.rl, cmd, rest.iter().map(|&i| req.arg(1 + i)), ctx.now, false)
+        {
             return ctx.error(&t.message());
         }
-        if let Err(t) = self.ratelimit.check(cmd, cached.iter().map(|(i, _)| req.arg(1 + *i as usize)), ctx.now, true) {
+        if let Err(t) = self.ratelimit.check_in(
+            &mut ctx.client.rl,
+            cmd,
+            cached.iter().map(|(i, _)| req.arg(1 + *i as usize)),
+            ctx.now,
+            true,
+        ) {
             return ctx.error(&t.message());
         }
         if cached.is_empty() {

@@ -3,7 +3,8 @@
 //!
 //! The session is one task. While a per-key rate-limit rule exists, what a client
 //! pipelined is parsed as one batch (up to 32 requests), the rate limiter prefetches the
-//! batch's budgets, and the requests are then dispatched in order; otherwise each request
+//! batch's budgets (hashing each first key once for the prefetch and the check), and the
+//! requests are then dispatched in order; otherwise each request
 //! is dispatched as soon as it is parsed. Either way commands for different nodes are in
 //! flight together. Each takes
 //! a place in the reply queue, and backend replies arrive on the session's own channel
@@ -52,6 +53,8 @@ pub struct ClientState {
     pub used_locks: bool,
     /// The client acquired a lock with KEEPALIVE.
     pub keepalive_locks: bool,
+    /// This session's handle on the rate limiter.
+    pub rl: crate::ratelimit::View,
 }
 
 enum Reply {
@@ -131,6 +134,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
         inflight: 0,
         used_locks: false,
         keepalive_locks: false,
+        rl: proxy.ratelimit.view(),
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
     let mut reader = RequestReader::new(Limits { max_request_bytes: proxy.config.limits.max_request_bytes as usize });
@@ -228,8 +232,9 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
             while reading && queue.entries.len() < max_pipeline && !rbuf.is_empty() {
                 // Parse what a pipelining client sent as one batch (up to BATCH), let the
                 // rate limiter bring the batch's budgets into the cache together, then
-                // dispatch the requests in order.
-                // (one at a time when no rule wants the prefetch: batching alone costs)
+                // dispatch the requests in order, each one's check reusing the key hash the
+                // prefetch computed. (One at a time without a per-key rule: nothing to
+                // prefetch.)
                 let batch_max = if proxy.ratelimit.prefetching() { BATCH } else { 1 };
                 let room = (max_pipeline - queue.entries.len()).min(batch_max);
                 let mut failed = None;
@@ -247,12 +252,19 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     }
                 }
                 let more = batch.len() == room && failed.is_none();
-                if batch.len() > 1 {
-                    proxy.ratelimit.prefetch(batch.iter().filter(|r| r.argc() > 1).map(|r| r.arg(1)));
-                }
-                for req in batch.drain(..) {
+                let mut hashes = [0u64; BATCH];
+                let hashed = if batch.len() > 1 {
+                    let first = batch.iter().map(|r| if r.argc() > 1 { r.arg(1) } else { &[][..] });
+                    proxy.ratelimit.prefetch(first, &mut hashes)
+                } else {
+                    0
+                };
+                for (i, req) in batch.drain(..).enumerate() {
                     if !reading {
                         break; // after QUIT: the rest is never run
+                    }
+                    if i < hashed && req.argc() > 1 {
+                        client.rl.expect(req.arg(1), hashes[i]);
                     }
                     let seq = queue.next_seq();
                     let raw = req.raw().clone();
@@ -273,6 +285,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                         Outcome::Waiting(p) => Reply::Waiting(p),
                     };
                     let (cmd, cached) = (ctx.cmd, ctx.cached);
+                    client.rl.forget();
                     if let Reply::Waiting(_) = reply {
                         client.inflight += 1;
                     }

@@ -264,6 +264,32 @@ fn per_key_vs_shared_scope() {
     }
 }
 
+/// Pipelined requests are checked as a batch whose key hashes are computed once, ahead of
+/// the checks: requests without a key in between must not shift which key each hash is
+/// charged to.
+#[test]
+fn pipelined_batch_charges_the_right_keys() {
+    let env = env();
+    let _quiet = shared_traffic();
+    for proto in Proto::BOTH {
+        let t = proto.tag();
+        let mut c = Conn::connect_proto(env.proxy.port(), proto);
+        let (a, b) = (format!("rl:pk:{t}:batch:a"), format!("rl:pk:{t}:batch:b"));
+        let (a, b) = (a.as_str(), b.as_str());
+        let mut cmds = vec![args(&["PING"]), args(&["GET", a]), args(&["PING"])];
+        cmds.extend((0..4).map(|_| args(&["GET", a])));
+        cmds.push(args(&["ECHO", "x"]));
+        cmds.extend((0..3).map(|_| args(&["GET", b])));
+        cmds.push(args(&["GET", a]));
+        let r = c.pipeline(&cmds);
+        let seen: Vec<String> =
+            r.iter().map(|v| if let Some(e) = v.err() { e.to_string() } else { "ok".into() }).collect();
+        let mut want = vec!["ok".to_string(); cmds.len()];
+        want[cmds.len() - 1] = throttled(a, 1, "perkey"); // a's 6th GET: its budget of 5 is spent
+        assert_eq!(seen, want, "{proto:?}: replies {r:?}");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // 3. command filter
 // ---------------------------------------------------------------------------

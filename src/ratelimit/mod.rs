@@ -236,7 +236,8 @@ impl Throttled {
 /// heap-allocated key. Two keys share a budget only on a 64-bit collision, and the random
 /// keys keep clients from choosing keys that collide.
 pub struct Limiter {
-    state: ArcSwap<State>,
+    /// Shared with every session's [`View`].
+    state: Arc<ArcSwap<State>>,
     /// Held to publish a new [`State`].
     publish: std::sync::Mutex<()>,
     /// Some rule is per-key.
@@ -253,18 +254,43 @@ pub struct Limiter {
 /// Which budget a key draws on: rule index, and the key's hash (None: the rule's shared one).
 type BudgetId = (usize, Option<u64>);
 
-/// What a check reads with one load: the rules in order and the budget table's current
-/// generation (republished when the table grows).
+/// The rules in order, published as one value.
 struct State {
     rules: Arc<Vec<Arc<Rule>>>,
-    /// With at least one per-key rule.
-    table: Option<Arc<table::KeyTable>>,
+}
+
+/// A session's handle on the limiter, so that a check costs less than a standalone one:
+/// the rules as the session last saw them (`arc_swap::Cache`: re-read only when they were
+/// replaced, which costs one pointer comparison to find out), and the hash of the current
+/// request's first key when the session already computed it to prefetch its budget.
+///
+/// The budget table is not cached here: a session idle since the table grew would keep the
+/// old one alive.
+pub struct View {
+    state: arc_swap::Cache<Arc<ArcSwap<State>>, Arc<State>>,
+    /// (address, length, hash) of the key hashed for the current request; address 0: none.
+    hint: (usize, usize, u64),
+}
+
+impl View {
+    /// The next check of exactly this key slice (same address and length) may use `hash`,
+    /// computed by [`Limiter::prefetch`] with the same hasher.
+    #[inline]
+    pub fn expect(&mut self, key: &[u8], hash: u64) {
+        self.hint = (key.as_ptr() as usize, key.len(), hash);
+    }
+
+    /// Forgets the hint (the request it was for is done).
+    #[inline]
+    pub fn forget(&mut self) {
+        self.hint.0 = 0;
+    }
 }
 
 impl Limiter {
     pub fn new(rules: Vec<Arc<Rule>>, max_keys: usize, idle: std::time::Duration) -> Limiter {
         let l = Limiter {
-            state: ArcSwap::from_pointee(State { rules: Arc::new(Vec::new()), table: None }),
+            state: Arc::new(ArcSwap::from_pointee(State { rules: Arc::new(Vec::new()) })),
             publish: std::sync::Mutex::new(()),
             per_key: std::sync::atomic::AtomicBool::new(false),
             max_keys,
@@ -295,13 +321,12 @@ impl Limiter {
         let old = self.state.load().rules.clone();
         let rules: Vec<Arc<Rule>> =
             rules.into_iter().map(|r| old.iter().find(|o| o.spec == r.spec).cloned().unwrap_or(r)).collect();
-        let table = if rules.iter().any(|r| r.per_key) {
-            Some(self.table.get_or_init(|| table::Budgets::new(self.max_keys)).load_full())
-        } else {
-            None
-        };
-        self.per_key.store(table.is_some(), Ordering::Relaxed);
-        self.state.store(Arc::new(State { rules: Arc::new(rules), table }));
+        let per_key = rules.iter().any(|r| r.per_key);
+        if per_key {
+            self.table.get_or_init(|| table::Budgets::new(self.max_keys));
+        }
+        self.per_key.store(per_key, Ordering::Relaxed);
+        self.state.store(Arc::new(State { rules: Arc::new(rules) }));
     }
 
     /// Whether a per-key rule exists, so that pipelined requests are worth prefetching
@@ -311,40 +336,32 @@ impl Limiter {
         self.per_key.load(Ordering::Relaxed)
     }
 
-    /// After a charge: if the table grew, publishes its new generation, so checks stop
-    /// going through the old one (where they meet `DEAD` slots and take the slow path).
-    #[inline]
-    fn after_growth(&self, b: &table::Budgets) {
-        if b.grown() {
-            let _p = self.publish.lock().unwrap_or_else(|e| e.into_inner());
-            if b.take_grown() {
-                let cur = self.state.load();
-                let table = cur.table.as_ref().map(|_| b.load_full());
-                self.state.store(Arc::new(State { rules: cur.rules.clone(), table }));
-            }
-        }
-    }
-
     /// Keys with a budget of their own.
     pub fn tracked_keys(&self) -> usize {
         self.table.get().map_or(0, |t| t.len())
     }
 
+    /// A handle for one session (see [`View`]).
+    pub fn view(&self) -> View {
+        View { state: arc_swap::Cache::new(self.state.clone()), hint: (0, 0, 0) }
+    }
+
     /// Brings the budget slots of the given keys (the first key of each request of a
     /// pipelined batch) into the CPU cache, so that their misses overlap instead of
-    /// coming one per request when the requests are checked. Does nothing without a
-    /// per-key rule.
+    /// coming one per request when the requests are checked. Writes each key's hash to
+    /// `hashes` (for [`View::expect`]); returns how many were written, 0 without a per-key
+    /// rule.
     #[inline]
-    pub fn prefetch<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) {
-        let state = self.state.load();
-        let Some(t) = &state.table else { return };
-        let mut hashes = [0u64; 32];
+    pub fn prefetch<'k>(&self, keys: impl Iterator<Item = &'k [u8]>, hashes: &mut [u64]) -> usize {
+        let Some(b) = self.table.get().filter(|_| self.prefetching()) else { return 0 };
+        let t = b.load();
         let mut n = 0;
         for (h, k) in hashes.iter_mut().zip(keys) {
             *h = self.hasher.hash_one(k);
             n += 1;
         }
-        table::Budgets::prefetch(t, &hashes[..n]);
+        table::Budgets::prefetch(&t, &hashes[..n]);
+        n
     }
 
     /// `at` in the limiter's clock (nanoseconds, offset so that a fresh budget, timestamp 0,
@@ -364,11 +381,8 @@ impl Limiter {
         }
     }
 
-    /// Checks the keys of one command against the rules. When every key is within budget,
-    /// charges each and returns Ok; otherwise charges nothing and names the first key over.
-    /// `at` is when the request arrived (the session's read time; no clock read here).
-    /// `cached`: the keys are answered from the hot-key cache, so only rules with
-    /// `count_cached` apply.
+    /// Checks the keys of one command against the rules (see [`Limiter::check_in`]), for a
+    /// caller without a [`View`].
     pub fn check<'k>(
         &self,
         cmd: &Command,
@@ -376,16 +390,34 @@ impl Limiter {
         at: Instant,
         cached: bool,
     ) -> Result<(), Throttled> {
-        let state = self.state.load();
+        self.check_in(&mut self.view(), cmd, keys, at, cached)
+    }
+
+    /// Checks the keys of one command against the rules. When every key is within budget,
+    /// charges each and returns Ok; otherwise charges nothing and names the first key over.
+    /// `at` is when the request arrived (the session's read time; no clock read here).
+    /// `cached`: the keys are answered from the hot-key cache, so only rules with
+    /// `count_cached` apply.
+    #[inline]
+    pub fn check_in<'k>(
+        &self,
+        view: &mut View,
+        cmd: &Command,
+        keys: impl Iterator<Item = &'k [u8]>,
+        at: Instant,
+        cached: bool,
+    ) -> Result<(), Throttled> {
+        let hint = view.hint;
+        let state = view.state.load();
         if state.rules.is_empty() {
             return Ok(());
         }
         let mut keys = keys.peekable();
         let Some(first) = keys.next() else { return Ok(()) };
         if keys.peek().is_none() {
-            return self.check_one(&state, cmd, first, at, cached);
+            return self.check_one(state, cmd, first, hint, at, cached);
         }
-        self.check_many(&state, cmd, std::iter::once(first).chain(keys), at, cached)
+        self.check_many(state, cmd, std::iter::once(first).chain(keys), at, cached)
     }
 
     /// Several keys: look at every budget first, then charge them all or none.
@@ -398,7 +430,8 @@ impl Limiter {
         cached: bool,
     ) -> Result<(), Throttled> {
         let rules = &state.rules;
-        let table = self.table.get().zip(state.table.as_deref());
+        let guard = self.table.get().map(|b| (b, b.load()));
+        let table = guard.as_ref().map(|(b, t)| (*b, &***t));
         // budgets this command draws on, how many requests each, and the first key on it
         let mut need: SmallVec<[(BudgetId, u64, &'k [u8]); 4]> = SmallVec::new();
         for key in keys {
@@ -456,14 +489,20 @@ impl Limiter {
             }
             r.count_allowed(n);
         }
-        if let Some((b, _)) = table {
-            self.after_growth(b);
-        }
         Ok(())
     }
 
     /// One key (most commands): one table lookup, checked and charged in one step.
-    fn check_one(&self, state: &State, cmd: &Command, key: &[u8], at: Instant, cached: bool) -> Result<(), Throttled> {
+    /// `hint`: the session's [`View`] hint, which may hold the key's hash.
+    fn check_one(
+        &self,
+        state: &State,
+        cmd: &Command,
+        key: &[u8],
+        hint: (usize, usize, u64),
+        at: Instant,
+        cached: bool,
+    ) -> Result<(), Throttled> {
         let Some(r) = state.rules.iter().find(|r| r.matches(cmd, key)) else { return Ok(()) };
         if cached && !r.spec.count_cached {
             return Ok(());
@@ -473,11 +512,14 @@ impl Limiter {
             let next = tat.max(now) + r.interval;
             (next - now <= r.tolerance).then_some(next)
         };
-        let ok = match self.table.get().zip(state.table.as_deref()) {
-            Some((b, t)) if r.per_key => {
-                let h = self.hasher.hash_one(key);
-                let u = b.update(t, h, table::tag(h, r.salt), take);
-                self.after_growth(b);
+        let ok = match self.table.get() {
+            Some(b) if r.per_key => {
+                let h = if (key.as_ptr() as usize, key.len()) == (hint.0, hint.1) {
+                    hint.2
+                } else {
+                    self.hasher.hash_one(key)
+                };
+                let u = b.update(&b.load(), h, table::tag(h, r.salt), take);
                 match u {
                     table::Update::Applied(ok) => ok,
                     // at the cap a new key draws on the shared budget
@@ -597,7 +639,6 @@ mod tests {
         }
         let b = l.table.get().unwrap();
         assert!(b.slots() >= 8192, "the table grew");
-        assert!(Arc::ptr_eq(l.state.load().table.as_ref().unwrap(), &b.load_full()), "checks use the new table");
         // budgets survived the moves: each key has 4 more requests of its burst of 5
         for _ in 0..4 {
             assert!(l.check(get, [&b"k7"[..]].into_iter(), now, false).is_ok());

@@ -26,7 +26,7 @@
 //! - Memory: 16 bytes a slot, at most 32 MB at the default cap of one million keys. The
 //!   table does not shrink.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use arc_swap::ArcSwap;
 use zerocopy::FromZeros;
@@ -128,8 +128,6 @@ pub struct Budgets {
     max_slots: usize,
     /// Where the next incremental reclaim pass starts (a slot index, counting down).
     sweep: AtomicUsize,
-    /// The table grew since [`Budgets::take_grown`] was last called.
-    grown: AtomicBool,
 }
 
 impl Budgets {
@@ -143,7 +141,6 @@ impl Budgets {
             cap,
             max_slots,
             sweep: AtomicUsize::new(0),
-            grown: AtomicBool::new(false),
         }
     }
 
@@ -151,21 +148,6 @@ impl Budgets {
     #[inline]
     pub fn load(&self) -> arc_swap::Guard<Arc<KeyTable>> {
         self.table.load()
-    }
-
-    pub fn load_full(&self) -> Arc<KeyTable> {
-        self.table.load_full()
-    }
-
-    /// Whether the table grew since [`Budgets::take_grown`] (a plain load).
-    #[inline]
-    pub fn grown(&self) -> bool {
-        self.grown.load(Ordering::Relaxed)
-    }
-
-    /// Whether the table grew since the last call; clears it.
-    pub fn take_grown(&self) -> bool {
-        self.grown.swap(false, Ordering::Relaxed)
     }
 
     /// Keys with a budget.
@@ -256,7 +238,6 @@ impl Budgets {
         }
         let new = Arc::new(new);
         self.table.store(new.clone());
-        self.grown.store(true, Ordering::Relaxed);
         new
     }
 
@@ -409,8 +390,9 @@ mod tests {
                 }
             })
         };
-        // charged through a table snapshot that is refreshed only now and then, as a
-        // worker's is, so charges also meet slots of outgrown tables
+        // charged through a table snapshot that is refreshed only now and then (a check
+        // that loaded it just before the table grew is in that place, only briefly), so
+        // charges also meet slots of outgrown tables
         let mut snap = t.load();
         for n in 0..50_000 {
             if n % 1000 == 0 {
