@@ -5,11 +5,13 @@
 # interleaved, so noise hits both alike). docs/ratelimit.md has the latest table.
 #
 #   scripts/bench-ratelimit.sh [compare.py options; default --rounds 3 --workloads get,get-P16,hot-get]
-#   scripts/bench-ratelimit.sh --simultaneous ROUNDS
+#   scripts/bench-ratelimit.sh --simultaneous ROUNDS [redis-benchmark options]
 #
-# --simultaneous loads both at the same time, each with its own redis-benchmark (GET -P16,
-# 50 clients, 100k random keys, 3M requests), and prints each one's ops per CPU-second
-# and their ratio per round: drift on a shared machine then hits both alike.
+# --simultaneous loads both at the same time, each with its own redis-benchmark (50
+# clients, $REQUESTS requests, default 3M; by default GET -P16 over 100k random keys,
+# i.e. "-t get -r 100000 -P 16"), and prints each one's ops per CPU-second and their ratio per
+# round: drift on a shared machine then hits both alike. The two swap ports (and start
+# order) every round; use an even number of rounds.
 #
 # Ports (127.0.0.1): cluster 7000-7002, heatshield 7410 (no rules) and 7411 (the rule).
 set -euo pipefail
@@ -20,7 +22,7 @@ W=${TMPDIR:-/tmp}/heatshield-bench-ratelimit
 mkdir -p "$W"
 cargo build --release --quiet
 cleanup() {
-  for f in "$W"/heatshield*.pid; do [[ -f $f ]] && kill "$(cat "$f")" 2>/dev/null; rm -f "$f"; done
+  for f in "$W"/heatshield*.pid; do [[ -f $f ]] && kill "$(cat "$f")" 2>/dev/null || true; rm -f "$f"; done
   "$B/cluster.sh" stop "$W/cluster" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -28,28 +30,41 @@ cleanup
 "$B/cluster.sh" start "$W/cluster" 7000 3 0
 printf '[cache]\nenabled = false\n' >"$W/norule.toml"
 printf '[cache]\nenabled = false\n\n[[ratelimit.rules]]\nname = "all"\npattern = "*"\nrate = 1000000000\nburst = 1000000000\n' >"$W/rule.toml"
-for t in norule:7410 rule:7411; do
-  name=${t%:*} port=${t#*:}
-  RUST_LOG=warn target/release/heatshield -c "$W/$name.toml" --cluster 127.0.0.1:7000 \
-    --listen 127.0.0.1:"$port" --metrics off --threads 1 >"$W/heatshield-$name.log" 2>&1 &
-  echo $! >"$W/heatshield-$name.pid"
-  for _ in $(seq 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-done
+# start NAME:PORT... (restarting any running heatshield)
+start() {
+  for f in "$W"/heatshield*.pid; do [[ -f $f ]] && kill "$(cat "$f")" 2>/dev/null || true; rm -f "$f"; done
+  for t in "$@"; do
+    name=${t%:*} port=${t#*:}
+    for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 || break; sleep 0.1; done
+    RUST_LOG=warn target/release/heatshield -c "$W/$name.toml" --cluster 127.0.0.1:7000 \
+      --listen 127.0.0.1:"$port" --metrics off --threads 1 >"$W/heatshield-$name.log" 2>&1 &
+    echo $! >"$W/heatshield-$name.pid"
+    for _ in $(seq 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+  done
+}
 if [[ ${1:-} == --simultaneous ]]; then
   cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; } # utime + stime, in clock ticks
   tck=$(getconf CLK_TCK)
-  pa=$(cat "$W/heatshield-norule.pid") pb=$(cat "$W/heatshield-rule.pid")
-  for _ in $(seq "${2:-6}"); do
+  rounds=${2:-6} n=${REQUESTS:-3000000}
+  shift $(($# < 2 ? $# : 2))
+  [[ $# -gt 0 ]] || set -- -t get -r 100000 -P 16
+  for round in $(seq "$rounds"); do
+    # odd rounds swap which port, process start and benchmark start each one gets,
+    # so that an order bias cancels out over an even number of rounds
+    if ((round % 2)); then start norule:7410 rule:7411; else start rule:7410 norule:7411; fi
+    pa=$(cat "$W/heatshield-norule.pid") pb=$(cat "$W/heatshield-rule.pid")
     ca=$(cpu "$pa") cb=$(cpu "$pb")
-    redis-benchmark -p 7410 -t get -r 100000 -P 16 -c 50 -n 3000000 -q >/dev/null 2>&1 &
-    ja=$!
-    redis-benchmark -p 7411 -t get -r 100000 -P 16 -c 50 -n 3000000 -q >/dev/null 2>&1 &
-    jb=$!
-    wait "$ja" "$jb"
-    python3 -c "import sys; a, b = (3e6 / ((float(y) - float(x)) / $tck) for x, y in ((sys.argv[1], sys.argv[2]), (sys.argv[3], sys.argv[4]))); print(f'no-rule {a / 1e3:.1f}k  rule {b / 1e3:.1f}k ops per CPU-second  rule/no-rule {b / a:.3f}')" \
+    jobs=()
+    for port in 7410 7411; do
+      redis-benchmark -p "$port" -c 50 -n "$n" -q "$@" >/dev/null 2>&1 &
+      jobs+=($!)
+    done
+    wait "${jobs[@]}"
+    python3 -c "import sys; a, b = ($n / ((float(y) - float(x)) / $tck) for x, y in ((sys.argv[1], sys.argv[2]), (sys.argv[3], sys.argv[4]))); print(f'round $round: no-rule {a / 1e3:.1f}k  rule {b / 1e3:.1f}k ops per CPU-second  rule/no-rule {b / a:.3f}')" \
       "$ca" "$(cpu "$pa")" "$cb" "$(cpu "$pb")"
   done
   exit 0
 fi
+start norule:7410 rule:7411
 [[ $# -gt 0 ]] || set -- --rounds 3 --workloads get,get-P16,hot-get
 python3 "$B/compare.py" --baseline no-rule "$@" no-rule=127.0.0.1:7410 rule=127.0.0.1:7411
