@@ -21,8 +21,14 @@ B=${BENCH_DIR:-../shared/bench}
 W=${TMPDIR:-/tmp}/heatshield-bench-ratelimit
 mkdir -p "$W"
 cargo build --release --quiet
+stop_proxies() {
+  for f in "$W"/heatshield*.pid; do
+    if [[ -f $f ]]; then kill "$(cat "$f")" 2>/dev/null || true; fi
+    rm -f "$f"
+  done
+}
 cleanup() {
-  for f in "$W"/heatshield*.pid; do [[ -f $f ]] && kill "$(cat "$f")" 2>/dev/null || true; rm -f "$f"; done
+  stop_proxies
   "$B/cluster.sh" stop "$W/cluster" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -32,7 +38,7 @@ printf '[cache]\nenabled = false\n' >"$W/norule.toml"
 printf '[cache]\nenabled = false\n\n[[ratelimit.rules]]\nname = "all"\npattern = "*"\nrate = 1000000000\nburst = 1000000000\n' >"$W/rule.toml"
 # start NAME:PORT... (restarting any running heatshield)
 start() {
-  for f in "$W"/heatshield*.pid; do [[ -f $f ]] && kill "$(cat "$f")" 2>/dev/null || true; rm -f "$f"; done
+  stop_proxies
   for t in "$@"; do
     name=${t%:*} port=${t#*:}
     for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 || break; sleep 0.1; done

@@ -3,7 +3,7 @@
 #
 # Usage:
 #   scripts/demo.sh [start] [-- EXTRA HEATSHIELD ARGS...]   build, start cluster, run proxy
-#   scripts/demo.sh stop                                    stop a previous demo's servers
+#   scripts/demo.sh stop                                    stop a running or previous demo (proxy and servers)
 #
 # Environment:
 #   DEMO_PORT_BASE    first Redis port (default 30001; nodes use BASE..BASE+5,
@@ -200,9 +200,27 @@ start_cluster() {
     log "cluster is up (data and logs in $DEMO_DIR)"
 }
 
+# Stop the proxy of a demo running elsewhere (its pid is in $DEMO_DIR/heatshield.pid);
+# that demo then stops its Redis servers itself, and stop_all makes sure of it.
+stop_proxy() {
+    local pidfile="$DEMO_DIR/heatshield.pid" pid
+    [[ -f "$pidfile" ]] || return 0
+    pid="$(cat "$pidfile" 2>/dev/null || true)"
+    if [[ -n "$pid" ]] && pid_alive "$pid" && grep -qa heatshield "/proc/$pid/cmdline" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 100); do
+            pid_alive "$pid" || break
+            sleep 0.1
+        done
+        log "stopped heatshield (pid $pid)"
+    fi
+    rm -f "$pidfile"
+}
+
 cmd="${1:-start}"
 case "$cmd" in
     stop)
+        stop_proxy
         stop_all
         exit 0
         ;;
@@ -241,6 +259,7 @@ cleanup() {
         kill -TERM "$HS_PID" 2>/dev/null || true
         wait "$HS_PID" 2>/dev/null || true
     fi
+    rm -f "$DEMO_DIR/heatshield.pid"
     log "stopping redis servers"
     stop_all
 }
@@ -284,6 +303,7 @@ EOF
 # are forwarded to heatshield.
 "$BIN" "${hs_args[@]}" "${extra_args[@]}" &
 HS_PID=$!
+echo "$HS_PID" >"$DEMO_DIR/heatshield.pid" # for scripts/demo.sh stop
 rc=0
 wait "$HS_PID" || rc=$?
 HS_PID=""
