@@ -356,6 +356,19 @@ impl Proxy {
     }
 
     /// Sends a command to the master owning its keys (all in one slot).
+    /// The rate limits (docs/ratelimit.md) for these keys of one command: the `-THROTTLED`
+    /// reply when one is over budget. `cached`: answered from the hot-key cache.
+    fn throttle<'k>(
+        &self,
+        ctx: &mut Ctx,
+        cmd: &Command,
+        keys: impl Iterator<Item = &'k [u8]>,
+        cached: bool,
+    ) -> Option<Outcome> {
+        let t = self.ratelimit.check_in(&mut ctx.client.rl, cmd, keys, ctx.now, cached).err()?;
+        Some(ctx.error(&t.message()))
+    }
+
     fn forward(&self, ctx: &mut Ctx, cmd: &Command, req: Request) -> Outcome {
         if matches!(cmd.name.as_str(), "XREAD" | "XREADGROUP") && req.args().any(|a| a.eq_ignore_ascii_case(b"BLOCK")) {
             return ctx.error(&format!(
@@ -390,10 +403,8 @@ impl Proxy {
                 }
             }
         }
-        if let Err(t) =
-            self.ratelimit.check_in(&mut ctx.client.rl, cmd, keys.iter().map(|&k| req.arg(k as usize)), ctx.now, false)
-        {
-            return ctx.error(&t.message());
+        if let Some(o) = self.throttle(ctx, cmd, keys.iter().map(|&k| req.arg(k as usize)), false) {
+            return o;
         }
         let target = match keys.first() {
             None => {
@@ -421,8 +432,8 @@ impl Proxy {
             Ok(r) => r,
             Err(e) => return ctx.error(&e),
         };
-        if let Err(t) = self.ratelimit.check_in(&mut ctx.client.rl, cmd, std::iter::once(&r.key[..]), ctx.now, false) {
-            return ctx.error(&t.message());
+        if let Some(o) = self.throttle(ctx, cmd, std::iter::once(&r.key[..]), false) {
+            return o;
         }
         if kind != LockCmd::Info && self.cache.enabled {
             ctx.write_epoch = Some(self.cache.hot_epoch());
@@ -470,15 +481,15 @@ impl Proxy {
         };
         let proto = ctx.client.proto;
         if let Some(reply) = self.cache.lookup(cmd.id, proto, req, key, &owner) {
-            if let Err(t) = self.ratelimit.check_in(&mut ctx.client.rl, cmd, std::iter::once(key), ctx.now, true) {
-                return ctx.error(&t.message());
+            if let Some(o) = self.throttle(ctx, cmd, std::iter::once(key), true) {
+                return o;
             }
             ctx.cached = true;
             return Outcome::Ready(reply);
         }
         // a miss reaches Redis: the limits apply as to any read
-        if let Err(t) = self.ratelimit.check_in(&mut ctx.client.rl, cmd, std::iter::once(key), ctx.now, false) {
-            return ctx.error(&t.message());
+        if let Some(o) = self.throttle(ctx, cmd, std::iter::once(key), false) {
+            return o;
         }
         let part = Part::new(req.raw().clone(), Target::Slot(s));
         let tag = Tag { seq: ctx.seq, part: 0 };
@@ -558,10 +569,8 @@ impl Proxy {
                 }
             }
         }
-        if let Err(t) =
-            self.ratelimit.check_in(&mut ctx.client.rl, cmd, (0..nkeys).map(|i| req.arg(1 + i * step)), ctx.now, false)
-        {
-            return ctx.error(&t.message());
+        if let Some(o) = self.throttle(ctx, cmd, (0..nkeys).map(|i| req.arg(1 + i * step)), false) {
+            return o;
         }
         let s0 = slot(req.arg(1));
         let one_slot = !self.cluster.is_cluster() || (1..nkeys).all(|i| slot(req.arg(1 + i * step)) == s0);
@@ -601,19 +610,11 @@ impl Proxy {
         }
         let is_cached = |i: usize| cached.iter().any(|(p, _)| *p as usize == i);
         let rest: Vec<usize> = (0..nkeys).filter(|&i| !is_cached(i)).collect();
-        if let Err(t) =
-            self.ratelimit.check_in(&mut ctx.client.rl, cmd, rest.iter().map(|&i| req.arg(1 + i)), ctx.now, false)
-        {
-            return ctx.error(&t.message());
+        if let Some(o) = self.throttle(ctx, cmd, rest.iter().map(|&i| req.arg(1 + i)), false) {
+            return o;
         }
-        if let Err(t) = self.ratelimit.check_in(
-            &mut ctx.client.rl,
-            cmd,
-            cached.iter().map(|(i, _)| req.arg(1 + *i as usize)),
-            ctx.now,
-            true,
-        ) {
-            return ctx.error(&t.message());
+        if let Some(o) = self.throttle(ctx, cmd, cached.iter().map(|(i, _)| req.arg(1 + *i as usize)), true) {
+            return o;
         }
         if cached.is_empty() {
             // nothing from the cache: the usual path (one slot: forwarded whole)

@@ -152,6 +152,8 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
 
     let mut done: Vec<Done> = Vec::with_capacity(64);
     let mut batch: Vec<Request> = Vec::with_capacity(BATCH);
+    // the hash of each batched request's first key (see Limiter::prefetch)
+    let mut hashes = [0u64; BATCH];
     let mut read_at = Instant::now();
     let gm = crate::metrics::global();
 
@@ -252,7 +254,6 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     }
                 }
                 let more = batch.len() == room && failed.is_none();
-                let mut hashes = [0u64; BATCH];
                 let hashed = if batch.len() > 1 {
                     let first = batch.iter().map(|r| if r.argc() > 1 { r.arg(1) } else { &[][..] });
                     proxy.ratelimit.prefetch(first, &mut hashes)
