@@ -4,14 +4,13 @@
 //! The session is one task. While a per-key rate-limit rule exists, what a client
 //! pipelined is parsed as one batch (up to 32 requests), the rate limiter prefetches the
 //! batch's budgets (hashing each first key once for the prefetch and the check), and the
-//! requests are then dispatched in order; otherwise each request
-//! is dispatched as soon as it is parsed. Either way commands for different nodes are in
-//! flight together. Each takes
-//! a place in the reply queue, and backend replies arrive on the session's own channel
-//! tagged with that place. Whenever the front of the queue is complete, every complete
-//! reply at the front is written in one syscall. A client with `max_pipeline` unanswered
-//! commands is not read from until replies drain (its commands wait in the socket, not in
-//! memory).
+//! requests are then dispatched in order; otherwise each request is dispatched as soon as
+//! it is parsed. Either way commands for different nodes are in flight together. Each
+//! takes a place in the reply queue, and backend replies arrive on the session's own
+//! channel tagged with that place. Whenever the front of the queue is complete, every
+//! complete reply at the front is written in one syscall. A client with `max_pipeline`
+//! unanswered commands is not read from until replies drain (its commands wait in the
+//! socket, not in memory).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
