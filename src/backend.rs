@@ -108,6 +108,10 @@ pub enum BackendError {
     /// send it again now.
     #[error("resend")]
     Resend,
+    /// Not from a backend: the topology was refreshed to confirm a redirection this part
+    /// received; look at it again.
+    #[error("recheck")]
+    Recheck,
 }
 
 /// Protocol and credentials used on backend connections.
@@ -204,7 +208,18 @@ async fn run(
     metrics: Arc<NodeMetrics>,
 ) {
     let mut backoff = Duration::from_millis(20);
+    // A request taken from the queue but not written when the connection failed: it goes
+    // first on the next connection (it never reached the node).
+    let carry: parking_lot::Mutex<Option<BackendRequest>> = parking_lot::Mutex::new(None);
     loop {
+        // Connect only when there is something to send: a connection to a node that went
+        // away (or left the topology) is not retried while nobody needs it.
+        if carry.lock().is_none() {
+            match rx.recv().await {
+                Some(req) => *carry.lock() = Some(req),
+                None => return,
+            }
+        }
         stats.set(ConnState::Connecting);
         match connect(&addr, &opts).await {
             Ok((stream, tracking_id)) => {
@@ -212,7 +227,7 @@ async fn run(
                 info!(node = %addr, "backend connected");
                 stats.set(ConnState::Up);
                 backoff = Duration::from_millis(20);
-                let closed = serve(stream, &addr, &opts, &mut rx, &stats, &metrics).await;
+                let closed = serve(stream, &addr, &opts, &mut rx, &carry, &stats, &metrics).await;
                 stats.set(ConnState::Down);
                 // Redis forgets what a closed connection tracked: nothing cached from this
                 // node can be trusted to be invalidated any more.
@@ -229,6 +244,10 @@ async fn run(
                 stats.set(ConnState::Down);
                 warn!(node = %addr, error = %e, "backend connect failed");
                 // Fail what is queued now and whatever arrives while we wait.
+                if let Some(req) = carry.lock().take() {
+                    metrics.err_connect.increment(req.count.max(1) as u64);
+                    fail_all(req.tag, req.count, &req.reply_to, &BackendError::NotSent(addr.clone()));
+                }
                 let deadline = tokio::time::sleep(backoff);
                 tokio::pin!(deadline);
                 loop {
@@ -321,11 +340,14 @@ pub async fn roundtrip(s: &mut TcpStream, req: &[u8]) -> std::io::Result<Bytes> 
 }
 
 /// Serves one live connection until it fails (false) or every handle is dropped (true).
+/// `carry` holds a request taken from the queue and not yet written: it is written first,
+/// and if the connection fails before that it stays there for the next connection.
 async fn serve(
     mut stream: TcpStream,
     addr: &Arc<str>,
     opts: &BackendOptions,
     rx: &mut mpsc::UnboundedReceiver<BackendRequest>,
+    carry: &parking_lot::Mutex<Option<BackendRequest>>,
     stats: &ConnStats,
     metrics: &NodeMetrics,
 ) -> bool {
@@ -338,20 +360,26 @@ async fn serve(
     let writer = async {
         let mut wbuf = BytesMut::with_capacity(64 * 1024);
         loop {
-            let Some(first) = rx.recv().await else {
-                // Every handle is gone (the node left the topology): let the replies
-                // already on their way arrive (the watchdog bounds this), then stop.
-                closed = true;
-                while !fifo.lock().is_empty() {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                return Ok::<(), std::io::Error>(());
-            };
-            // Let the sessions that are ready right now run first: their requests join this
-            // batch, so one write (and one read of the replies) serves many clients.
-            tokio::task::yield_now().await;
+            if carry.lock().is_none() {
+                let Some(first) = rx.recv().await else {
+                    // Every handle is gone (the node left the topology): let the replies
+                    // already on their way arrive (the watchdog bounds this), then stop.
+                    closed = true;
+                    while !fifo.lock().is_empty() {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    return Ok::<(), std::io::Error>(());
+                };
+                // Parked where a failure of the connection finds it: while this task
+                // yields, the reader may end the connection, and a request held only by
+                // this future would be dropped without a reply.
+                *carry.lock() = Some(first);
+                // Let the sessions that are ready right now run first: their requests join
+                // this batch, so one write (and one read of the replies) serves many clients.
+                tokio::task::yield_now().await;
+            }
             let now = Instant::now();
-            let mut next = Some(first);
+            let mut next = carry.lock().take();
             while let Some(req) = next.take() {
                 wbuf.extend_from_slice(req.prefix.bytes());
                 let big = req.data.len() > 64 * 1024;

@@ -148,11 +148,31 @@ pub struct LimitsConfig {
     pub max_request_bytes: u64,
     /// Commands one client may have in flight before the proxy stops reading from it.
     pub max_pipeline: usize,
+    /// Bytes of requests one client may have read and not yet answered before the proxy
+    /// stops reading from it (a single larger request still goes through).
+    pub max_inflight_request_bytes: u64,
+    /// Reply bytes held for one client above which the proxy stops reading its requests.
+    pub output_soft_bytes: u64,
+    /// A client held above `output_soft_bytes` this long is disconnected (0: never).
+    pub output_soft_seconds: u64,
+    /// A client for which the proxy would hold more reply bytes is disconnected at once.
+    pub output_hard_bytes: u64,
+    /// All clients together may hold at most this many reply bytes above their
+    /// `output_soft_bytes`; a client whose replies would go past it is disconnected.
+    pub output_total_over_soft_bytes: u64,
 }
 
 impl Default for LimitsConfig {
     fn default() -> Self {
-        LimitsConfig { max_request_bytes: 512 * 1024 * 1024, max_pipeline: 1024 }
+        LimitsConfig {
+            max_request_bytes: 512 * 1024 * 1024,
+            max_pipeline: 1024,
+            max_inflight_request_bytes: 32 * 1024 * 1024,
+            output_soft_bytes: 256 * 1024,
+            output_soft_seconds: 30,
+            output_hard_bytes: 64 * 1024 * 1024,
+            output_total_over_soft_bytes: 1024 * 1024 * 1024,
+        }
     }
 }
 
@@ -264,6 +284,16 @@ impl Config {
         }
         if self.limits.max_request_bytes < 1024 || self.limits.max_request_bytes > u32::MAX as u64 {
             p.push("limits.max_request_bytes: must be between 1024 and 4294967295".into());
+        }
+        let l = &self.limits;
+        if l.max_inflight_request_bytes < 1024 {
+            p.push("limits.max_inflight_request_bytes: must be at least 1024".into());
+        }
+        if l.output_soft_bytes < 1024 {
+            p.push("limits.output_soft_bytes: must be at least 1024".into());
+        }
+        if l.output_hard_bytes < l.output_soft_bytes {
+            p.push("limits.output_hard_bytes: must be at least limits.output_soft_bytes".into());
         }
         if self.limits.max_pipeline == 0 {
             p.push("limits.max_pipeline: must be at least 1".into());

@@ -670,14 +670,25 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
             }
             Some(e) => match parse_redirect(e) {
                 Some(Redirect::Moved { slot, addr }) => {
-                    proxy.cluster.moved(slot, &addr);
-                    Some(Duration::ZERO)
+                    if proxy.cluster.moved(slot, &addr) {
+                        Some(Duration::ZERO)
+                    } else {
+                        // a node the topology does not announce (yet): refresh, try later
+                        proxy.cluster.request_refresh();
+                        Some(Duration::from_millis(50))
+                    }
                 }
-                Some(Redirect::Ask { addr, .. }) => {
-                    send_to(proxy, &key, data, id, rtx, Prefix::Asking, Some(proxy.cluster.pool(&addr)));
-                    st.inflight.insert(id, flight);
-                    return;
-                }
+                Some(Redirect::Ask { addr, .. }) => match proxy.cluster.announced_pool(&addr) {
+                    Some(pool) => {
+                        send_to(proxy, &key, data, id, rtx, Prefix::Asking, Some(pool));
+                        st.inflight.insert(id, flight);
+                        return;
+                    }
+                    None => {
+                        proxy.cluster.request_refresh();
+                        Some(Duration::from_millis(50))
+                    }
+                },
                 None if e.starts_with(b"TRYAGAIN") || e.starts_with(b"CLUSTERDOWN") => Some(Duration::from_millis(50)),
                 None => None,
             },

@@ -71,6 +71,18 @@ fn describe() {
         "Client connections refused at server.max_clients."
     );
     describe_counter!("heatshield_redirections_total", "MOVED and ASK redirections followed, by kind.");
+    describe_counter!(
+        "heatshield_redirections_refused_total",
+        "MOVED and ASK replies naming an address no cluster node announced, passed to the client unfollowed."
+    );
+    describe_counter!(
+        "heatshield_requests_expired_total",
+        "Requests answered with an error because no reply came within the reply deadline."
+    );
+    describe_counter!(
+        "heatshield_client_disconnects_total",
+        "Clients disconnected by their limits, by reason (output_hard, output_soft, output_total)."
+    );
     describe_counter!("heatshield_topology_refreshes_total", "Slot-map refreshes, by result (ok, error).");
     describe_gauge!("heatshield_slot_map_epoch", "Version of the current slot map; increases with every change.");
     describe_counter!("heatshield_client_bytes_received_total", Unit::Bytes, "Bytes read from clients.");
@@ -228,6 +240,12 @@ pub struct Global {
     pub rejected: Counter,
     pub moved: Counter,
     pub ask: Counter,
+    pub redirect_refused: Counter,
+    /// Requests answered with an error because no reply came within the deadline.
+    pub expired: Counter,
+    disconnect_output_hard: Counter,
+    disconnect_output_soft: Counter,
+    disconnect_output_total: Counter,
     pub refresh_ok: Counter,
     pub refresh_error: Counter,
     pub epoch: Gauge,
@@ -246,6 +264,11 @@ pub fn global() -> &'static Global {
         rejected: counter!("heatshield_client_connections_rejected_total"),
         moved: counter!("heatshield_redirections_total", "kind" => "moved"),
         ask: counter!("heatshield_redirections_total", "kind" => "ask"),
+        redirect_refused: counter!("heatshield_redirections_refused_total"),
+        expired: counter!("heatshield_requests_expired_total"),
+        disconnect_output_hard: counter!("heatshield_client_disconnects_total", "reason" => "output_hard"),
+        disconnect_output_soft: counter!("heatshield_client_disconnects_total", "reason" => "output_soft"),
+        disconnect_output_total: counter!("heatshield_client_disconnects_total", "reason" => "output_total"),
         refresh_ok: counter!("heatshield_topology_refreshes_total", "result" => "ok"),
         refresh_error: counter!("heatshield_topology_refreshes_total", "result" => "error"),
         epoch: gauge!("heatshield_slot_map_epoch"),
@@ -254,6 +277,18 @@ pub fn global() -> &'static Global {
         uptime: gauge!("heatshield_uptime_seconds"),
         ratelimit_keys: gauge!("heatshield_ratelimit_tracked_keys"),
     })
+}
+
+impl Global {
+    /// Counts a client disconnected by its limits (`reason`: output_hard, output_soft,
+    /// output_total).
+    pub fn disconnect(&self, reason: &str) {
+        match reason {
+            "output_hard" => self.disconnect_output_hard.increment(1),
+            "output_soft" => self.disconnect_output_soft.increment(1),
+            _ => self.disconnect_output_total.increment(1),
+        }
+    }
 }
 
 /// Sets `heatshield_backend_connections{node,state}` from counted states.

@@ -29,6 +29,8 @@ const MAX_REDIRECTS: u16 = 5;
 /// TRYAGAIN / CLUSTERDOWN, e.g. while a failover promotes a replica.
 const MAX_RETRIES: u16 = 50;
 const RETRY_DELAY: Duration = Duration::from_millis(100);
+/// What [`Proxy::reply_deadline`] adds to the command timeout.
+pub const REPLY_GRACE: Duration = Duration::from_secs(10);
 /// Bits of a proxy SCAN cursor that name the master.
 const SCAN_NODE_BITS: u32 = 10;
 
@@ -40,6 +42,8 @@ pub struct Stats {
     pub rejected: AtomicU64,
     pub commands: AtomicU64,
     pub next_client_id: AtomicU64,
+    /// Reply bytes all clients hold above their `output_soft_bytes`.
+    pub output_over_soft: AtomicU64,
 }
 
 /// Shared by every session.
@@ -86,6 +90,9 @@ struct Part {
     target: Target,
     attempts: u16,
     reply: Option<Bytes>,
+    /// A redirection to an address the topology does not announce, held while a refresh
+    /// confirms or refutes it (see [`Proxy::on_reply`]).
+    held: Option<Box<Bytes>>,
 }
 
 /// How the parts' replies become one.
@@ -168,6 +175,62 @@ pub struct Ctx<'a> {
     pub flush: bool,
     /// Set by [`Proxy::dispatch`] for writes while the cache is on (see [`Pending`]).
     pub write_epoch: Option<u64>,
+    /// Set by [`Proxy::dispatch`]: how long the request may wait on purpose (LOCK.ACQUIRE
+    /// ... WAIT), on top of [`Proxy::reply_deadline`].
+    pub wait: Duration,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(
+        client: &'a mut ClientState,
+        seq: u64,
+        reply_to: &'a ReplyTx,
+        scratch: &'a mut BytesMut,
+        now: Instant,
+    ) -> Ctx<'a> {
+        Ctx {
+            client,
+            seq,
+            reply_to,
+            scratch,
+            cmd: 0,
+            now,
+            cached: false,
+            invalidate: Vec::new(),
+            flush: false,
+            write_epoch: None,
+            wait: Duration::ZERO,
+        }
+    }
+}
+
+/// What statistics need of a reply once it has been written (the reply itself is gone).
+#[derive(Debug, Clone, Copy)]
+pub struct ReplySummary {
+    pub len: usize,
+    /// An error reply.
+    pub failed: bool,
+    /// Refused by the rate limiter.
+    pub throttled: bool,
+}
+
+impl ReplySummary {
+    pub fn of(reply: &[u8]) -> ReplySummary {
+        ReplySummary {
+            len: reply.len(),
+            failed: matches!(reply.first(), Some(b'-' | b'!')),
+            throttled: reply.starts_with(b"-THROTTLED "),
+        }
+    }
+}
+
+/// Texts of errors heatshield writes itself on the request path.
+pub mod errors {
+    /// A request that got no reply (nor retry outcome) within
+    /// [`Proxy::reply_deadline`](super::Proxy::reply_deadline).
+    pub fn expired(ms: u128) -> String {
+        format!("ERR heatshield: no reply within {ms} ms")
+    }
 }
 
 impl Ctx<'_> {
@@ -216,6 +279,14 @@ impl Proxy {
         }
     }
 
+    /// How long after it was read a request is answered at the latest: its node's
+    /// `command_timeout_ms` plus the window in which a failed part is retried
+    /// (`MAX_RETRIES` × `RETRY_DELAY`) and a redirection confirmed. A request still
+    /// waiting then is answered with [`errors::expired`].
+    pub fn reply_deadline(&self) -> Duration {
+        Duration::from_millis(self.config.backend.command_timeout_ms) + REPLY_GRACE
+    }
+
     /// The id used for requests that match no command.
     pub fn unknown_id(&self) -> usize {
         self.commands.count()
@@ -233,15 +304,15 @@ impl Proxy {
         client: &ClientState,
         cmd: usize,
         took: Duration,
-        reply: &[u8],
+        reply: &ReplySummary,
         redirected: bool,
         cached: bool,
         raw: Option<&Bytes>,
         node: Option<&str>,
         stages: crate::admin::Stages,
     ) {
-        let failed = matches!(reply.first(), Some(b'-' | b'!'));
-        let outcome = if reply.starts_with(b"-THROTTLED ") {
+        let failed = reply.failed;
+        let outcome = if reply.throttled {
             crate::metrics::Outcome::Throttled
         } else if cached {
             crate::metrics::Outcome::Cached
@@ -269,7 +340,7 @@ impl Proxy {
             );
         }
         let big = self.live.bigkey_bytes.load(Ordering::Relaxed);
-        if raw.len() as u64 >= big || reply.len() as u64 >= big {
+        if raw.len() as u64 >= big || reply.len as u64 >= big {
             let args = crate::admin::args_of(raw);
             if let Some(key) = self.first_key(&args) {
                 let name = self.command_name(cmd);
@@ -277,8 +348,8 @@ impl Proxy {
                 if raw.len() as u64 >= big {
                     self.bigkeys.record(max, &key, name, "request", raw.len() as u64);
                 }
-                if reply.len() as u64 >= big {
-                    self.bigkeys.record(max, &key, name, "reply", reply.len() as u64);
+                if reply.len as u64 >= big {
+                    self.bigkeys.record(max, &key, name, "reply", reply.len as u64);
                 }
             }
         }
@@ -443,6 +514,7 @@ impl Proxy {
         }
         let s = slot(&r.key);
         if kind == LockCmd::Acquire && r.wait_ms > 0 {
+            ctx.wait = Duration::from_millis(r.wait_ms);
             let deadline = ctx.now + Duration::from_millis(r.wait_ms);
             let w = Waiter {
                 req: r,
@@ -810,6 +882,41 @@ impl Proxy {
         });
     }
 
+    /// Points `part` at a redirection's target if the cluster announced that node (MOVED
+    /// also patches the slot map); false, changing nothing, otherwise.
+    fn follow(&self, part: &mut Part, r: &Redirect) -> bool {
+        match r {
+            Redirect::Moved { slot, addr } => {
+                if !self.cluster.moved(*slot, addr) {
+                    return false;
+                }
+                if let Target::Ask(_) | Target::Node(_) = part.target {
+                    let Some(pool) = self.cluster.announced_pool(addr) else { return false };
+                    part.target = Target::Node(pool);
+                }
+                crate::metrics::global().moved.increment(1);
+            }
+            Redirect::Ask { addr, .. } => {
+                let Some(pool) = self.cluster.announced_pool(addr) else { return false };
+                part.target = Target::Ask(pool);
+                crate::metrics::global().ask.increment(1);
+            }
+        }
+        true
+    }
+
+    /// Answers part `idx` with [`BackendError::Recheck`] once the topology has been
+    /// refreshed (see [`Cluster::fresh_topology`]).
+    fn recheck_later(&self, ctx: &Ctx, idx: u32) {
+        let cluster = self.cluster.clone();
+        let reply_to = ctx.reply_to.clone();
+        let tag = Tag { seq: ctx.seq, part: idx };
+        tokio::spawn(async move {
+            cluster.fresh_topology().await;
+            let _ = reply_to.send(BackendReply { tag, result: Err(BackendError::Recheck) });
+        });
+    }
+
     /// A backend reply for part `idx` of `p`. Returns the final reply once every part is in.
     pub fn on_reply(&self, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
         let idx = reply.tag.part as usize;
@@ -839,18 +946,12 @@ impl Proxy {
                         && part.attempts < MAX_REDIRECTS
                     {
                         part.attempts += 1;
-                        match r {
-                            Redirect::Moved { slot, addr } => {
-                                crate::metrics::global().moved.increment(1);
-                                self.cluster.moved(slot, &addr);
-                                if let Target::Ask(_) | Target::Node(_) = part.target {
-                                    part.target = Target::Node(self.cluster.pool(&addr));
-                                }
-                            }
-                            Redirect::Ask { addr, .. } => {
-                                crate::metrics::global().ask.increment(1);
-                                part.target = Target::Ask(self.cluster.pool(&addr))
-                            }
+                        if !self.follow(part, &r) {
+                            // The address is not one the cluster announced (a script can
+                            // return any error text): refresh the topology, then look again.
+                            part.held = Some(Box::new(data));
+                            self.recheck_later(ctx, idx as u32);
+                            return None;
                         }
                         p.redirected = true;
                         let part = &p.parts[idx];
@@ -869,6 +970,27 @@ impl Proxy {
                     }
                 }
                 data
+            }
+            Err(BackendError::Recheck) => {
+                let held = *part.held.take()?;
+                let redirect = error_text(&held).and_then(parse_redirect);
+                if redirect.is_some_and(|r| self.follow(part, &r)) {
+                    p.redirected = true;
+                    let part = &p.parts[idx];
+                    if let Err(e) = self.send(ctx, part, idx as u32) {
+                        return self.complete(ctx, p, idx, e);
+                    }
+                    return None;
+                }
+                // Not confirmed: the client gets the reply as Redis sent it, and nothing
+                // else changes.
+                crate::metrics::global().redirect_refused.increment(1);
+                tracing::warn!(
+                    reply = %String::from_utf8_lossy(&held).trim_end(),
+                    client = ctx.client.id,
+                    "redirection to an address the cluster does not announce; passed to the client as it is"
+                );
+                held
             }
             Err(BackendError::Resend) => {
                 // a shared cache fill could not answer for this request: send it ourselves
@@ -1051,7 +1173,7 @@ pub fn merge_mget(
 
 impl Part {
     fn new(data: Bytes, target: Target) -> Part {
-        Part { data, target, attempts: 0, reply: None }
+        Part { data, target, attempts: 0, reply: None, held: None }
     }
 }
 

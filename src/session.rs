@@ -8,24 +8,37 @@
 //! it is parsed. Either way commands for different nodes are in flight together. Each
 //! takes a place in the reply queue, and backend replies arrive on the session's own
 //! channel tagged with that place. Whenever the front of the queue is complete, every
-//! complete reply at the front is written in one syscall. A client with `max_pipeline`
-//! unanswered commands is not read from until replies drain (its commands wait in the
-//! socket, not in memory).
+//! complete reply at the front moves to the output, which is written without ever
+//! waiting on the client: a client that does not read stalls only itself, and the session
+//! keeps taking replies off its channel and watching its limits meanwhile.
+//!
+//! Bounds (`[limits]`, README "Security"): a client is not read from while it has
+//! `max_pipeline` commands unanswered, more than `max_inflight_request_bytes` of requests
+//! in flight, or more than `output_soft_bytes` of replies held; its commands then wait in
+//! the socket, not in memory. How many commands it may have in flight also shrinks with
+//! the size of its replies (the soft limit divided by their running average), so a
+//! pipeline of large replies cannot pile up in a backend either. Held above the soft
+//! limit for `output_soft_seconds`, above `output_hard_bytes`, or past the process-wide
+//! `output_total_over_soft_bytes`, the client is disconnected. Every request is answered
+//! within [`Proxy::reply_deadline`]: a request still waiting then gets an error.
 
 use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::net::tcp::WriteHalf;
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::backend::BackendReply;
 use crate::protocol::request::{Limits, Request};
 use crate::protocol::{Next, Proto, RequestReader, Writer};
-use crate::proxy::{Ctx, Outcome, Pending, Proxy};
+use crate::proxy::{Ctx, Outcome, Pending, Proxy, ReplySummary};
 
 /// What the proxy knows about a client connection.
 pub struct ClientState {
@@ -84,6 +97,8 @@ struct Meta {
     raw: Option<Bytes>,
     /// The node that served it, noted only when it was slow to answer.
     node: Option<Arc<str>>,
+    /// A request still waiting for its reply then is answered with an error.
+    deadline: Instant,
 }
 
 /// The in-order reply queue.
@@ -103,16 +118,140 @@ impl Queue {
     }
 }
 
-/// A reply written to the client, kept until the write finished to record it.
+/// A reply moved to the output, kept (as a summary) until its bytes are written, to
+/// record it.
 struct Done {
-    reply: Bytes,
+    reply: ReplySummary,
     meta: Meta,
+    /// When it moved to the output.
+    write_start: Instant,
 }
 
-/// Serves one client until it disconnects, sends QUIT, breaks the protocol, or the proxy
-/// shuts down.
+/// Replies on their way to the client: large ones as they are (no copy), small ones
+/// coalesced into `tail`, which always comes after every chunk.
+#[derive(Default)]
+struct Output {
+    chunks: VecDeque<Bytes>,
+    tail: BytesMut,
+}
+
+impl Output {
+    fn is_empty(&self) -> bool {
+        self.chunks.is_empty() && self.tail.is_empty()
+    }
+
+    fn push(&mut self, b: Bytes) {
+        if b.len() > 64 * 1024 {
+            if !self.tail.is_empty() {
+                self.chunks.push_back(self.tail.split().freeze());
+            }
+            self.chunks.push_back(b);
+        } else {
+            self.tail.extend_from_slice(&b);
+        }
+    }
+
+    /// Writes what the socket takes now, without waiting. Returns the bytes written and
+    /// whether the socket would block.
+    fn write(&mut self, wr: &WriteHalf<'_>) -> std::io::Result<(usize, bool)> {
+        let mut total = 0;
+        while !self.is_empty() {
+            let r = if self.chunks.is_empty() {
+                wr.try_write(&self.tail)
+            } else {
+                let mut slices: [IoSlice<'_>; 17] = [IoSlice::new(&[]); 17];
+                let mut n = 0;
+                for c in self.chunks.iter().take(16) {
+                    slices[n] = IoSlice::new(c);
+                    n += 1;
+                }
+                if n < 16 {
+                    slices[n] = IoSlice::new(&self.tail);
+                    n += 1;
+                }
+                wr.try_write_vectored(&slices[..n])
+            };
+            let mut n = match r {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok((total, true)),
+                Err(e) => return Err(e),
+            };
+            total += n;
+            while n > 0 {
+                match self.chunks.front_mut() {
+                    Some(c) if c.len() <= n => {
+                        n -= c.len();
+                        self.chunks.pop_front();
+                    }
+                    Some(c) => {
+                        c.advance(n);
+                        n = 0;
+                    }
+                    None => {
+                        self.tail.advance(n);
+                        n = 0;
+                    }
+                }
+            }
+        }
+        self.tail.clear();
+        if self.tail.capacity() > 1024 * 1024 {
+            self.tail = BytesMut::new();
+        }
+        Ok((total, false))
+    }
+}
+
+/// Why a client was disconnected by its limits (the metric's `reason` label).
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    /// Over `output_hard_bytes`.
+    Hard,
+    /// Over `output_soft_bytes` for `output_soft_seconds`.
+    Soft,
+    /// The process-wide `output_total_over_soft_bytes` is spent.
+    Total,
+}
+
+impl Cut {
+    fn reason(self) -> &'static str {
+        match self {
+            Cut::Hard => "output_hard",
+            Cut::Soft => "output_soft",
+            Cut::Total => "output_total",
+        }
+    }
+}
+
+/// The bytes one client holds, against its limits.
+struct Held {
+    /// Reply bytes: complete replies in the queue plus unwritten output.
+    replies: usize,
+    /// Request bytes read and not yet answered (their replies not yet written).
+    requests: usize,
+    /// Running average size of this client's replies (1/8 weight for each new one).
+    avg_reply: usize,
+    /// Commands this client may have unanswered: `max_pipeline`, fewer when its replies
+    /// are large (the soft limit divided by `avg_reply`).
+    window: usize,
+    /// Since when the client has been above the soft limit.
+    over_soft_since: Option<Instant>,
+    /// What this client added to the process-wide bytes above soft limits.
+    counted_over_soft: u64,
+}
+
+impl Held {
+    fn reply_ready(&mut self, len: usize, soft: usize, max_pipeline: usize) {
+        self.replies += len;
+        self.avg_reply = self.avg_reply - self.avg_reply / 8 + len / 8;
+        self.window = (soft / self.avg_reply.max(1)).clamp(1, max_pipeline);
+    }
+}
+
+/// Serves one client until it disconnects, sends QUIT, breaks the protocol, exceeds its
+/// limits, or the proxy shuts down.
 pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::Receiver<bool>) {
-    let id = proxy.stats.next_client_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    let id = proxy.stats.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
     let addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let laddr = stream.local_addr().map(|a| a.to_string()).unwrap_or_default();
     let _ = stream.set_nodelay(true);
@@ -136,16 +275,32 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
         rl: proxy.ratelimit.view(),
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
-    let mut reader = RequestReader::new(Limits { max_request_bytes: proxy.config.limits.max_request_bytes as usize });
+    let limits = &proxy.config.limits;
+    let mut reader = RequestReader::new(Limits { max_request_bytes: limits.max_request_bytes as usize });
     // Buffers start small, so idle clients cost little, and grow with the traffic.
     let mut rbuf = BytesMut::new();
-    let mut wbuf = BytesMut::new();
+    let mut out = Output::default();
     let mut scratch = BytesMut::with_capacity(1024);
     // How much room each read gets: doubles (up to 64 KiB) whenever a read fills it.
     let mut read_room = 4 * 1024;
     let mut queue = Queue { entries: VecDeque::with_capacity(64), head: 0 };
-    let max_pipeline = proxy.config.limits.max_pipeline;
+    let max_pipeline = limits.max_pipeline;
+    let soft = limits.output_soft_bytes as usize;
+    let hard = limits.output_hard_bytes as usize;
+    let request_budget = limits.max_inflight_request_bytes as usize;
+    let reply_deadline = proxy.reply_deadline();
+    // Until replies say otherwise, assume each may be 1/32 of the soft limit.
+    let mut held = Held {
+        replies: 0,
+        requests: 0,
+        avg_reply: soft / 32,
+        window: 32.min(max_pipeline),
+        over_soft_since: None,
+        counted_over_soft: 0,
+    };
     let mut reading = true; // false after EOF, QUIT, a protocol error, or shutdown
+    let mut closing = false; // the connection's last reply has moved to the output
+    let mut blocked = false; // the last write found the socket full
     let mut read_hint = 0usize;
     let (mut rd, mut wr) = stream.split();
 
@@ -155,9 +310,17 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
     let mut hashes = [0u64; BATCH];
     let mut read_at = Instant::now();
     let gm = crate::metrics::global();
+    // One timer for the request deadlines and the soft limit's duration; armed only while
+    // something may expire, so idle clients cost no timer.
+    let timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(timer);
+    let mut armed: Option<Instant> = None;
 
-    loop {
-        let can_read = reading && queue.entries.len() < max_pipeline;
+    let cut = 'session: loop {
+        let room = |queue: &Queue, done: &Vec<Done>, held: &Held| {
+            queue.entries.len() + done.len() < held.window && held.replies <= soft && held.requests <= request_budget
+        };
+        let can_read = reading && room(&queue, &done, &held);
         tokio::select! {
             biased;
             Some(r) = rx.recv() => {
@@ -169,33 +332,29 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     if let Some(e) = queue.get_mut(seq)
                         && let Reply::Waiting(p) = &mut e.reply
                     {
-                        let mut ctx =
-                            Ctx {
-                            client: &mut client,
-                            seq,
-                            reply_to: &tx,
-                            scratch: &mut scratch,
-                            cmd: e.meta.cmd,
-                            now: e.meta.started,
-                            cached: false,
-                            invalidate: Vec::new(),
-                            flush: false,
-                            write_epoch: None,
-                        };
+                        let mut ctx = Ctx::new(&mut client, seq, &tx, &mut scratch, e.meta.started);
+                        ctx.cmd = e.meta.cmd;
                         if let Some(reply) = proxy.on_reply(&mut ctx, p, r) {
                             client.inflight -= 1;
                             let m = &mut e.meta;
                             m.ready_at = *now.get_or_insert_with(Instant::now);
                             m.redirected = p.redirected;
-                            let slow_us = proxy.live.slowlog_slower_than_us.load(std::sync::atomic::Ordering::Relaxed);
+                            let slow_us = proxy.live.slowlog_slower_than_us.load(Ordering::Relaxed);
                             if (m.ready_at - m.started).as_micros() as u64 >= slow_us / 4 {
                                 m.node = p.node(&proxy.cluster);
                             }
+                            held.reply_ready(reply.len(), soft, max_pipeline);
                             e.reply = Reply::Ready(reply);
                         }
                     }
                     next = rx.try_recv().ok();
                 }
+            }
+            res = wr.writable(), if blocked => {
+                if res.is_err() {
+                    break None;
+                }
+                blocked = false;
             }
             res = async {
                 let want = read_hint.clamp(read_room, 4 * 1024 * 1024);
@@ -223,23 +382,35 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
             _ = shutdown.changed(), if reading => {
                 reading = false;
             }
+            _ = &mut timer, if armed.is_some() => {
+                let now = Instant::now();
+                if let Some(since) = held.over_soft_since
+                    && limits.output_soft_seconds > 0
+                    && now >= since + Duration::from_secs(limits.output_soft_seconds)
+                {
+                    break Some(Cut::Soft);
+                }
+                armed = expire(&proxy, &mut queue, &mut client, &mut held, &mut scratch, now, soft, max_pipeline);
+                if let Some(t) = armed {
+                    timer.as_mut().reset(t.into());
+                }
+            }
         }
 
-        // Dispatch what is buffered (up to the pipeline limit) and write every complete
+        // Dispatch what is buffered (while the client has room) and write every complete
         // reply at the front of the queue; repeat while that makes progress.
-        let mut last;
         loop {
             let mut parsed = 0;
-            while reading && queue.entries.len() < max_pipeline && !rbuf.is_empty() {
+            while reading && room(&queue, &done, &held) && !rbuf.is_empty() {
                 // Parse what a pipelining client sent as one batch (up to BATCH), let the
                 // rate limiter bring the batch's budgets into the cache together, then
                 // dispatch the requests in order, each one's check reusing the key hash the
                 // prefetch computed. (One at a time without a per-key rule: nothing to
                 // prefetch.)
                 let batch_max = if proxy.ratelimit.prefetching() { BATCH } else { 1 };
-                let room = (max_pipeline - queue.entries.len()).min(batch_max);
+                let space = (held.window - (queue.entries.len() + done.len()).min(held.window)).min(batch_max);
                 let mut failed = None;
-                while batch.len() < room && !rbuf.is_empty() {
+                while batch.len() < space && !rbuf.is_empty() {
                     match reader.next(&mut rbuf) {
                         Ok(Next::Incomplete { hint }) => {
                             read_hint = hint;
@@ -252,7 +423,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                         }
                     }
                 }
-                let more = batch.len() == room && failed.is_none();
+                let more = batch.len() == space && failed.is_none();
                 let hashed = if batch.len() > 1 {
                     let first = batch.iter().map(|r| if r.argc() > 1 { r.arg(1) } else { &[][..] });
                     proxy.ratelimit.prefetch(first, &mut hashes)
@@ -268,28 +439,27 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     }
                     let seq = queue.next_seq();
                     let raw = req.raw().clone();
-                    let mut ctx = Ctx {
-                        client: &mut client,
-                        seq,
-                        reply_to: &tx,
-                        scratch: &mut scratch,
-                        cmd: 0,
-                        now: read_at,
-                        cached: false,
-                        invalidate: Vec::new(),
-                        flush: false,
-                        write_epoch: None,
-                    };
-                    let reply = match proxy.dispatch(&mut ctx, req) {
-                        Outcome::Ready(b) => Reply::Ready(b),
-                        Outcome::Waiting(p) => Reply::Waiting(p),
-                    };
-                    let (cmd, cached) = (ctx.cmd, ctx.cached);
+                    let mut ctx = Ctx::new(&mut client, seq, &tx, &mut scratch, read_at);
+                    let outcome = proxy.dispatch(&mut ctx, req);
+                    let (cmd, cached, wait) = (ctx.cmd, ctx.cached, ctx.wait);
                     client.rl.forget();
-                    if let Reply::Waiting(_) = reply {
-                        client.inflight += 1;
+                    let reply = match outcome {
+                        Outcome::Ready(b) => {
+                            held.reply_ready(b.len(), soft, max_pipeline);
+                            Reply::Ready(b)
+                        }
+                        Outcome::Waiting(p) => {
+                            client.inflight += 1;
+                            Reply::Waiting(p)
+                        }
+                    };
+                    let deadline = read_at + reply_deadline + wait;
+                    if matches!(reply, Reply::Waiting(_)) && armed.is_none_or(|t| deadline < t) {
+                        armed = Some(deadline);
+                        timer.as_mut().reset(deadline.into());
                     }
-                    push(&mut queue, &mut client, &mut reading, reply, cmd, cached, Some(raw), read_at);
+                    held.requests += raw.len();
+                    push(&mut queue, &mut client, &mut reading, reply, cmd, cached, Some(raw), read_at, deadline);
                     parsed += 1;
                 }
                 if let Some(e) = failed {
@@ -297,8 +467,20 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                         info!(client = id, error = %e, "protocol error; closing");
                         Writer::new(&mut scratch, client.proto).error(&format!("ERR {e}"));
                         client.quit = true;
-                        let reply = Reply::Ready(scratch.split().freeze());
-                        push(&mut queue, &mut client, &mut reading, reply, proxy.unknown_id(), false, None, read_at);
+                        let b = scratch.split().freeze();
+                        held.reply_ready(b.len(), soft, max_pipeline);
+                        let reply = Reply::Ready(b);
+                        push(
+                            &mut queue,
+                            &mut client,
+                            &mut reading,
+                            reply,
+                            proxy.unknown_id(),
+                            false,
+                            None,
+                            read_at,
+                            read_at,
+                        );
                         parsed += 1;
                     }
                     break;
@@ -307,44 +489,172 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     break;
                 }
             }
-            let wrote;
-            match flush(&mut wr, &mut queue, &mut wbuf, &mut done).await {
-                Ok((l, write_start, written)) => {
-                    last = l;
-                    wrote = done.len();
-                    for Done { reply, meta: m } in done.drain(..) {
-                        let stages = crate::admin::Stages {
-                            backend: m.ready_at - m.started,
-                            queued: write_start.saturating_duration_since(m.ready_at),
-                            write: written - write_start,
-                        };
-                        proxy.observe(
-                            &client,
-                            m.cmd,
-                            written - m.started,
-                            &reply,
-                            m.redirected,
-                            m.cached,
-                            m.raw.as_ref(),
-                            m.node.as_deref(),
-                            stages,
-                        );
+            // complete replies at the front of the queue move to the output
+            let now = Instant::now();
+            let mut moved = 0;
+            while !closing && let Some(front) = queue.entries.front() {
+                let Reply::Ready(b) = &front.reply else { break };
+                let summary = ReplySummary::of(b);
+                let e = queue.entries.pop_front().expect("front exists");
+                queue.head += 1;
+                let Reply::Ready(b) = e.reply else { unreachable!("checked above") };
+                out.push(b);
+                closing = e.last;
+                done.push(Done { reply: summary, meta: e.meta, write_start: now });
+                moved += 1;
+            }
+            let mut wrote = 0;
+            if !blocked && !out.is_empty() {
+                match out.write(&wr) {
+                    Ok((n, would_block)) => {
+                        wrote = n;
+                        blocked = would_block;
+                        held.replies -= n;
+                        if n > 0 {
+                            gm.bytes_out.increment(n as u64);
+                        }
                     }
+                    Err(_) => break 'session None,
                 }
-                Err(_) => return finish(&proxy, &client),
+            }
+            if out.is_empty() && !done.is_empty() {
+                let written = Instant::now();
+                for Done { reply, meta: m, write_start } in done.drain(..) {
+                    held.requests -= m.raw.as_ref().map_or(0, |r| r.len());
+                    let stages = crate::admin::Stages {
+                        backend: m.ready_at - m.started,
+                        queued: write_start.saturating_duration_since(m.ready_at),
+                        write: written - write_start,
+                    };
+                    proxy.observe(
+                        &client,
+                        m.cmd,
+                        written - m.started,
+                        &reply,
+                        m.redirected,
+                        m.cached,
+                        m.raw.as_ref(),
+                        m.node.as_deref(),
+                        stages,
+                    );
+                }
             }
             // Stop when nothing moved; writing replies frees room in the queue, so after a
             // write, requests already buffered are parsed even if none were this round.
-            if last || (parsed == 0 && wrote == 0) || queue.entries.len() >= max_pipeline {
+            if closing || (parsed == 0 && moved == 0 && wrote == 0) || !room(&queue, &done, &held) {
                 break;
             }
         }
-        if last || (!reading && queue.entries.is_empty()) {
-            break;
+
+        // the limits
+        // A single reply is always delivered, however large (the client asked for it and it
+        // is in memory already); the hard limit and the soft limit's duration apply once a
+        // client holds more than one. The process-wide total applies to every byte.
+        let several = done.len() + queue.entries.len() - client.inflight as usize > 1;
+        if held.replies > hard && several {
+            break Some(Cut::Hard);
+        }
+        if let Some(c) = over_soft(&proxy, &mut held, soft, several, limits.output_total_over_soft_bytes) {
+            break Some(c);
+        }
+        if let Some(since) = held.over_soft_since
+            && limits.output_soft_seconds > 0
+        {
+            let at = since + Duration::from_secs(limits.output_soft_seconds);
+            if armed.is_none_or(|t| at < t) {
+                armed = Some(at);
+                timer.as_mut().reset(at.into());
+            }
+        }
+        if (closing && out.is_empty()) || (!reading && queue.entries.is_empty() && out.is_empty()) {
+            break None;
+        }
+    };
+    if held.counted_over_soft > 0 {
+        proxy.stats.output_over_soft.fetch_sub(held.counted_over_soft, Ordering::Relaxed);
+    }
+    match cut {
+        Some(c) => {
+            warn!(
+                client = id,
+                addr = %client.addr,
+                reason = c.reason(),
+                reply_bytes = held.replies,
+                "client disconnected: over its output limit"
+            );
+            crate::metrics::global().disconnect(c.reason());
+        }
+        None => {
+            let _ = wr.shutdown().await;
         }
     }
-    let _ = wr.shutdown().await;
     finish(&proxy, &client);
+}
+
+/// Keeps the client's share of the process-wide bytes above soft limits current; says
+/// whether the client must go because that total is over its limit.
+fn over_soft(proxy: &Proxy, held: &mut Held, soft: usize, several: bool, total_limit: u64) -> Option<Cut> {
+    if held.replies <= soft {
+        held.over_soft_since = None;
+        if held.counted_over_soft > 0 {
+            proxy.stats.output_over_soft.fetch_sub(held.counted_over_soft, Ordering::Relaxed);
+            held.counted_over_soft = 0;
+        }
+        return None;
+    }
+    if several {
+        held.over_soft_since.get_or_insert_with(Instant::now);
+    } else {
+        held.over_soft_since = None;
+    }
+    let over = (held.replies - soft) as u64;
+    let total = if over >= held.counted_over_soft {
+        let add = over - held.counted_over_soft;
+        proxy.stats.output_over_soft.fetch_add(add, Ordering::Relaxed) + add
+    } else {
+        let sub = held.counted_over_soft - over;
+        proxy.stats.output_over_soft.fetch_sub(sub, Ordering::Relaxed) - sub
+    };
+    held.counted_over_soft = over;
+    (total > total_limit).then_some(Cut::Total)
+}
+
+/// Answers every request whose deadline has passed with an error; returns the next
+/// deadline of a request still waiting.
+#[allow(clippy::too_many_arguments)]
+fn expire(
+    proxy: &Proxy,
+    queue: &mut Queue,
+    client: &mut ClientState,
+    held: &mut Held,
+    scratch: &mut BytesMut,
+    now: Instant,
+    soft: usize,
+    max_pipeline: usize,
+) -> Option<Instant> {
+    let mut next: Option<Instant> = None;
+    for e in queue.entries.iter_mut() {
+        if let Reply::Waiting(_) = e.reply
+            && now < e.meta.deadline
+        {
+            next = Some(next.map_or(e.meta.deadline, |t| t.min(e.meta.deadline)));
+        } else if let Reply::Waiting(_) = e.reply {
+            let ms = (e.meta.deadline - e.meta.started).as_millis();
+            Writer::new(scratch, client.proto).error(&crate::proxy::errors::expired(ms));
+            let b = scratch.split().freeze();
+            warn!(
+                client = client.id,
+                command = proxy.command_name(e.meta.cmd),
+                "no reply within the deadline; answered with an error"
+            );
+            crate::metrics::global().expired.increment(1);
+            held.reply_ready(b.len(), soft, max_pipeline);
+            client.inflight -= 1;
+            e.meta.ready_at = now;
+            e.reply = Reply::Ready(b);
+        }
+    }
+    next
 }
 
 /// How many pipelined requests are parsed before they are dispatched.
@@ -362,6 +672,7 @@ fn push(
     cached: bool,
     raw: Option<Bytes>,
     read_at: Instant,
+    deadline: Instant,
 ) {
     let last = client.quit;
     if last {
@@ -370,7 +681,7 @@ fn push(
     queue.entries.push_back(Entry {
         reply,
         last,
-        meta: Meta { cmd, started: read_at, ready_at: read_at, redirected: false, cached, raw, node: None },
+        meta: Meta { cmd, started: read_at, ready_at: read_at, redirected: false, cached, raw, node: None, deadline },
     });
 }
 
@@ -380,51 +691,4 @@ fn finish(proxy: &Proxy, client: &ClientState) {
         proxy.locks.closed(id);
     }
     info!(client = id, "client disconnected");
-}
-
-/// Writes every complete reply at the front of the queue, small ones batched into one
-/// write, moving them to `done`. Returns whether the connection's last reply was written,
-/// and when the write started and finished.
-async fn flush(
-    wr: &mut tokio::net::tcp::WriteHalf<'_>,
-    queue: &mut Queue,
-    wbuf: &mut BytesMut,
-    done: &mut Vec<Done>,
-) -> std::io::Result<(bool, Instant, Instant)> {
-    let mut last = false;
-    let write_start = Instant::now();
-    let mut sent = 0usize;
-    while let Some(front) = queue.entries.front() {
-        let Reply::Ready(b) = &front.reply else { break };
-        sent += b.len();
-        if b.len() > 64 * 1024 {
-            // large replies go out as they are, without a copy
-            if !wbuf.is_empty() {
-                wr.write_all(wbuf).await?;
-                wbuf.clear();
-            }
-            wr.write_all(b).await?;
-        } else {
-            wbuf.extend_from_slice(b);
-        }
-        let e = queue.entries.pop_front().expect("front exists");
-        queue.head += 1;
-        last = e.last;
-        let Reply::Ready(reply) = e.reply else { unreachable!("checked above") };
-        done.push(Done { reply, meta: e.meta });
-        if last {
-            break;
-        }
-    }
-    if !wbuf.is_empty() {
-        wr.write_all(wbuf).await?;
-        wbuf.clear();
-        if wbuf.capacity() > 1024 * 1024 {
-            *wbuf = BytesMut::new();
-        }
-    }
-    if sent > 0 {
-        crate::metrics::global().bytes_out.increment(sent as u64);
-    }
-    Ok((last, write_start, if done.is_empty() { write_start } else { Instant::now() }))
 }

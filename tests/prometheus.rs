@@ -43,6 +43,9 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_client_connections_accepted_total", "counter", &[]),
     ("heatshield_client_connections_rejected_total", "counter", &[]),
     ("heatshield_redirections_total", "counter", &["kind"]),
+    ("heatshield_redirections_refused_total", "counter", &[]),
+    ("heatshield_requests_expired_total", "counter", &[]),
+    ("heatshield_client_disconnects_total", "counter", &["reason"]),
     ("heatshield_topology_refreshes_total", "counter", &["result"]),
     ("heatshield_slot_map_epoch", "gauge", &[]),
     ("heatshield_client_bytes_received_total", "counter", &[]),
@@ -77,6 +80,7 @@ const LABEL_VALUES: &[(&str, &str, &[&str])] = &[
     ("heatshield_backend_errors_total", "kind", &["connect", "lost", "timeout"]),
     ("heatshield_backend_connections", "state", &["up", "connecting", "down"]),
     ("heatshield_redirections_total", "kind", &["moved", "ask"]),
+    ("heatshield_client_disconnects_total", "reason", &["output_hard", "output_soft", "output_total"]),
     ("heatshield_topology_refreshes_total", "result", &["ok", "error"]),
 ];
 

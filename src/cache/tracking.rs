@@ -2,6 +2,10 @@
 //! `heatshield-invalidations`, the target every backend connection's tracking redirects
 //! to), the task that lands fills, and the detection window clock.
 //!
+//! An invalidation task lives while its node is a master of the current topology: when
+//! the node leaves (failover, removal), the task closes its connection and ends, and no
+//! task reconnects to a node that left.
+//!
 //! While a node's invalidation connection is up, its id is published in the node's
 //! [`Tracking`](crate::backend::Tracking) so new backend connections redirect to it, and
 //! connections made earlier are switched to it. When it breaks, the id is withdrawn and
@@ -9,7 +13,7 @@
 //! from it fills the cache until a new invalidation connection is up and connections are
 //! redirected to it again.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -56,13 +60,15 @@ pub fn start(proxy: Arc<Proxy>) {
         }
     });
     tokio::spawn(async move {
-        // one invalidation connection per node that ever served a slot
-        let mut started: HashSet<Arc<str>> = HashSet::new();
+        // one invalidation task per current master; a task ends by itself when its node
+        // is no longer a master
+        let mut running: HashMap<Arc<str>, tokio::task::JoinHandle<()>> = HashMap::new();
         loop {
+            running.retain(|_, t| !t.is_finished());
             let masters: Vec<Arc<NodePool>> = proxy.cluster.topology().masters.clone();
             for pool in masters {
-                if started.insert(pool.addr.clone()) {
-                    tokio::spawn(invalidations(proxy.clone(), pool));
+                if !running.contains_key(&pool.addr) {
+                    running.insert(pool.addr.clone(), tokio::spawn(invalidations(proxy.clone(), pool)));
                 }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -70,11 +76,17 @@ pub fn start(proxy: Arc<Proxy>) {
     });
 }
 
-/// Keeps `pool`'s invalidation connection up and applies what it reports.
+/// Whether `pool` is (still) one of the topology's masters.
+fn is_master(proxy: &Proxy, pool: &Arc<NodePool>) -> bool {
+    proxy.cluster.topology().masters.iter().any(|m| Arc::ptr_eq(m, pool))
+}
+
+/// Keeps `pool`'s invalidation connection up and applies what it reports, while the node
+/// is a master.
 async fn invalidations(proxy: Arc<Proxy>, pool: Arc<NodePool>) {
     let opts = BackendOptions { resp3: true, tracking: None, ..pool.options().clone() };
     let mut backoff = Duration::from_millis(50);
-    loop {
+    while is_master(&proxy, &pool) {
         match serve(&proxy, &pool, &opts).await {
             Ok(()) => backoff = Duration::from_millis(50),
             Err(e) => {
@@ -84,6 +96,7 @@ async fn invalidations(proxy: Arc<Proxy>, pool: Arc<NodePool>) {
         }
         tokio::time::sleep(backoff).await;
     }
+    debug!(node = %pool.addr, "node left the topology; its invalidation task ends");
 }
 
 /// One invalidation connection's life. Returns when it breaks.
@@ -120,8 +133,14 @@ async fn serve(proxy: &Proxy, pool: &Arc<NodePool>, opts: &BackendOptions) -> st
 
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut scanner = ReplyScanner::new();
+    let mut check = tokio::time::interval(Duration::from_secs(1));
     let result = loop {
         tokio::select! {
+            _ = check.tick() => {
+                if !is_master(proxy, pool) {
+                    break Ok(());
+                }
+            }
             r = s.read_buf(&mut buf) => {
                 match r {
                     Ok(0) => break Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed by peer")),

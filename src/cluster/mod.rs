@@ -2,14 +2,22 @@
 //! per node, and keeping that picture current.
 //!
 //! The slot table is an immutable [`Topology`] snapshot swapped atomically (readers never
-//! lock). It is learned from `CLUSTER SLOTS` on any reachable node (known masters first,
-//! then the seeds), refreshed periodically, after connection errors, and after a `MOVED`
-//! (which also patches the one slot immediately, so the retry goes to the right node).
+//! lock). It is learned from `CLUSTER SLOTS` and `CLUSTER NODES` on any reachable node
+//! (known masters first, then replicas, then the configured seeds), refreshed
+//! periodically, after connection errors, and after a `MOVED` (which also patches the one
+//! slot immediately, so the retry goes to the right node).
+//!
+//! Redirections are verified, not obeyed: a `MOVED` or `ASK` can come from a script's
+//! error reply, so its address is client-controlled. heatshield connects only to nodes
+//! the cluster itself announced ([`Topology::announces`]); for any other address it asks
+//! for a refresh (at most one such refresh per [`CONFIRM_EVERY`]) and follows the
+//! redirection only if the refreshed topology announces the target. No pool, connection
+//! or credential ever goes to an address that no known node announced.
 //! In standalone mode the topology is one node owning every slot and never changes.
 
 pub mod slot;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -18,7 +26,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::types::OwnedFrame;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
 use crate::backend::{self, Backend, BackendOptions, Tracking};
@@ -28,6 +36,14 @@ pub use slot::{SLOTS, slot};
 
 /// Marks a slot no master serves.
 pub const UNASSIGNED: u16 = u16::MAX;
+
+/// Refreshes asked for to confirm a redirection to an address the topology does not
+/// announce happen at most this often, so fake redirections in a loop cannot become a
+/// refresh storm.
+pub const CONFIRM_EVERY: Duration = Duration::from_secs(1);
+/// How long a confirmation waits for its refresh before the redirection counts as
+/// unconfirmed.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The backend connections to one node. Each worker thread has its own set, made on
 /// first use on that thread (so a request and its backend connection never cross threads):
@@ -97,6 +113,10 @@ impl NodePool {
 pub struct Topology {
     /// Increases with every change.
     pub epoch: u64,
+    /// Every node address the cluster announced at the last refresh (masters, replicas,
+    /// and nodes that serve no slot yet, from `CLUSTER NODES`): the only addresses a
+    /// redirection may send heatshield to.
+    nodes: HashSet<String>,
     /// Slot -> index into `masters`, or [`UNASSIGNED`].
     slots: Vec<u16>,
     /// Masters, sorted by address (the order SCAN cursors refer to).
@@ -129,8 +149,13 @@ impl Topology {
         out
     }
 
+    /// Whether the cluster announced a node at `addr`.
+    pub fn announces(&self, addr: &str) -> bool {
+        self.nodes.contains(addr) || self.masters.iter().any(|m| &*m.addr == addr)
+    }
+
     fn empty() -> Topology {
-        Topology { epoch: 0, slots: vec![UNASSIGNED; SLOTS], masters: vec![], replicas: vec![] }
+        Topology { epoch: 0, nodes: HashSet::new(), slots: vec![UNASSIGNED; SLOTS], masters: vec![], replicas: vec![] }
     }
 }
 
@@ -151,8 +176,14 @@ pub struct Cluster {
     workers: usize,
     epoch: AtomicU64,
     wake: Notify,
+    /// Wakes the refresher for a confirmation refresh (rate-limited, see [`CONFIRM_EVERY`]).
+    confirm: Notify,
     /// Refreshes done, successful or not (for INFO/metrics).
     pub refreshes: AtomicU64,
+    /// Refreshes started so far; each refresh publishes its number in `refreshed` when
+    /// it has finished, so a confirmation can wait for one that started after it asked.
+    started: AtomicU64,
+    refreshed: watch::Sender<u64>,
 }
 
 impl Cluster {
@@ -168,11 +199,14 @@ impl Cluster {
             workers: workers.max(1),
             epoch: AtomicU64::new(0),
             wake: Notify::new(),
+            confirm: Notify::new(),
             refreshes: AtomicU64::new(0),
+            started: AtomicU64::new(0),
+            refreshed: watch::Sender::new(0),
         });
         if let Mode::Standalone { addr } = &mode {
             let pool = c.pool(addr);
-            c.install(vec![0; SLOTS], vec![pool], vec![vec![]]);
+            c.install(HashSet::from([addr.clone()]), vec![0; SLOTS], vec![pool], vec![vec![]]);
         }
         c
     }
@@ -196,8 +230,18 @@ impl Cluster {
         self.pools.lock().values().cloned().collect()
     }
 
-    /// The pool for `addr`, created on first use.
-    pub fn pool(&self, addr: &str) -> Arc<NodePool> {
+    /// The pool for `addr` if the cluster announced a node there (see
+    /// [`Topology::announces`]); never a pool for any other address.
+    pub fn announced_pool(&self, addr: &str) -> Option<Arc<NodePool>> {
+        let topo = self.topology();
+        if let Some(p) = topo.masters.iter().find(|m| &*m.addr == addr) {
+            return Some(p.clone());
+        }
+        topo.announces(addr).then(|| self.pool(addr))
+    }
+
+    /// The pool for `addr`, created on first use. Only for addresses the cluster announced.
+    fn pool(&self, addr: &str) -> Arc<NodePool> {
         let mut pools = self.pools.lock();
         if let Some(p) = pools.get(addr) {
             return p.clone();
@@ -207,17 +251,28 @@ impl Cluster {
         p
     }
 
-    fn install(&self, slots: Vec<u16>, masters: Vec<Arc<NodePool>>, replicas: Vec<Vec<String>>) {
+    fn install(
+        &self,
+        nodes: HashSet<String>,
+        slots: Vec<u16>,
+        masters: Vec<Arc<NodePool>>,
+        replicas: Vec<Vec<String>>,
+    ) {
         let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
-        self.topo.store(Arc::new(Topology { epoch, slots, masters, replicas }));
+        self.topo.store(Arc::new(Topology { epoch, nodes, slots, masters, replicas }));
         crate::metrics::global().epoch.set(epoch as f64);
     }
 
-    /// Applies a `MOVED slot addr` at once and asks for a full refresh.
-    pub fn moved(&self, slot: u16, addr: &str) {
+    /// Applies a `MOVED slot addr` at once and asks for a full refresh, if the cluster
+    /// announced a node at `addr`. Returns false, changing nothing, otherwise: the caller
+    /// may wait for [`fresh_topology`](Cluster::fresh_topology) and ask again.
+    pub fn moved(&self, slot: u16, addr: &str) -> bool {
         let cur = self.topology();
         if cur.master_for_slot(slot).is_some_and(|p| &*p.addr == addr) {
-            return;
+            return true;
+        }
+        if !cur.announces(addr) {
+            return false;
         }
         let mut masters = cur.masters.clone();
         let mut replicas = cur.replicas.clone();
@@ -231,9 +286,24 @@ impl Cluster {
         };
         let mut slots = cur.slots.clone();
         slots[slot as usize] = idx as u16;
+        let nodes = cur.nodes.clone();
         drop(cur);
-        self.install(slots, masters, replicas);
+        self.install(nodes, slots, masters, replicas);
         self.request_refresh();
+        true
+    }
+
+    /// Waits (at most a few seconds) for a topology refresh that starts after this call,
+    /// asking for one: at most one such refresh runs per [`CONFIRM_EVERY`]. Used before a
+    /// redirection to an address the topology does not announce is looked at again.
+    pub async fn fresh_topology(&self) {
+        if !self.is_cluster() {
+            return;
+        }
+        let want = self.started.load(Ordering::SeqCst) + 1;
+        let mut done = self.refreshed.subscribe();
+        self.confirm.notify_one();
+        let _ = tokio::time::timeout(CONFIRM_TIMEOUT, done.wait_for(|&n| n >= want)).await;
     }
 
     /// Wakes the refresher (it coalesces bursts of requests).
@@ -249,6 +319,13 @@ impl Cluster {
             return Ok(());
         };
         self.refreshes.fetch_add(1, Ordering::Relaxed);
+        let number = self.started.fetch_add(1, Ordering::SeqCst) + 1;
+        let result = self.refresh_from(seeds).await;
+        self.refreshed.send_modify(|n| *n = (*n).max(number));
+        result
+    }
+
+    async fn refresh_from(&self, seeds: &[String]) -> Result<(), String> {
         let mut candidates: Vec<String> = self.topology().masters.iter().map(|p| p.addr.to_string()).collect();
         for r in self.topology().replicas.iter().flatten() {
             candidates.push(r.clone());
@@ -258,8 +335,8 @@ impl Cluster {
         let mut last_err = String::from("no seed nodes");
         for addr in candidates {
             match self.fetch_slots(&addr).await {
-                Ok(map) => {
-                    self.apply(map);
+                Ok((map, nodes)) => {
+                    self.apply(map, nodes);
                     crate::metrics::global().refresh_ok.increment(1);
                     return Ok(());
                 }
@@ -273,19 +350,30 @@ impl Cluster {
         Err(last_err)
     }
 
-    async fn fetch_slots(&self, addr: &str) -> Result<SlotMap, String> {
+    /// `CLUSTER SLOTS` and `CLUSTER NODES` of one node: the slot map, and every node
+    /// address the cluster announces.
+    async fn fetch_slots(&self, addr: &str) -> Result<(SlotMap, HashSet<String>), String> {
         let opts = BackendOptions { resp3: false, ..self.opts.clone() };
         let (mut s, _) = backend::connect(addr, &opts).await.map_err(|e| e.to_string())?;
-        let req = Request::from_args(&["CLUSTER", "SLOTS"]);
-        let reply = tokio::time::timeout(opts.command_timeout, backend::roundtrip(&mut s, req.raw()))
-            .await
-            .map_err(|_| "timeout".to_string())?
-            .map_err(|e| e.to_string())?;
+        let ask = async |s: &mut tokio::net::TcpStream, args: &[&str]| {
+            tokio::time::timeout(opts.command_timeout, backend::roundtrip(s, Request::from_args(args).raw()))
+                .await
+                .map_err(|_| "timeout".to_string())?
+                .map_err(|e| e.to_string())
+        };
+        let slots = ask(&mut s, &["CLUSTER", "SLOTS"]).await?;
+        let nodes = ask(&mut s, &["CLUSTER", "NODES"]).await?;
         let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or("127.0.0.1");
-        parse_cluster_slots(&reply, host)
+        let map = parse_cluster_slots(&slots, host)?;
+        let mut announced = parse_cluster_nodes(&nodes, host)?;
+        for r in &map {
+            announced.insert(r.master.clone());
+            announced.extend(r.replicas.iter().cloned());
+        }
+        Ok((map, announced))
     }
 
-    fn apply(&self, map: SlotMap) {
+    fn apply(&self, map: SlotMap, nodes: HashSet<String>) {
         let mut addrs: Vec<String> = map.iter().map(|r| r.master.clone()).collect();
         addrs.sort();
         addrs.dedup();
@@ -306,14 +394,15 @@ impl Cluster {
         let same = cur.slots == slots
             && cur.masters.len() == addrs.len()
             && cur.masters.iter().zip(&addrs).all(|(p, a)| &*p.addr == a)
-            && cur.replicas == replicas;
+            && cur.replicas == replicas
+            && cur.nodes == nodes;
         drop(cur);
         if same {
             return;
         }
         let masters: Vec<Arc<NodePool>> = addrs.iter().map(|a| self.pool(a)).collect();
         info!(masters = ?addrs, "topology updated");
-        self.install(slots, masters, replicas);
+        self.install(nodes, slots, masters, replicas);
         // Forget pools of nodes that are no longer masters: their tasks finish what is in
         // flight and exit once no snapshot or session holds them.
         self.pools.lock().retain(|a, _| addrs.iter().any(|m| m == a));
@@ -326,12 +415,22 @@ impl Cluster {
         }
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
+            // when the last confirmation refresh ran
+            let mut last_confirm: Option<tokio::time::Instant> = None;
             loop {
                 let Some(c) = me.upgrade() else { return };
-                let woke = tokio::select! {
-                    _ = c.wake.notified() => true,
-                    _ = tokio::time::sleep(interval) => false,
+                let (woke, confirm) = tokio::select! {
+                    _ = c.wake.notified() => (true, false),
+                    _ = c.confirm.notified() => (false, true),
+                    _ = tokio::time::sleep(interval) => (false, false),
                 };
+                if confirm && let Some(t) = last_confirm {
+                    // rate limit: redirections to unknown addresses may come from scripts
+                    tokio::time::sleep_until(t + CONFIRM_EVERY).await;
+                }
+                if confirm {
+                    last_confirm = Some(tokio::time::Instant::now());
+                }
                 if let Err(e) = c.refresh().await {
                     warn!(error = %e, "topology refresh failed");
                 }
@@ -366,6 +465,35 @@ fn node_addr(f: &OwnedFrame, default_host: &str) -> Option<String> {
     };
     let host = if host.is_empty() || host == "?" { default_host.to_string() } else { host };
     Some(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") })
+}
+
+/// The addresses of the nodes in a `CLUSTER NODES` reply (a bulk string, one node a
+/// line: `id host:port@cport[,hostname] flags ...`), but for nodes still in handshake
+/// or without an address.
+fn parse_cluster_nodes(reply: &[u8], default_host: &str) -> Result<HashSet<String>, String> {
+    let (frame, _) = decode(reply).map_err(|e| e.to_string())?.ok_or("incomplete CLUSTER NODES reply")?;
+    let text = match frame {
+        OwnedFrame::BulkString(b) | OwnedFrame::SimpleString(b) => b,
+        OwnedFrame::Error(e) => return Err(e),
+        _ => return Err("unexpected CLUSTER NODES reply".into()),
+    };
+    let mut out = HashSet::new();
+    for line in String::from_utf8_lossy(&text).lines() {
+        let mut f = line.split(' ');
+        let (Some(_id), Some(addr), Some(flags)) = (f.next(), f.next(), f.next()) else { continue };
+        if flags.split(',').any(|x| x == "handshake" || x == "noaddr") {
+            continue;
+        }
+        let hostport = addr.split(['@', ',']).next().unwrap_or("");
+        let Some((host, port)) = hostport.rsplit_once(':') else { continue };
+        if port.parse::<u16>().is_err() {
+            continue;
+        }
+        let host = if host.is_empty() || host == "?" { default_host } else { host };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        out.insert(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") });
+    }
+    Ok(out)
 }
 
 /// Parses a `CLUSTER SLOTS` reply (decoded with redis-protocol).
@@ -410,5 +538,20 @@ mod tests {
         assert_eq!(m[0].replicas, vec!["127.0.0.1:7003".to_string()]);
         assert_eq!(m[1].master, "127.0.0.1:7001");
         assert!(parse_cluster_slots(b"-ERR This instance has cluster support disabled\r\n", "h").is_err());
+    }
+
+    #[test]
+    fn parses_cluster_nodes() {
+        let text = "a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460\n\
+                    b2 :7001@17001 master - 0 0 2 connected 5461-16383\n\
+                    c3 127.0.0.1:7002@17002,host.example slave b2 0 0 2 connected\n\
+                    d4 127.0.0.1:7003@17003 handshake - 0 0 0 disconnected\n\
+                    e5 :0@0 master,noaddr - 0 0 3 disconnected\n\
+                    f6 ::1:7004@17004 master - 0 0 4 connected\n";
+        let reply = format!("${}\r\n{}\r\n", text.len(), text);
+        let n = parse_cluster_nodes(reply.as_bytes(), "127.0.0.1").unwrap();
+        let mut got: Vec<&str> = n.iter().map(|s| s.as_str()).collect();
+        got.sort();
+        assert_eq!(got, ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002", "[::1]:7004"]);
     }
 }
