@@ -682,11 +682,10 @@ impl Proxy {
         }
         let is_cached = |i: usize| cached.iter().any(|(p, _)| *p as usize == i);
         let rest: Vec<usize> = (0..nkeys).filter(|&i| !is_cached(i)).collect();
-        if let Some(o) = self.throttle(ctx, cmd, rest.iter().map(|&i| req.arg(1 + i)), false) {
-            return o;
-        }
-        if let Some(o) = self.throttle(ctx, cmd, cached.iter().map(|(i, _)| req.arg(1 + *i as usize)), true) {
-            return o;
+        // one check for all the keys, cached or not: all charged, or none
+        let keys = (0..nkeys).map(|i| (req.arg(1 + i), is_cached(i)));
+        if let Err(t) = self.ratelimit.check_mixed(&mut ctx.client.rl, cmd, keys, ctx.now) {
+            return ctx.error(&t.message());
         }
         if cached.is_empty() {
             // nothing from the cache: the usual path (one slot: forwarded whole)

@@ -91,7 +91,11 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, stop: impl std::fut
                 };
                 let stats = &proxy.stats;
                 let gm = crate::metrics::global();
-                if stats.clients.load(Ordering::Relaxed) >= proxy.live.max_clients.load(Ordering::Relaxed) {
+                // One atomic step takes the place, so workers accepting at the same time
+                // cannot both take the last one.
+                let max = proxy.live.max_clients.load(Ordering::Relaxed);
+                let took = stats.clients.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c < max).then_some(c + 1));
+                if took.is_err() {
                     stats.rejected.fetch_add(1, Ordering::Relaxed);
                     gm.rejected.increment(1);
                     warn!(%peer, "client refused: max_clients reached");
@@ -103,7 +107,6 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, stop: impl std::fut
                 }
                 stats.accepted.fetch_add(1, Ordering::Relaxed);
                 gm.accepted.increment(1);
-                stats.clients.fetch_add(1, Ordering::Relaxed);
                 let p = proxy.clone();
                 let rx = shutdown_rx.clone();
                 tokio::spawn(async move {

@@ -237,3 +237,107 @@ fn idle_clients_cost_little_memory() {
     );
     assert!(per_client < 40.0 * 1024.0, "{per_client:.0} bytes per idle client");
 }
+
+/// A MGET refused by the rate limiter after part of it was found in the hot-key cache
+/// charges no key: rules promise all-or-nothing.
+#[test]
+fn a_refused_mget_with_cached_keys_charges_no_key() {
+    let env = ClusterEnv::start(Some(
+        r#"
+[cache]
+pin = ["mx:p*"]
+
+[[ratelimit.rules]]
+name = "pinned"
+pattern = "mx:p*"
+commands = "reads"
+rate = 1
+burst = 2
+scope = "per-key"
+count_cached = true
+
+[[ratelimit.rules]]
+name = "plain"
+pattern = "mx:q*"
+commands = "reads"
+rate = 1
+burst = 1
+scope = "per-key"
+"#,
+    ));
+    for (k, v) in [("mx:p", "pv"), ("mx:q", "qv")] {
+        assert_eq!(cli(env.owners.of_key(k.as_bytes()), &["SET", k, v]).trim(), "OK");
+    }
+    let mut c = Conn::connect(env.proxy.port());
+    // until mx:p's reply is in the cache (its budget refills at 1/s meanwhile)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "mx:p never got cached");
+        let _ = c.cmd(&["GET", "mx:p"]);
+        let stats = c.cmd(&["PROXY", "CACHE", "STATS"]);
+        if stats.get("entries").is_some_and(|e| e.int() >= 1) {
+            break;
+        }
+        thread::sleep(Duration::from_millis(1100));
+    }
+    thread::sleep(Duration::from_millis(2100)); // mx:p's burst is whole again
+    // spend mx:p's budget on cached reads
+    let mut spent = false;
+    for _ in 0..5 {
+        if c.cmd(&["GET", "mx:p"]).err().is_some_and(|e| e.starts_with("THROTTLED")) {
+            spent = true;
+            break;
+        }
+    }
+    assert!(spent, "cached reads of mx:p were never throttled");
+    // mx:q is within budget, mx:p (cached) is over: the whole MGET is refused...
+    let r = c.cmd(&["MGET", "mx:q", "mx:p"]);
+    assert!(r.err().is_some_and(|e| e.starts_with("THROTTLED key 'mx:p'")), "{r:?}");
+    // ...and mx:q was not charged for it: its one-request burst is still there
+    assert_eq!(c.cmd(&["GET", "mx:q"]), V::s("qv"));
+}
+
+/// `server.max_clients` holds exactly when several workers accept at the same moment.
+#[test]
+fn max_clients_holds_exactly_across_workers() {
+    let server = common::RedisStandalone::start();
+    let (_dir, conf) = common::config_file("[server]\nmax_clients = 40\n");
+    let proxy = common::Proxy::start_standalone(&server, &["--threads", "2", "--config", &conf]);
+    let port = proxy.port();
+    for round in 0..5 {
+        let go = Arc::new(std::sync::Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let go = go.clone();
+                thread::spawn(move || {
+                    go.wait();
+                    let mut kept = Vec::new();
+                    for _ in 0..25 {
+                        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+                        s.write_all(b"PING\r\n").expect("write");
+                        let mut b = [0u8; 7];
+                        match s.read_exact(&mut b) {
+                            Ok(()) if &b == b"+PONG\r\n" => kept.push(s),
+                            Ok(()) => assert_eq!(&b, b"-ERR ma", "unexpected reply"),
+                            Err(_) => {}
+                        }
+                    }
+                    kept
+                })
+            })
+            .collect();
+        let kept: Vec<TcpStream> = handles.into_iter().flat_map(|h| h.join().expect("client")).collect();
+        assert_eq!(kept.len(), 40, "round {round}: {} clients served with max_clients = 40", kept.len());
+        drop(kept);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = Conn::connect(port).cmd(&["INFO", "clients"]);
+            if r.err().is_none() && common::info_field(&r.text(), "connected_clients").as_deref() == Some("1") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "clients did not go away");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

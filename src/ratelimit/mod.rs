@@ -417,7 +417,23 @@ impl Limiter {
         if keys.peek().is_none() {
             return self.check_one(state, cmd, first, hint, at, cached);
         }
-        self.check_many(state, cmd, std::iter::once(first).chain(keys), at, cached)
+        self.check_many(state, cmd, std::iter::once(first).chain(keys).map(|k| (k, cached)), at)
+    }
+
+    /// Checks the keys of one command of which some are answered from the hot-key cache
+    /// (`(key, cached)` pairs, see [`Limiter::check_in`]): all charged, or none.
+    pub fn check_mixed<'k>(
+        &self,
+        view: &mut View,
+        cmd: &Command,
+        keys: impl Iterator<Item = (&'k [u8], bool)>,
+        at: Instant,
+    ) -> Result<(), Throttled> {
+        let state = view.state.load();
+        if state.rules.is_empty() {
+            return Ok(());
+        }
+        self.check_many(state, cmd, keys, at)
     }
 
     /// Several keys: look at every budget first, then charge them all or none.
@@ -425,16 +441,15 @@ impl Limiter {
         &self,
         state: &State,
         cmd: &Command,
-        keys: impl Iterator<Item = &'k [u8]>,
+        keys: impl Iterator<Item = (&'k [u8], bool)>,
         at: Instant,
-        cached: bool,
     ) -> Result<(), Throttled> {
         let rules = &state.rules;
         let guard = self.table.get().map(|b| (b, b.load()));
         let table = guard.as_ref().map(|(b, t)| (*b, &***t));
         // budgets this command draws on, how many requests each, and the first key on it
         let mut need: SmallVec<[(BudgetId, u64, &'k [u8]); 4]> = SmallVec::new();
-        for key in keys {
+        for (key, cached) in keys {
             let Some(ri) = rules.iter().position(|r| r.matches(cmd, key)) else { continue };
             let r = &rules[ri];
             if cached && !r.spec.count_cached {
