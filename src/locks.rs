@@ -12,7 +12,8 @@
 //! the holder's TTL in case a notification is lost), and `KEEPALIVE` locks (renewed every
 //! TTL/3 while their client's connection lives, released when it closes).
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -476,25 +477,44 @@ async fn subscriber(proxy: std::sync::Arc<crate::proxy::Proxy>, tx: mpsc::Unboun
 
 /// A lock renewed while its client's connection lives.
 struct Held {
-    client: u64,
     key: Bytes,
     owner: Bytes,
     ttl_ms: u64,
     next: Instant,
 }
 
-/// The lock task's state.
+/// The lock task's state. Nothing here is scanned whole per event: what comes due (a
+/// waiter's deadline, a queue head's next try, a renewal) sits in `timers`, and each
+/// event touches only its own key's queue or its own client's locks, so 10,000 parked
+/// waiters cost O(log n) per event, not O(n).
 struct State {
     queues: HashMap<Bytes, VecDeque<Parked>>,
-    held: Vec<Held>,
+    /// KEEPALIVE locks, by client.
+    held: HashMap<u64, Vec<Held>>,
     /// Requests in flight from this task, by id.
     inflight: HashMap<u64, Flight>,
+    /// When something may be due. Entries can be stale (the waiter left, the head moved
+    /// on); each is checked against the state when it comes up.
+    timers: BinaryHeap<Reverse<(Instant, Due)>>,
+}
+
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Due {
+    /// Parked request `id` on `key` times out.
+    Deadline(Bytes, u64),
+    /// The head of `key`'s queue may try again.
+    Try(Bytes),
+    /// A KEEPALIVE lock of this client may need renewing.
+    Renew(u64),
 }
 
 struct Parked {
     w: Waiter,
+    /// Increasing in queue order (ids are handed out in parking order).
     id: u64,
     trying: bool,
+    /// Attempts that met transport trouble or a redirection (for the warning).
+    failures: u32,
     /// A wake-up came while an attempt was in flight: if that attempt finds the lock
     /// held, try again at once (the release may have come after the attempt ran).
     woken: bool,
@@ -503,49 +523,98 @@ struct Parked {
 
 enum Flight {
     /// An ACQUIRE attempt for the head waiter of `key`.
-    Attempt { key: Bytes, data: Bytes, tries: u32 },
+    Attempt { key: Bytes, data: Bytes },
     /// A KEEPALIVE renewal, a release on close, or the release of a lock taken for a
     /// client that left: fire and forget, retried on NOSCRIPT.
     Other { key: Bytes, data: Bytes, renewal_of: Option<u64> },
 }
 
+impl State {
+    fn at(&mut self, when: Instant, due: Due) {
+        self.timers.push(Reverse((when, due)));
+    }
+
+    /// The head of `key`'s queue tries at `when` (or later, if it is trying now).
+    fn try_at(&mut self, key: &Bytes, when: Instant) {
+        if let Some(p) = self.queues.get_mut(key).and_then(|q| q.front_mut()) {
+            p.next_try = when;
+            self.timers.push(Reverse((when, Due::Try(key.clone()))));
+        }
+    }
+
+    /// A KEEPALIVE lock to renew for `client`.
+    fn hold(&mut self, client: u64, h: Held, locks: &Locks) {
+        let next = h.next;
+        let l = self.held.entry(client).or_default();
+        if l.iter().any(|x| x.key == h.key) {
+            return;
+        }
+        l.push(h);
+        locks.held.fetch_add(1, Ordering::Relaxed);
+        self.at(next, Due::Renew(client));
+    }
+
+    /// Stops renewing `client`'s lock on `key` (every lock of the client with `None`);
+    /// returns what was renewed.
+    fn unhold(&mut self, client: u64, key: Option<&Bytes>, locks: &Locks) -> Vec<Held> {
+        let Some(l) = self.held.get_mut(&client) else { return Vec::new() };
+        let gone: Vec<Held> = match key {
+            Some(k) => {
+                let (gone, kept) = std::mem::take(l).into_iter().partition(|h| h.key == *k);
+                *l = kept;
+                gone
+            }
+            None => std::mem::take(l),
+        };
+        if l.is_empty() {
+            self.held.remove(&client);
+        }
+        locks.held.fetch_sub(gone.len(), Ordering::Relaxed);
+        gone
+    }
+}
+
 async fn run(proxy: std::sync::Arc<crate::proxy::Proxy>, mut rx: mpsc::UnboundedReceiver<Event>) {
     let (rtx, mut rrx) = mpsc::unbounded_channel::<BackendReply>();
-    let mut st = State { queues: HashMap::new(), held: Vec::new(), inflight: HashMap::new() };
+    let mut st =
+        State { queues: HashMap::new(), held: HashMap::new(), inflight: HashMap::new(), timers: BinaryHeap::new() };
     let locks = &proxy.locks;
     loop {
-        let next = next_deadline(&st);
+        let next = st.timers.peek().map_or(Instant::now() + Duration::from_secs(1), |Reverse((t, _))| *t);
         tokio::select! {
             e = rx.recv() => {
                 let Some(e) = e else { return };
                 match e {
                     Event::Park(w) => {
                         let id = locks.next_id.fetch_add(1, Ordering::Relaxed);
-                        let q = st.queues.entry(w.req.key.clone()).or_default();
-                        q.push_back(Parked { w, id, trying: false, woken: false, next_try: Instant::now() });
+                        let key = w.req.key.clone();
+                        let deadline = w.deadline;
+                        let q = st.queues.entry(key.clone()).or_default();
+                        let head = q.is_empty();
+                        q.push_back(Parked { w, id, trying: false, failures: 0, woken: false, next_try: Instant::now() });
+                        st.at(deadline, Due::Deadline(key.clone(), id));
+                        if head {
+                            st.try_at(&key, Instant::now());
+                        }
                     }
                     Event::Wake(key) => {
                         if let Some(p) = st.queues.get_mut(&key).and_then(|q| q.front_mut()) {
-                            p.next_try = Instant::now();
                             p.woken |= p.trying;
+                            st.try_at(&key, Instant::now());
                         }
                     }
                     Event::Hold { client, key, owner, ttl_ms } => {
-                        if !st.held.iter().any(|h| h.client == client && h.key == key) {
-                            st.held.push(Held { client, key, owner, ttl_ms, next: Instant::now() + Duration::from_millis(ttl_ms / 3) });
-                        }
+                        let next = Instant::now() + Duration::from_millis(ttl_ms / 3);
+                        st.hold(client, Held { key, owner, ttl_ms, next }, locks);
                     }
-                    Event::Released { client, key } => st.held.retain(|h| !(h.client == client && h.key == key)),
+                    Event::Released { client, key } => {
+                        st.unhold(client, Some(&key), locks);
+                    }
                     Event::Closed(client) => {
-                        for q in st.queues.values_mut() {
-                            let before = q.len();
-                            q.retain(|p| p.w.client != client || p.trying);
-                            locks.parked.fetch_sub(before - q.len(), Ordering::SeqCst);
-                        }
-                        let (gone, kept): (Vec<Held>, Vec<Held>) = std::mem::take(&mut st.held).into_iter().partition(|h| h.client == client);
-                        st.held = kept;
-                        for h in gone {
-                            let r = LockRequest { cmd: LockCmd::Release, key: h.key.clone(), owner: h.owner, ttl_ms: 0, wait_ms: 0, keepalive: false };
+                        // Its parked requests leave when they come up (their reply channel
+                        // is closed): at the head of their queue, or at their deadline.
+                        for h in st.unhold(client, None, locks) {
+                            let r = LockRequest { cmd: LockCmd::Release, key: h.key, owner: h.owner, ttl_ms: 0, wait_ms: 0, keepalive: false };
                             fire(&proxy, &mut st, &rtx, &r, true, None);
                         }
                     }
@@ -555,81 +624,98 @@ async fn run(proxy: std::sync::Arc<crate::proxy::Proxy>, mut rx: mpsc::Unbounded
             _ = tokio::time::sleep_until(next.into()) => {}
         }
         tick(&proxy, &mut st, &rtx);
-        locks.held.store(st.held.len(), Ordering::Relaxed);
     }
 }
 
-fn next_deadline(st: &State) -> Instant {
-    let mut next = Instant::now() + Duration::from_secs(1);
-    for q in st.queues.values() {
-        for (i, p) in q.iter().enumerate() {
-            if !p.trying {
-                next = next.min(p.w.deadline);
-                if i == 0 {
-                    next = next.min(p.next_try);
+/// Acts on everything that has come due: timed-out waiters, queue heads that may try,
+/// KEEPALIVE renewals.
+fn tick(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSender<BackendReply>) {
+    let now = Instant::now();
+    while let Some(Reverse((when, _))) = st.timers.peek() {
+        if *when > now {
+            break;
+        }
+        let Some(Reverse((_, due))) = st.timers.pop() else { break };
+        match due {
+            Due::Deadline(key, id) => {
+                let Some(q) = st.queues.get_mut(&key) else { continue };
+                let Ok(pos) = q.binary_search_by_key(&id, |p| p.id) else { continue };
+                if q[pos].trying {
+                    continue; // its attempt's reply decides
+                }
+                let Some(p) = q.remove(pos) else { continue };
+                proxy.locks.parked.fetch_sub(1, Ordering::SeqCst);
+                if deliver(&p.w, None) {
+                    proxy.locks.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+                if q.is_empty() {
+                    st.queues.remove(&key);
+                } else if pos == 0 {
+                    let at = q[0].next_try.max(now);
+                    st.try_at(&key, at);
+                }
+            }
+            Due::Try(key) => start_attempt(proxy, st, rtx, &key, now),
+            Due::Renew(client) => {
+                let Some(locks) = st.held.get_mut(&client) else { continue };
+                let mut due = Vec::new();
+                for h in locks.iter_mut().filter(|h| now >= h.next) {
+                    h.next = now + Duration::from_millis((h.ttl_ms / 3).max(1));
+                    due.push((
+                        h.next,
+                        LockRequest {
+                            cmd: LockCmd::Extend,
+                            key: h.key.clone(),
+                            owner: h.owner.clone(),
+                            ttl_ms: h.ttl_ms,
+                            wait_ms: 0,
+                            keepalive: true,
+                        },
+                    ));
+                }
+                for (next, r) in due {
+                    st.at(next, Due::Renew(client));
+                    fire(proxy, st, rtx, &r, false, Some(client));
                 }
             }
         }
     }
-    for h in &st.held {
-        next = next.min(h.next);
-    }
-    next
 }
 
-/// Times out waiters, tries the heads of queues that are due, renews KEEPALIVE locks.
-fn tick(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSender<BackendReply>) {
-    let now = Instant::now();
-    let mut attempts = Vec::new();
-    st.queues.retain(|_, q| {
-        let before = q.len();
-        q.retain(|p| {
-            if p.w.reply_to.is_closed() && !p.trying {
-                return false;
-            }
-            if !p.trying && now >= p.w.deadline {
-                deliver(&p.w, None);
-                proxy.locks.wait_timeouts.fetch_add(1, Ordering::Relaxed);
-                return false;
-            }
-            true
-        });
-        proxy.locks.parked.fetch_sub(before - q.len(), Ordering::SeqCst);
-        if let Some(p) = q.front_mut()
-            && !p.trying
-            && now >= p.next_try
-        {
-            p.trying = true;
-            p.woken = false;
-            attempts.push((p.id, p.w.req.clone()));
+/// Sends the ACQUIRE attempt of `key`'s queue head if it is due, dropping heads whose
+/// client has left.
+fn start_attempt(
+    proxy: &crate::proxy::Proxy,
+    st: &mut State,
+    rtx: &mpsc::UnboundedSender<BackendReply>,
+    key: &Bytes,
+    now: Instant,
+) {
+    let Some(q) = st.queues.get_mut(key) else { return };
+    // heads whose client left, or whose wait is over, go first
+    while let Some(p) = q.front()
+        && !p.trying
+        && (p.w.reply_to.is_closed() || now >= p.w.deadline)
+    {
+        let Some(p) = q.pop_front() else { break };
+        proxy.locks.parked.fetch_sub(1, Ordering::SeqCst);
+        if deliver(&p.w, None) {
+            proxy.locks.wait_timeouts.fetch_add(1, Ordering::Relaxed);
         }
-        !q.is_empty()
-    });
-    for (id, r) in attempts {
-        let data = proxy.locks.command(&r, false, false).raw().clone();
-        st.inflight.insert(id, Flight::Attempt { key: r.key.clone(), data: data.clone(), tries: 0 });
-        send_to(proxy, &r.key, data, id, rtx, Prefix::None, None);
     }
-    let due: Vec<(u64, LockRequest)> = st
-        .held
-        .iter_mut()
-        .filter(|h| now >= h.next)
-        .map(|h| {
-            h.next = now + Duration::from_millis((h.ttl_ms / 3).max(1));
-            let r = LockRequest {
-                cmd: LockCmd::Extend,
-                key: h.key.clone(),
-                owner: h.owner.clone(),
-                ttl_ms: h.ttl_ms,
-                wait_ms: 0,
-                keepalive: true,
-            };
-            (h.client, r)
-        })
-        .collect();
-    for (client, r) in due {
-        fire(proxy, st, rtx, &r, false, Some(client));
+    let Some(p) = q.front_mut() else {
+        st.queues.remove(key);
+        return;
+    };
+    if p.trying || now < p.next_try {
+        return;
     }
+    p.trying = true;
+    p.woken = false;
+    let (id, r) = (p.id, p.w.req.clone());
+    let data = proxy.locks.command(&r, false, false).raw().clone();
+    st.inflight.insert(id, Flight::Attempt { key: r.key.clone(), data: data.clone() });
+    send_to(proxy, &r.key, data, id, rtx, Prefix::None, None);
 }
 
 /// Sends a request whose reply only matters for NOSCRIPT and redirections (and, for a
@@ -712,13 +798,13 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
             None => None,
         },
     };
-    let Flight::Attempt { tries, .. } = flight else {
+    let Flight::Attempt { .. } = flight else {
         let Flight::Other { renewal_of, .. } = flight else { return };
         // a renewal that found the lock no longer ours: stop renewing it
         if let (Some(client), Ok(d)) = (renewal_of, &r.result)
             && &d[..] == b":0\r\n"
         {
-            st.held.retain(|h| !(h.client == client && h.key == key));
+            st.unhold(client, Some(&key), &proxy.locks);
         }
         match retry_after {
             // moved: once more, to the new owner
@@ -734,14 +820,16 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
         return;
     };
     let Some(q) = st.queues.get_mut(&key) else { return };
-    let Some(pos) = q.iter().position(|p| p.id == id) else { return };
+    let Ok(pos) = q.binary_search_by_key(&id, |p| p.id) else { return };
     if let Some(d) = retry_after {
         let p = &mut q[pos];
         p.trying = false;
-        p.next_try = Instant::now() + d;
-        if tries > 50 {
-            warn!(key = %String::from_utf8_lossy(&key), "lock acquire keeps failing");
+        p.failures += 1;
+        if p.failures == 50 {
+            warn!(key = %String::from_utf8_lossy(&key), "lock acquire keeps failing (50 tries); still retrying until the WAIT ends");
         }
+        let at = (Instant::now() + d).min(p.w.deadline);
+        st.try_at(&key, at);
         return;
     }
     let reply = r.result.unwrap_or_default();
@@ -752,11 +840,12 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
             let p = &mut q[pos];
             p.trying = false;
             let jitter = Duration::from_micros(id.wrapping_mul(0x9E37_79B9) % 5_000);
-            p.next_try = if std::mem::take(&mut p.woken) {
+            let at = if std::mem::take(&mut p.woken) {
                 Instant::now()
             } else {
-                Instant::now() + remaining.min(FALLBACK_RETRY) + jitter
+                (Instant::now() + remaining.min(FALLBACK_RETRY) + jitter).min(p.w.deadline)
             };
+            st.try_at(&key, at);
         }
         _ => {
             // a token, or an error for the client
@@ -773,23 +862,16 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
                     fire(proxy, st, rtx, &p.w.req.clone(), true, None);
                 } else if p.w.req.keepalive {
                     let r = &p.w.req;
-                    st.held.push(Held {
-                        client: p.w.client,
-                        key: r.key.clone(),
-                        owner: r.owner.clone(),
-                        ttl_ms: r.ttl_ms,
-                        next: Instant::now() + Duration::from_millis(r.ttl_ms / 3),
-                    });
+                    let next = Instant::now() + Duration::from_millis(r.ttl_ms / 3);
+                    let h = Held { key: r.key.clone(), owner: r.owner.clone(), ttl_ms: r.ttl_ms, next };
+                    st.hold(p.w.client, h, &proxy.locks);
                 }
             }
             if let Some(q) = st.queues.get_mut(&key) {
-                if let Some(next) = q.front_mut() {
-                    next.next_try = next.next_try.max(Instant::now() + FALLBACK_RETRY);
-                    if !token {
-                        next.next_try = Instant::now();
-                    }
-                }
-                if q.is_empty() {
+                if let Some(next) = q.front() {
+                    let at = if token { next.next_try.max(Instant::now() + FALLBACK_RETRY) } else { Instant::now() };
+                    st.try_at(&key, at);
+                } else {
                     st.queues.remove(&key);
                 }
             }

@@ -88,7 +88,12 @@ enum Target {
 struct Part {
     data: Bytes,
     target: Target,
-    attempts: u16,
+    /// MOVED / ASK / NOSCRIPT followed so far (at most `MAX_REDIRECTS`).
+    redirects: u16,
+    /// Sends retried after an unreachable node, TRYAGAIN or CLUSTERDOWN (at most
+    /// `MAX_RETRIES`): counted apart, so a request that waited out a failover may still
+    /// follow the redirections that come after it.
+    retries: u16,
     reply: Option<Bytes>,
     /// A redirection to an address the topology does not announce, held while a refresh
     /// confirms or refutes it (see [`Proxy::on_reply`]).
@@ -927,10 +932,10 @@ impl Proxy {
             Ok(data) => {
                 // one of heatshield's lock scripts is not loaded there (yet): send it whole
                 if data.starts_with(b"-NOSCRIPT")
-                    && part.attempts < MAX_REDIRECTS
+                    && part.redirects < MAX_REDIRECTS
                     && let Some(eval) = self.locks.eval_form(&part.data)
                 {
-                    part.attempts += 1;
+                    part.redirects += 1;
                     part.data = eval;
                     let part = &p.parts[idx];
                     if let Err(e) = self.send(ctx, part, idx as u32) {
@@ -942,9 +947,9 @@ impl Proxy {
                     && self.cluster.is_cluster()
                 {
                     if let Some(r) = parse_redirect(err)
-                        && part.attempts < MAX_REDIRECTS
+                        && part.redirects < MAX_REDIRECTS
                     {
-                        part.attempts += 1;
+                        part.redirects += 1;
                         if !self.follow(part, &r) {
                             // The address is not one the cluster announced (a script can
                             // return any error text): refresh the topology, then look again.
@@ -959,9 +964,8 @@ impl Proxy {
                         }
                         return None;
                     }
-                    if (err.starts_with(b"TRYAGAIN") || err.starts_with(b"CLUSTERDOWN")) && part.attempts < MAX_RETRIES
-                    {
-                        part.attempts += 1;
+                    if (err.starts_with(b"TRYAGAIN") || err.starts_with(b"CLUSTERDOWN")) && part.retries < MAX_RETRIES {
+                        part.retries += 1;
                         self.cluster.request_refresh();
                         let part = &p.parts[idx];
                         self.send_later(ctx, part, idx as u32);
@@ -1001,8 +1005,8 @@ impl Proxy {
             }
             Err(BackendError::NotSent(addr)) => {
                 self.cluster.request_refresh();
-                if matches!(part.target, Target::Slot(_)) && part.attempts < MAX_RETRIES {
-                    part.attempts += 1;
+                if matches!(part.target, Target::Slot(_)) && part.retries < MAX_RETRIES {
+                    part.retries += 1;
                     let part = &p.parts[idx];
                     self.send_later(ctx, part, idx as u32);
                     return None;
@@ -1172,7 +1176,7 @@ pub fn merge_mget(
 
 impl Part {
     fn new(data: Bytes, target: Target) -> Part {
-        Part { data, target, attempts: 0, reply: None, held: None }
+        Part { data, target, redirects: 0, retries: 0, reply: None, held: None }
     }
 }
 

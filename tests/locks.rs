@@ -318,3 +318,63 @@ fn waiters_are_served_in_order() {
     println!("20 uncontended WAIT acquisitions: {:?}", t0.elapsed());
     assert_eq!(greedy.cmd(&["LOCK.RELEASE", k, "greedy"]), V::Int(1));
 }
+
+/// 20,000 parked waiters: the lock task handles each event without looking at every
+/// waiter, so lock traffic while they wait is as fast as without them (it went
+/// quadratic: every event, here every RELEASE's wake-up, scanned all waiters), and they
+/// all time out on time.
+#[test]
+fn twenty_thousand_parked_waiters_do_not_go_quadratic() {
+    let server = common::RedisStandalone::start();
+    let proxy = common::Proxy::start_standalone(&server, &[]);
+    let port = proxy.port();
+    const KEYS: usize = 100;
+    const CONNS: usize = 800;
+    const PER_CONN: usize = 25;
+    const PAIRS: usize = 2000;
+    let churn = |c: &mut Conn| {
+        let t = Instant::now();
+        for _ in 0..PAIRS {
+            token(&c.cmd(&["LOCK.ACQUIRE", "lk:churn", "me", "10000"]));
+            assert_eq!(c.cmd(&["LOCK.RELEASE", "lk:churn", "me"]), V::Int(1));
+        }
+        t.elapsed()
+    };
+    let mut c = Conn::connect(port);
+    let alone = churn(&mut c);
+    let mut holder = Conn::connect(port);
+    for i in 0..KEYS {
+        token(&holder.cmd(&["LOCK.ACQUIRE", &format!("lk:many:{i}"), "holder", "60000"]));
+    }
+    let started = Instant::now();
+    let mut conns: Vec<Conn> = (0..CONNS).map(|_| Conn::connect(port)).collect();
+    for (c, conn) in conns.iter_mut().enumerate() {
+        let mut batch = Vec::new();
+        for j in 0..PER_CONN {
+            let key = format!("lk:many:{}", (c * PER_CONN + j) % KEYS);
+            batch.extend(common::client::encode(&["LOCK.ACQUIRE", &key, &format!("w{c}"), "60000", "WAIT", "6000"]));
+        }
+        conn.send_raw(&batch);
+    }
+    thread::sleep(Duration::from_millis(1500));
+    // lock traffic on another key while they wait: each release wakes the lock task
+    let churned = churn(&mut c);
+    for conn in &mut conns {
+        conn.stream().set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        for _ in 0..PER_CONN {
+            assert_eq!(conn.read_reply(), V::Nil, "a waiter got something other than nil after its WAIT");
+        }
+    }
+    let took = started.elapsed();
+    eprintln!(
+        "{PAIRS} ACQUIRE/RELEASE pairs: {alone:?} alone, {churned:?} with {} waiters parked; all timed out after WAIT 6000 in {took:?}",
+        CONNS * PER_CONN
+    );
+    let ratio = churned.as_secs_f64() / alone.as_secs_f64();
+    assert!(
+        ratio < 1.4,
+        "{PAIRS} lock pairs took {churned:?} with the waiters parked, {alone:?} without ({ratio:.2}x)"
+    );
+    assert!(took < Duration::from_secs(12), "{} waiters took {took:?}", CONNS * PER_CONN);
+    assert_eq!(holder.cmd(&["LOCK.RELEASE", "lk:many:0", "holder"]), V::Int(1));
+}

@@ -543,7 +543,7 @@ pub fn key_slot(key: &[u8]) -> u16 {
 /// holding its config, data directory and log.
 pub struct RedisServer {
     child: Mutex<Child>,
-    pid: u32,
+    pid: std::sync::atomic::AtomicU32,
     port: u16,
     dir: TempDir,
 }
@@ -643,7 +643,7 @@ impl RedisServer {
             .stderr(stdio)
             .spawn()
             .unwrap_or_else(|e| panic!("failed to spawn redis-server: {e}"));
-        RedisServer { pid: child.id(), child: Mutex::new(child), port, dir }
+        RedisServer { pid: child.id().into(), child: Mutex::new(child), port, dir }
     }
 
     /// Waits until the server answers PING; on early exit or timeout returns
@@ -676,7 +676,7 @@ impl RedisServer {
     }
 
     pub fn pid(&self) -> u32 {
-        self.pid
+        self.pid.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Directory holding config, data, `nodes.conf` and logs.
@@ -704,6 +704,28 @@ impl RedisServer {
     pub fn kill(&self) {
         kill_child(&mut lock(&self.child));
     }
+
+    /// Starts the server again (after [`kill`](Self::kill)) with the same configuration,
+    /// port and directory, so a cluster node rejoins with its `nodes.conf`; waits until it
+    /// answers PING.
+    pub fn restart(&self) {
+        self.kill();
+        let path = self.dir.path();
+        let stdio = File::create(path.join("stdio.log")).expect("create stdio.log");
+        let child = Command::new(redis_server_bin())
+            .arg(path.join("redis.conf"))
+            .current_dir(path)
+            .stdin(Stdio::null())
+            .stdout(stdio.try_clone().expect("clone stdio.log"))
+            .stderr(stdio)
+            .spawn()
+            .unwrap_or_else(|e| panic!("failed to respawn redis-server: {e}"));
+        self.pid.store(child.id(), std::sync::atomic::Ordering::Relaxed);
+        *lock(&self.child) = child;
+        if let Err(log) = self.wait_ready(Duration::from_secs(10)) {
+            panic!("redis-server on port {} did not come back:\n{}", self.port, tail(&log, LOG_TAIL_LINES));
+        }
+    }
 }
 
 impl Drop for RedisServer {
@@ -713,7 +735,7 @@ impl Drop for RedisServer {
             eprintln!(
                 "----- redis-server {} (pid {}) log tail -----\n{}\n-----",
                 self.port,
-                self.pid,
+                self.pid(),
                 tail(&self.log(), LOG_TAIL_LINES)
             );
         }
@@ -905,6 +927,11 @@ impl RedisCluster {
     /// SIGKILLs the node on `port` and reaps it.
     pub fn kill(&self, port: u16) {
         self.node(port).kill();
+    }
+
+    /// Starts the killed node on `port` again; it rejoins the cluster from its nodes.conf.
+    pub fn restart(&self, port: u16) {
+        self.node(port).restart();
     }
 
     /// Waits until every *live* node reports `cluster_state:ok`, all live
