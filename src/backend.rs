@@ -6,9 +6,11 @@
 //! split off the read buffer without copying or decoding) back to the session that asked.
 //!
 //! When the connection breaks, requests already written fail with
-//! [`BackendError::Lost`] (they may have run), queued ones are sent on the next connection,
-//! and while the node cannot be reached new requests fail at once with
-//! [`BackendError::NotSent`] (safe to retry elsewhere). It reconnects with backoff. A reply
+//! [`BackendError::Lost`] (they may have run), queued ones (including one taken off the
+//! queue and not yet written) are sent on the next connection, and while the node cannot
+//! be reached new requests fail at once with [`BackendError::NotSent`] (safe to retry
+//! elsewhere). It reconnects with backoff, and only while it has something to send, so a
+//! connection to a node that went away is not retried while nobody needs it. A reply
 //! that does not come within the command timeout breaks the connection the same way.
 //! This module knows nothing about slots or commands.
 

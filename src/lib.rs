@@ -5,7 +5,7 @@
 //! - [`command`]: the command table (arity, keys, flags, routing);
 //! - [`config`]: the TOML configuration and its validation;
 //! - [`backend`]: pipelined connections to one Redis node;
-//! - [`cluster`]: slot function, slot map, node pools, topology refresh;
+//! - [`cluster`]: slot function, slot map, node pools, topology refresh, announced nodes;
 //! - [`proxy`]: the request path (limits, route, split, fan out, redirect, merge);
 //! - [`ratelimit`]: per-key rate limits (rules, GCRA budgets, tracked-key cap);
 //! - [`cache`]: hot-key detection and the never-stale hot-key cache;
@@ -14,7 +14,7 @@
 //! - [`admin`]: `PROXY ...` commands, slow log, big-key log, live settings, command stats;
 //! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
 //! - [`glob`]: Redis-style glob patterns;
-//! - [`session`]: one client connection, replies in order;
+//! - [`session`]: one client connection, replies in order, the client's byte limits;
 //! - [`server`]: the listeners, connection limit and graceful shutdown;
 //! - [`worker`]: thread-per-core workers (which worker a thread is).
 #![forbid(unsafe_code)]

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Two heatshield builds side by side: both in front of one 3-master cluster (release
+# builds, one worker each, metrics off), loaded at the same time by their own
+# redis-benchmark, so drift on a shared machine hits both alike. Prints each one's ops per
+# proxy CPU-second and the ratio B/A per round; the two swap ports and start order every
+# round (use an even number of rounds).
+#
+#   scripts/bench-ab.sh A_BINARY B_BINARY [ROUNDS [redis-benchmark options]]
+#
+# e.g. to check a change against the commit before it:
+#   git worktree add /tmp/before HEAD~1 && (cd /tmp/before && cargo build --release)
+#   cargo build --release
+#   scripts/bench-ab.sh /tmp/before/target/release/heatshield target/release/heatshield 6 -t get -P 16 -r 100000
+#
+# Default load: GET -P16 over 100k random keys, 50 clients, $REQUESTS requests (2M).
+# Ports (127.0.0.1): cluster 7000-7002, heatshield 7420 and 7421. Needs ../shared/bench.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ $# -ge 2 ]] || { sed -n '2,14p' "$0" >&2; exit 2; }
+A=$(realpath "$1") B=$(realpath "$2")
+shift 2
+rounds=${1:-6}
+shift $(($# < 1 ? $# : 1))
+[[ $# -gt 0 ]] || set -- -t get -r 100000 -P 16
+H=${BENCH_DIR:-../shared/bench}
+[[ -f $H/cluster.sh ]] || { echo "bench harness not found at $H" >&2; exit 1; }
+W=${TMPDIR:-/tmp}/heatshield-bench-ab
+mkdir -p "$W"
+stop_proxies() {
+  for f in "$W"/proxy-*.pid; do
+    if [[ -f $f ]]; then kill "$(cat "$f")" 2>/dev/null || true; fi
+    rm -f "$f"
+  done
+}
+cleanup() {
+  stop_proxies
+  "$H/cluster.sh" stop "$W/cluster" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+cleanup
+"$H/cluster.sh" start "$W/cluster" 7000 3 0 >/dev/null
+printf '[cache]\nenabled = false\n' >"$W/conf.toml"
+# start NAME:BINARY:PORT...
+start() {
+  stop_proxies
+  for t in "$@"; do
+    IFS=: read -r name bin port <<<"$t"
+    for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 || break; sleep 0.1; done
+    RUST_LOG=warn "$bin" -c "$W/conf.toml" --cluster 127.0.0.1:7000 --listen 127.0.0.1:"$port" \
+      --metrics off --threads 1 >"$W/proxy-$name.log" 2>&1 &
+    echo $! >"$W/proxy-$name.pid"
+    for _ in $(seq 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+  done
+}
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; } # utime + stime, in clock ticks
+tck=$(getconf CLK_TCK)
+n=${REQUESTS:-2000000}
+ratios=()
+for round in $(seq "$rounds"); do
+  if ((round % 2)); then start a:"$A":7420 b:"$B":7421; else start b:"$B":7420 a:"$A":7421; fi
+  pa=$(cat "$W/proxy-a.pid") pb=$(cat "$W/proxy-b.pid")
+  ca=$(cpu "$pa") cb=$(cpu "$pb")
+  jobs=()
+  for port in 7420 7421; do
+    redis-benchmark -p "$port" -c 50 -n "$n" -q "$@" >/dev/null 2>&1 &
+    jobs+=($!)
+  done
+  wait "${jobs[@]}"
+  line=$(python3 -c "import sys; a, b = ($n / ((float(y) - float(x)) / $tck) for x, y in ((sys.argv[1], sys.argv[2]), (sys.argv[3], sys.argv[4]))); print(f'{b / a:.3f} round $round: A {a / 1e3:.1f}k  B {b / 1e3:.1f}k ops per CPU-second  B/A {b / a:.3f}')" \
+    "$ca" "$(cpu "$pa")" "$cb" "$(cpu "$pb")")
+  ratios+=("${line%% *}")
+  echo "${line#* }"
+done
+printf '%s\n' "${ratios[@]}" | sort -n | awk '{a[NR] = $1} END {m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2; printf "B/A over %d rounds: min %.3f  median %.3f  max %.3f\n", NR, a[1], m, a[NR]}'
