@@ -180,9 +180,9 @@ pub struct Ctx<'a> {
     pub flush: bool,
     /// Set by [`Proxy::dispatch`] for writes while the cache is on (see [`Pending`]).
     pub write_epoch: Option<u64>,
-    /// Set by [`Proxy::dispatch`]: how long the request may wait on purpose (LOCK.ACQUIRE
-    /// ... WAIT), on top of [`Proxy::reply_deadline`].
-    pub wait: Duration,
+    /// Set by [`Proxy::dispatch`]: milliseconds the request may wait on purpose
+    /// (LOCK.ACQUIRE ... WAIT), on top of [`Proxy::reply_deadline`].
+    pub wait_ms: u32,
 }
 
 impl<'a> Ctx<'a> {
@@ -204,7 +204,7 @@ impl<'a> Ctx<'a> {
             invalidate: Vec::new(),
             flush: false,
             write_epoch: None,
-            wait: Duration::ZERO,
+            wait_ms: 0,
         }
     }
 }
@@ -519,7 +519,7 @@ impl Proxy {
         }
         let s = slot(&r.key);
         if kind == LockCmd::Acquire && r.wait_ms > 0 {
-            ctx.wait = Duration::from_millis(r.wait_ms);
+            ctx.wait_ms = r.wait_ms.min(u32::MAX as u64) as u32;
             let deadline = ctx.now + Duration::from_millis(r.wait_ms);
             let w = Waiter {
                 req: r,

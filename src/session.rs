@@ -97,8 +97,16 @@ struct Meta {
     raw: Option<Bytes>,
     /// The node that served it, noted only when it was slow to answer.
     node: Option<Arc<str>>,
-    /// A request still waiting for its reply then is answered with an error.
-    deadline: Instant,
+    /// Milliseconds the request may wait on purpose (LOCK.ACQUIRE ... WAIT) on top of
+    /// the reply deadline.
+    wait_ms: u32,
+}
+
+impl Meta {
+    /// When a request still waiting for its reply is answered with an error.
+    fn deadline(&self, reply_deadline: Duration) -> Instant {
+        self.started + reply_deadline + Duration::from_millis(self.wait_ms as u64)
+    }
 }
 
 /// The in-order reply queue.
@@ -390,7 +398,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                 {
                     break Some(Cut::Soft);
                 }
-                armed = expire(&proxy, &mut queue, &mut client, &mut held, &mut scratch, now, soft, max_pipeline);
+                armed = expire(&proxy, &mut queue, &mut client, &mut held, &mut scratch, now, reply_deadline, soft, max_pipeline);
                 if let Some(t) = armed {
                     timer.as_mut().reset(t.into());
                 }
@@ -441,7 +449,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     let raw = req.raw().clone();
                     let mut ctx = Ctx::new(&mut client, seq, &tx, &mut scratch, read_at);
                     let outcome = proxy.dispatch(&mut ctx, req);
-                    let (cmd, cached, wait) = (ctx.cmd, ctx.cached, ctx.wait);
+                    let (cmd, cached, wait_ms) = (ctx.cmd, ctx.cached, ctx.wait_ms);
                     client.rl.forget();
                     let reply = match outcome {
                         Outcome::Ready(b) => {
@@ -453,13 +461,17 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                             Reply::Waiting(p)
                         }
                     };
-                    let deadline = read_at + reply_deadline + wait;
-                    if matches!(reply, Reply::Waiting(_)) && armed.is_none_or(|t| deadline < t) {
-                        armed = Some(deadline);
-                        timer.as_mut().reset(deadline.into());
+                    if matches!(reply, Reply::Waiting(_)) {
+                        // armed already for an earlier request (deadlines grow with the
+                        // read time), unless this one waits less than a LOCK.ACQUIRE WAIT
+                        let deadline = read_at + reply_deadline + Duration::from_millis(wait_ms as u64);
+                        if armed.is_none_or(|t| deadline < t) {
+                            armed = Some(deadline);
+                            timer.as_mut().reset(deadline.into());
+                        }
                     }
                     held.requests += raw.len();
-                    push(&mut queue, &mut client, &mut reading, reply, cmd, cached, Some(raw), read_at, deadline);
+                    push(&mut queue, &mut client, &mut reading, reply, cmd, cached, Some(raw), read_at, wait_ms);
                     parsed += 1;
                 }
                 if let Some(e) = failed {
@@ -470,17 +482,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                         let b = scratch.split().freeze();
                         held.reply_ready(b.len(), soft, max_pipeline);
                         let reply = Reply::Ready(b);
-                        push(
-                            &mut queue,
-                            &mut client,
-                            &mut reading,
-                            reply,
-                            proxy.unknown_id(),
-                            false,
-                            None,
-                            read_at,
-                            read_at,
-                        );
+                        push(&mut queue, &mut client, &mut reading, reply, proxy.unknown_id(), false, None, read_at, 0);
                         parsed += 1;
                     }
                     break;
@@ -629,17 +631,18 @@ fn expire(
     held: &mut Held,
     scratch: &mut BytesMut,
     now: Instant,
+    reply_deadline: Duration,
     soft: usize,
     max_pipeline: usize,
 ) -> Option<Instant> {
     let mut next: Option<Instant> = None;
     for e in queue.entries.iter_mut() {
-        if let Reply::Waiting(_) = e.reply
-            && now < e.meta.deadline
-        {
-            next = Some(next.map_or(e.meta.deadline, |t| t.min(e.meta.deadline)));
-        } else if let Reply::Waiting(_) = e.reply {
-            let ms = (e.meta.deadline - e.meta.started).as_millis();
+        let Reply::Waiting(_) = e.reply else { continue };
+        let deadline = e.meta.deadline(reply_deadline);
+        if now < deadline {
+            next = Some(next.map_or(deadline, |t| t.min(deadline)));
+        } else {
+            let ms = (deadline - e.meta.started).as_millis();
             Writer::new(scratch, client.proto).error(&crate::proxy::errors::expired(ms));
             let b = scratch.split().freeze();
             warn!(
@@ -672,7 +675,7 @@ fn push(
     cached: bool,
     raw: Option<Bytes>,
     read_at: Instant,
-    deadline: Instant,
+    wait_ms: u32,
 ) {
     let last = client.quit;
     if last {
@@ -681,7 +684,7 @@ fn push(
     queue.entries.push_back(Entry {
         reply,
         last,
-        meta: Meta { cmd, started: read_at, ready_at: read_at, redirected: false, cached, raw, node: None, deadline },
+        meta: Meta { cmd, started: read_at, ready_at: read_at, redirected: false, cached, raw, node: None, wait_ms },
     });
 }
 
