@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Run heatshield's test suite: installs missing deps, then
+# Run heatshield's test suite: installs missing deps, checks formatting
+# (`cargo fmt --check`) and lints (`cargo clippy --all-targets -- -D warnings`), then
 # `cargo test --all-targets --no-fail-fast` (unit, integration, examples and
 # benches in test mode; doctests are not part of --all-targets).
 #
 # Usage: scripts/test.sh [extra cargo test args...]
 #   e.g. scripts/test.sh -- --test-threads=1
-# Environment: TEST_THREADS=N adds `-- --test-threads=N` (if no `--` was given).
+# Environment: TEST_THREADS=N adds `-- --test-threads=N` (if no `--` was given);
+# SKIP_LINT=1 skips the fmt and clippy checks (for a quick local run; CI never sets it).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,6 +16,13 @@ cd "$REPO_ROOT"
 bash scripts/ensure-deps.sh
 
 export RUST_BACKTRACE=1
+
+if [[ -z "${SKIP_LINT:-}" ]]; then
+    echo "+ cargo fmt --all -- --check"
+    cargo fmt --all -- --check || { echo "formatting differs: run cargo fmt"; exit 1; }
+    echo "+ cargo clippy --all-targets -- -D warnings"
+    cargo clippy --all-targets -- -D warnings || { echo "clippy found problems"; exit 1; }
+fi
 
 args=(--all-targets --no-fail-fast "$@")
 if [[ -n "${TEST_THREADS:-}" ]]; then

@@ -667,56 +667,30 @@ fn proxy_nodes(proxy: &Proxy) -> String {
 }
 
 fn config_pairs(proxy: &Proxy) -> Vec<(String, String)> {
-    let c = &proxy.config;
     let l = &proxy.live;
-    let opt = |o: &Option<String>| o.clone().unwrap_or_default();
-    let hidden = |o: &Option<String>| if o.is_some() { "(set)".to_string() } else { String::new() };
-    vec![
-        ("admin.bigkey_bytes".into(), l.bigkey_bytes.load(Ordering::Relaxed).to_string()),
-        ("admin.bigkeys_max_len".into(), c.admin.bigkeys_max_len.to_string()),
-        ("admin.enabled".into(), c.admin.enabled.to_string()),
-        ("admin.password".into(), hidden(&c.admin.password)),
-        ("admin.slowlog_max_len".into(), l.slowlog_max_len.load(Ordering::Relaxed).to_string()),
-        ("admin.slowlog_slower_than_us".into(), l.slowlog_slower_than_us.load(Ordering::Relaxed).to_string()),
-        ("backend.address".into(), opt(&c.backend.address)),
-        ("backend.command_timeout_ms".into(), c.backend.command_timeout_ms.to_string()),
-        ("backend.connect_timeout_ms".into(), c.backend.connect_timeout_ms.to_string()),
-        ("backend.connections_per_node".into(), c.backend.connections_per_node.to_string()),
-        ("backend.mode".into(), c.backend.mode.clone()),
-        ("backend.password".into(), hidden(&c.backend.password)),
-        ("backend.refresh_interval_ms".into(), c.backend.refresh_interval_ms.to_string()),
-        ("backend.seeds".into(), c.backend.seeds.join(",")),
-        ("backend.username".into(), opt(&c.backend.username)),
-        ("cache.commands".into(), c.cache.commands.join(",")),
-        ("cache.cool_windows".into(), c.cache.cool_windows.to_string()),
-        ("cache.enabled".into(), c.cache.enabled.to_string()),
-        ("cache.hot_threshold".into(), c.cache.hot_threshold.to_string()),
-        ("cache.max_age_ms".into(), c.cache.max_age_ms.to_string()),
-        ("cache.max_bytes".into(), c.cache.max_bytes.to_string()),
-        ("cache.max_entry_bytes".into(), c.cache.max_entry_bytes.to_string()),
-        ("cache.max_hot_keys".into(), c.cache.max_hot_keys.to_string()),
-        ("cache.never".into(), c.cache.never.join(",")),
-        ("cache.pin".into(), c.cache.pin.join(",")),
-        ("cache.sample_every".into(), c.cache.sample_every.to_string()),
-        ("cache.window_ms".into(), c.cache.window_ms.to_string()),
-        ("limits.max_inflight_request_bytes".into(), c.limits.max_inflight_request_bytes.to_string()),
-        ("limits.max_pipeline".into(), c.limits.max_pipeline.to_string()),
-        ("limits.max_request_bytes".into(), c.limits.max_request_bytes.to_string()),
-        ("limits.output_hard_bytes".into(), c.limits.output_hard_bytes.to_string()),
-        ("limits.output_soft_bytes".into(), c.limits.output_soft_bytes.to_string()),
-        ("limits.output_soft_seconds".into(), c.limits.output_soft_seconds.to_string()),
-        ("limits.output_total_over_soft_bytes".into(), c.limits.output_total_over_soft_bytes.to_string()),
-        ("metrics.latency_sample_every".into(), c.metrics.latency_sample_every.to_string()),
-        ("metrics.listen".into(), c.metrics.listen.clone()),
-        ("ratelimit.idle_reclaim_ms".into(), c.ratelimit.idle_reclaim_ms.to_string()),
-        ("ratelimit.max_tracked_keys".into(), c.ratelimit.max_tracked_keys.to_string()),
-        ("server.allow_flush".into(), l.allow_flush.load(Ordering::Relaxed).to_string()),
-        ("server.listen".into(), c.server.listen.clone()),
-        ("server.max_clients".into(), l.max_clients.load(Ordering::Relaxed).to_string()),
-        ("server.password".into(), hidden(&c.server.password)),
-        ("server.shutdown_timeout_ms".into(), c.server.shutdown_timeout_ms.to_string()),
-        ("server.threads".into(), c.server.threads.to_string()),
-    ]
+    crate::config::entries(&proxy.config)
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let v = match k.as_str() {
+                // live settings: their current value
+                "admin.bigkey_bytes" => l.bigkey_bytes.load(Ordering::Relaxed).to_string(),
+                "admin.slowlog_max_len" => l.slowlog_max_len.load(Ordering::Relaxed).to_string(),
+                "admin.slowlog_slower_than_us" => l.slowlog_slower_than_us.load(Ordering::Relaxed).to_string(),
+                "server.allow_flush" => l.allow_flush.load(Ordering::Relaxed).to_string(),
+                "server.max_clients" => l.max_clients.load(Ordering::Relaxed).to_string(),
+                // secrets: only whether they are set
+                "admin.password" | "backend.password" | "server.password" => {
+                    if v.is_some_and(|v| !v.is_empty()) {
+                        "(set)".into()
+                    } else {
+                        String::new()
+                    }
+                }
+                _ => v?, // None: the rate-limit rules (PROXY RATELIMIT LIST)
+            };
+            Some((k, v))
+        })
+        .collect()
 }
 
 fn config_set(proxy: &Proxy, key: &[u8], value: &[u8]) -> Result<(), String> {

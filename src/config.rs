@@ -5,12 +5,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cluster::Mode;
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub server: ServerConfig,
@@ -22,8 +22,44 @@ pub struct Config {
     pub cache: crate::cache::CacheConfig,
 }
 
+/// Every key of a configuration as `section.key` with its value, made from the structs
+/// themselves (serde), so that no list of keys is kept by hand: `PROXY CONFIG GET` shows
+/// these, and a test holds them against `conf/heatshield.toml` and the README's table.
+/// Values are text: lists joined with ",", an unset value as "". The rate-limit rules
+/// (`ratelimit.rules`, an array of tables) are listed by key only, with no value: `PROXY
+/// RATELIMIT LIST` shows them.
+pub fn entries(c: &Config) -> Vec<(String, Option<String>)> {
+    fn text(v: &serde_json::Value) -> String {
+        match v {
+            serde_json::Value::Null => String::new(),
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Array(a) => a.iter().map(text).collect::<Vec<_>>().join(","),
+            // as Rust prints them: 1000, not 1000.0
+            serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+                (Some(u), _, _) => u.to_string(),
+                (_, Some(i), _) => i.to_string(),
+                (_, _, Some(f)) => f.to_string(),
+                _ => n.to_string(),
+            },
+            other => other.to_string(),
+        }
+    }
+    let mut out = Vec::new();
+    // the structs are plain data: serializing them cannot fail
+    let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(c) else { return out };
+    for (section, table) in sections {
+        let serde_json::Value::Object(keys) = table else { continue };
+        for (key, v) in keys {
+            let tables = matches!(&v, serde_json::Value::Array(a) if a.iter().all(|x| x.is_object()) && key == "rules");
+            out.push((format!("{section}.{key}"), (!tables).then(|| text(&v))));
+        }
+    }
+    out.sort();
+    out
+}
+
 /// `[metrics]`: the Prometheus endpoint.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Address of the HTTP listener serving `/metrics`, or "off".
@@ -40,7 +76,7 @@ impl Default for MetricsConfig {
 }
 
 /// `[admin]`: the `PROXY ...` commands, the slow log and the big-key log.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Whether `PROXY ...` commands are answered at all.
@@ -71,7 +107,7 @@ impl Default for AdminConfig {
 }
 
 /// `[server]`: the client-facing side.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Address to listen on for Redis clients.
@@ -103,7 +139,7 @@ impl Default for ServerConfig {
 }
 
 /// `[backend]`: the Redis servers behind the proxy.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackendConfig {
     /// "cluster" or "standalone".
@@ -141,7 +177,7 @@ impl Default for BackendConfig {
 }
 
 /// `[limits]`: protection against oversized or runaway clients.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
     /// Largest request accepted (and so largest bulk string), in bytes. Redis: 512 MiB.

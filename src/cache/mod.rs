@@ -29,7 +29,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use parking_lot::Mutex;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
 use crate::cluster::NodePool;
@@ -41,7 +41,7 @@ use detect::{Detector, DetectorConfig};
 const STRIPES: usize = 4096;
 
 /// `[cache]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheConfig {
     pub enabled: bool,

@@ -14,13 +14,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 use crate::command::{Command, CommandTable};
 
 /// Which commands a rule counts.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum CommandsSpec {
     /// "reads", "writes" or "all".
@@ -36,7 +36,7 @@ impl Default for CommandsSpec {
 }
 
 /// One rule as written in the configuration.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
     pub name: String,
@@ -61,7 +61,7 @@ fn default_scope() -> String {
 }
 
 /// `[ratelimit]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RateLimitConfig {
     /// Keys with a budget of their own at most; new keys beyond share their rule's budget.
