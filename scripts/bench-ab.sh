@@ -5,7 +5,11 @@
 # proxy CPU-second and the ratio B/A per round; the two swap ports and start order every
 # round (use an even number of rounds).
 #
-#   scripts/bench-ab.sh A_BINARY B_BINARY [ROUNDS [redis-benchmark options]]
+#   scripts/bench-ab.sh A B [ROUNDS [redis-benchmark options]]
+#
+# A and B are each a heatshield binary, optionally with a configuration file as
+# BINARY@CONFIG (default: the hot-key cache off, nothing else set), so the same script
+# compares two builds or two configurations of one build (scripts/bench-ratelimit.sh).
 #
 # e.g. to check a change against the commit before it:
 #   git worktree add /tmp/before HEAD~1 && (cd /tmp/before && cargo build --release)
@@ -17,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $# -ge 2 ]] || { sed -n '2,14p' "$0" >&2; exit 2; }
-A=$(realpath "$1") B=$(realpath "$2")
+A=$1 B=$2
 shift 2
 rounds=${1:-6}
 shift $(($# < 1 ? $# : 1))
@@ -40,13 +44,15 @@ trap cleanup EXIT
 cleanup
 "$H/cluster.sh" start "$W/cluster" 7000 3 0 >/dev/null
 printf '[cache]\nenabled = false\n' >"$W/conf.toml"
-# start NAME:BINARY:PORT...
+# start NAME:BINARY[@CONFIG]:PORT...
 start() {
   stop_proxies
   for t in "$@"; do
-    IFS=: read -r name bin port <<<"$t"
+    IFS=: read -r name spec port <<<"$t"
+    bin=${spec%%@*} conf=$W/conf.toml
+    [[ $spec == *@* ]] && conf=${spec#*@}
     for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 || break; sleep 0.1; done
-    RUST_LOG=warn "$bin" -c "$W/conf.toml" --cluster 127.0.0.1:7000 --listen 127.0.0.1:"$port" \
+    RUST_LOG=warn "$bin" -c "$conf" --cluster 127.0.0.1:7000 --listen 127.0.0.1:"$port" \
       --metrics off --threads 1 >"$W/proxy-$name.log" 2>&1 &
     echo $! >"$W/proxy-$name.pid"
     for _ in $(seq 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done

@@ -13,9 +13,24 @@
 # round: drift on a shared machine then hits both alike. The two swap ports (and start
 # order) every round; use an even number of rounds.
 #
-# Ports (127.0.0.1): cluster 7000-7002, heatshield 7410 (no rules) and 7411 (the rule).
+# Ports (127.0.0.1): cluster 7000-7002, heatshield 7410 (no rules) and 7411 (the rule);
+# with --simultaneous those of scripts/bench-ab.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ ${1:-} == --simultaneous ]]; then
+  # both loaded at once: scripts/bench-ab.sh with one build and two configurations
+  W=${TMPDIR:-/tmp}/heatshield-bench-ratelimit
+  mkdir -p "$W"
+  cargo build --release --quiet
+  printf '[cache]\nenabled = false\n' >"$W/norule.toml"
+  printf '[cache]\nenabled = false\n\n[[ratelimit.rules]]\nname = "all"\npattern = "*"\nrate = 1000000000\nburst = 1000000000\n' >"$W/rule.toml"
+  rounds=${2:-6}
+  shift $(($# < 2 ? $# : 2))
+  [[ $# -gt 0 ]] || set -- -t get -r 100000 -P 16
+  echo "A = no rule, B = a never-refusing per-key rule on every key"
+  REQUESTS=${REQUESTS:-3000000} exec scripts/bench-ab.sh "target/release/heatshield@$W/norule.toml" \
+    "target/release/heatshield@$W/rule.toml" "$rounds" "$@"
+fi
 B=${BENCH_DIR:-../shared/bench}
 [[ -f $B/compare.py ]] || { echo "bench harness not found at $B" >&2; exit 1; }
 W=${TMPDIR:-/tmp}/heatshield-bench-ratelimit
@@ -48,29 +63,6 @@ start() {
     for _ in $(seq 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
   done
 }
-if [[ ${1:-} == --simultaneous ]]; then
-  cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; } # utime + stime, in clock ticks
-  tck=$(getconf CLK_TCK)
-  rounds=${2:-6} n=${REQUESTS:-3000000}
-  shift $(($# < 2 ? $# : 2))
-  [[ $# -gt 0 ]] || set -- -t get -r 100000 -P 16
-  for round in $(seq "$rounds"); do
-    # odd rounds swap which port, process start and benchmark start each one gets,
-    # so that an order bias cancels out over an even number of rounds
-    if ((round % 2)); then start norule:7410 rule:7411; else start rule:7410 norule:7411; fi
-    pa=$(cat "$W/heatshield-norule.pid") pb=$(cat "$W/heatshield-rule.pid")
-    ca=$(cpu "$pa") cb=$(cpu "$pb")
-    jobs=()
-    for port in 7410 7411; do
-      redis-benchmark -p "$port" -c 50 -n "$n" -q "$@" >/dev/null 2>&1 &
-      jobs+=($!)
-    done
-    wait "${jobs[@]}"
-    python3 -c "import sys; a, b = ($n / ((float(y) - float(x)) / $tck) for x, y in ((sys.argv[1], sys.argv[2]), (sys.argv[3], sys.argv[4]))); print(f'round $round: no-rule {a / 1e3:.1f}k  rule {b / 1e3:.1f}k ops per CPU-second  rule/no-rule {b / a:.3f}')" \
-      "$ca" "$(cpu "$pa")" "$cb" "$(cpu "$pb")"
-  done
-  exit 0
-fi
 start norule:7410 rule:7411
 [[ $# -gt 0 ]] || set -- --rounds 3 --workloads get,get-P16,hot-get
 python3 "$B/compare.py" --baseline no-rule "$@" no-rule=127.0.0.1:7410 rule=127.0.0.1:7411

@@ -633,17 +633,22 @@ impl RedisServer {
         let conf_path = path.join("redis.conf");
         fs::write(&conf_path, conf.join("\n") + "\n").expect("write redis.conf");
 
+        let child = Self::spawn_child(path);
+        RedisServer { pid: child.id().into(), child: Mutex::new(child), port, dir }
+    }
+
+    /// Runs `redis-server` on the `redis.conf` in `dir`, its output in `dir/stdio.log`.
+    fn spawn_child(dir: &Path) -> Child {
         // Config errors are reported on stderr before the logfile is opened.
-        let stdio = File::create(path.join("stdio.log")).expect("create stdio.log");
-        let child = Command::new(redis_server_bin())
-            .arg(&conf_path)
-            .current_dir(path)
+        let stdio = File::create(dir.join("stdio.log")).expect("create stdio.log");
+        Command::new(redis_server_bin())
+            .arg(dir.join("redis.conf"))
+            .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(stdio.try_clone().expect("clone stdio.log"))
             .stderr(stdio)
             .spawn()
-            .unwrap_or_else(|e| panic!("failed to spawn redis-server: {e}"));
-        RedisServer { pid: child.id().into(), child: Mutex::new(child), port, dir }
+            .unwrap_or_else(|e| panic!("failed to spawn redis-server: {e}"))
     }
 
     /// Waits until the server answers PING; on early exit or timeout returns
@@ -710,16 +715,7 @@ impl RedisServer {
     /// answers PING.
     pub fn restart(&self) {
         self.kill();
-        let path = self.dir.path();
-        let stdio = File::create(path.join("stdio.log")).expect("create stdio.log");
-        let child = Command::new(redis_server_bin())
-            .arg(path.join("redis.conf"))
-            .current_dir(path)
-            .stdin(Stdio::null())
-            .stdout(stdio.try_clone().expect("clone stdio.log"))
-            .stderr(stdio)
-            .spawn()
-            .unwrap_or_else(|e| panic!("failed to respawn redis-server: {e}"));
+        let child = Self::spawn_child(self.dir.path());
         self.pid.store(child.id(), std::sync::atomic::Ordering::Relaxed);
         *lock(&self.child) = child;
         if let Err(log) = self.wait_ready(Duration::from_secs(10)) {
