@@ -16,7 +16,6 @@ use parking_lot::Mutex;
 use crate::backend::ConnState;
 use crate::config::Config;
 use crate::metrics::bump;
-use crate::protocol::request::{Limits, Next, RequestReader};
 use crate::protocol::{Request, Writer};
 use crate::proxy::{Ctx, Outcome, Proxy};
 
@@ -103,12 +102,7 @@ fn unix_now() -> u64 {
 
 /// The arguments of a request's RESP bytes (only done for the rare logged command).
 pub fn args_of(raw: &Bytes) -> Vec<Bytes> {
-    let mut r = RequestReader::new(Limits { max_request_bytes: u32::MAX as usize });
-    let mut b = bytes::BytesMut::from(&raw[..]);
-    match r.next(&mut b) {
-        Ok(Next::Request(req)) => (0..req.argc()).map(|i| req.arg_bytes(i)).collect(),
-        _ => vec![],
-    }
+    Request::parse(raw).map(|req| (0..req.argc()).map(|i| req.arg_bytes(i)).collect()).unwrap_or_default()
 }
 
 impl SlowLog {

@@ -67,7 +67,7 @@ impl Prefix {
 }
 
 /// Server-assisted client-side caching state shared by one node's connections
-/// (crate::cache owns the policy). Every connection to the node turns on
+/// (the hot-key cache owns the policy). Every connection to the node turns on
 /// `CLIENT TRACKING on REDIRECT <redirect> OPTIN` when it connects (if `redirect` is set),
 /// so reads sent with [`Prefix::CachingYes`] are tracked and their invalidations go to
 /// the node's invalidation connection.

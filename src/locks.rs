@@ -14,8 +14,8 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -93,14 +93,7 @@ local v = redis.call('HMGET', KEYS[1], 'owner', 'count', 'token')
 return {v[1], tonumber(v[2]), redis.call('PTTL', KEYS[1]), tonumber(v[3])}
 "#;
 
-/// The four commands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LockCmd {
-    Acquire,
-    Release,
-    Extend,
-    Info,
-}
+pub use crate::command::LockCmd;
 
 struct Script {
     body: &'static str,
@@ -323,7 +316,7 @@ impl Locks {
 
     /// For a request that got NOSCRIPT: the same call as EVAL, if it is one of ours.
     pub fn eval_form(&self, data: &[u8]) -> Option<Bytes> {
-        let req = Request::from_args(&crate::admin::args_of(&Bytes::copy_from_slice(data)));
+        let req = Request::parse(data)?;
         if req.argc() < 3 || !req.arg(0).eq_ignore_ascii_case(b"EVALSHA") {
             return None;
         }
@@ -427,22 +420,30 @@ pub fn client_reply(r: &LockRequest, reply: &[u8], proto: Proto, scratch: &mut b
     scratch.split().freeze()
 }
 
+/// What the lock task and the subscriber use: the lock service and the cluster view,
+/// nothing else of the proxy.
+pub struct Handles {
+    locks: Arc<Locks>,
+    cluster: Arc<crate::cluster::Cluster>,
+}
+
 /// Starts the lock task and the release subscriber on the current runtime.
-pub fn start(proxy: std::sync::Arc<crate::proxy::Proxy>) {
+pub fn start(locks: Arc<Locks>, cluster: Arc<crate::cluster::Cluster>) {
+    let h = Arc::new(Handles { locks, cluster });
     let (tx, rx) = mpsc::unbounded_channel();
-    if proxy.locks.tx.set(tx.clone()).is_err() {
+    if h.locks.tx.set(tx.clone()).is_err() {
         return;
     }
-    tokio::spawn(run(proxy.clone(), rx));
-    tokio::spawn(subscriber(proxy, tx));
+    tokio::spawn(run(h.clone(), rx));
+    tokio::spawn(subscriber(h, tx));
 }
 
 /// Listens for releases published anywhere in the cluster (PUBLISH reaches every node).
-async fn subscriber(proxy: std::sync::Arc<crate::proxy::Proxy>, tx: mpsc::UnboundedSender<Event>) {
+async fn subscriber(h: Arc<Handles>, tx: mpsc::UnboundedSender<Event>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut attempt = 0usize;
     loop {
-        let masters = proxy.cluster.topology().masters.clone();
+        let masters = h.cluster.topology().masters.clone();
         if let Some(node) = masters.get(attempt % masters.len().max(1)) {
             let opts = crate::backend::BackendOptions { resp3: false, tracking: None, ..node.options().clone() };
             if let Ok((mut s, _)) = crate::backend::connect(&node.addr, &opts).await {
@@ -543,13 +544,13 @@ impl State {
     }
 
     /// A KEEPALIVE lock to renew for `client`.
-    fn hold(&mut self, client: u64, h: Held, locks: &Locks) {
-        let next = h.next;
+    fn hold(&mut self, client: u64, lock: Held, locks: &Locks) {
+        let next = lock.next;
         let l = self.held.entry(client).or_default();
-        if l.iter().any(|x| x.key == h.key) {
+        if l.iter().any(|x| x.key == lock.key) {
             return;
         }
-        l.push(h);
+        l.push(lock);
         locks.held.fetch_add(1, Ordering::Relaxed);
         self.at(next, Due::Renew(client));
     }
@@ -560,7 +561,7 @@ impl State {
         let Some(l) = self.held.get_mut(&client) else { return Vec::new() };
         let gone: Vec<Held> = match key {
             Some(k) => {
-                let (gone, kept) = std::mem::take(l).into_iter().partition(|h| h.key == *k);
+                let (gone, kept) = std::mem::take(l).into_iter().partition(|l| l.key == *k);
                 *l = kept;
                 gone
             }
@@ -574,11 +575,11 @@ impl State {
     }
 }
 
-async fn run(proxy: std::sync::Arc<crate::proxy::Proxy>, mut rx: mpsc::UnboundedReceiver<Event>) {
+async fn run(h: Arc<Handles>, mut rx: mpsc::UnboundedReceiver<Event>) {
     let (rtx, mut rrx) = mpsc::unbounded_channel::<BackendReply>();
     let mut st =
         State { queues: HashMap::new(), held: HashMap::new(), inflight: HashMap::new(), timers: BinaryHeap::new() };
-    let locks = &proxy.locks;
+    let locks = &h.locks;
     loop {
         let next = st.timers.peek().map_or(Instant::now() + Duration::from_secs(1), |Reverse((t, _))| *t);
         tokio::select! {
@@ -613,23 +614,23 @@ async fn run(proxy: std::sync::Arc<crate::proxy::Proxy>, mut rx: mpsc::Unbounded
                     Event::Closed(client) => {
                         // Its parked requests leave when they come up (their reply channel
                         // is closed): at the head of their queue, or at their deadline.
-                        for h in st.unhold(client, None, locks) {
-                            let r = LockRequest { cmd: LockCmd::Release, key: h.key, owner: h.owner, ttl_ms: 0, wait_ms: 0, keepalive: false };
-                            fire(&proxy, &mut st, &rtx, &r, true, None);
+                        for lock in st.unhold(client, None, locks) {
+                            let r = LockRequest { cmd: LockCmd::Release, key: lock.key, owner: lock.owner, ttl_ms: 0, wait_ms: 0, keepalive: false };
+                            fire(&h, &mut st, &rtx, &r, true, None);
                         }
                     }
                 }
             }
-            Some(r) = rrx.recv() => on_reply(&proxy, &mut st, &rtx, r),
+            Some(r) = rrx.recv() => on_reply(&h, &mut st, &rtx, r),
             _ = tokio::time::sleep_until(next.into()) => {}
         }
-        tick(&proxy, &mut st, &rtx);
+        tick(&h, &mut st, &rtx);
     }
 }
 
 /// Acts on everything that has come due: timed-out waiters, queue heads that may try,
 /// KEEPALIVE renewals.
-fn tick(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSender<BackendReply>) {
+fn tick(h: &Handles, st: &mut State, rtx: &mpsc::UnboundedSender<BackendReply>) {
     let now = Instant::now();
     while let Some(Reverse((when, _))) = st.timers.peek() {
         if *when > now {
@@ -644,9 +645,9 @@ fn tick(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSender
                     continue; // its attempt's reply decides
                 }
                 let Some(p) = q.remove(pos) else { continue };
-                proxy.locks.parked.fetch_sub(1, Ordering::SeqCst);
+                h.locks.parked.fetch_sub(1, Ordering::SeqCst);
                 if deliver(&p.w, None) {
-                    proxy.locks.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                    h.locks.wait_timeouts.fetch_add(1, Ordering::Relaxed);
                 }
                 if q.is_empty() {
                     st.queues.remove(&key);
@@ -655,19 +656,19 @@ fn tick(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSender
                     st.try_at(&key, at);
                 }
             }
-            Due::Try(key) => start_attempt(proxy, st, rtx, &key, now),
+            Due::Try(key) => start_attempt(h, st, rtx, &key, now),
             Due::Renew(client) => {
                 let Some(locks) = st.held.get_mut(&client) else { continue };
                 let mut due = Vec::new();
-                for h in locks.iter_mut().filter(|h| now >= h.next) {
-                    h.next = now + Duration::from_millis((h.ttl_ms / 3).max(1));
+                for lock in locks.iter_mut().filter(|l| now >= l.next) {
+                    lock.next = now + Duration::from_millis((lock.ttl_ms / 3).max(1));
                     due.push((
-                        h.next,
+                        lock.next,
                         LockRequest {
                             cmd: LockCmd::Extend,
-                            key: h.key.clone(),
-                            owner: h.owner.clone(),
-                            ttl_ms: h.ttl_ms,
+                            key: lock.key.clone(),
+                            owner: lock.owner.clone(),
+                            ttl_ms: lock.ttl_ms,
                             wait_ms: 0,
                             keepalive: true,
                         },
@@ -675,7 +676,7 @@ fn tick(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSender
                 }
                 for (next, r) in due {
                     st.at(next, Due::Renew(client));
-                    fire(proxy, st, rtx, &r, false, Some(client));
+                    fire(h, st, rtx, &r, false, Some(client));
                 }
             }
         }
@@ -684,13 +685,7 @@ fn tick(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSender
 
 /// Sends the ACQUIRE attempt of `key`'s queue head if it is due, dropping heads whose
 /// client has left.
-fn start_attempt(
-    proxy: &crate::proxy::Proxy,
-    st: &mut State,
-    rtx: &mpsc::UnboundedSender<BackendReply>,
-    key: &Bytes,
-    now: Instant,
-) {
+fn start_attempt(h: &Handles, st: &mut State, rtx: &mpsc::UnboundedSender<BackendReply>, key: &Bytes, now: Instant) {
     let Some(q) = st.queues.get_mut(key) else { return };
     // heads whose client left, or whose wait is over, go first
     while let Some(p) = q.front()
@@ -698,9 +693,9 @@ fn start_attempt(
         && (p.w.reply_to.is_closed() || now >= p.w.deadline)
     {
         let Some(p) = q.pop_front() else { break };
-        proxy.locks.parked.fetch_sub(1, Ordering::SeqCst);
+        h.locks.parked.fetch_sub(1, Ordering::SeqCst);
         if deliver(&p.w, None) {
-            proxy.locks.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+            h.locks.wait_timeouts.fetch_add(1, Ordering::Relaxed);
         }
     }
     let Some(p) = q.front_mut() else {
@@ -713,29 +708,29 @@ fn start_attempt(
     p.trying = true;
     p.woken = false;
     let (id, r) = (p.id, p.w.req.clone());
-    let data = proxy.locks.command(&r, false, false).raw().clone();
+    let data = h.locks.command(&r, false, false).raw().clone();
     st.inflight.insert(id, Flight::Attempt { key: r.key.clone(), data: data.clone() });
-    send_to(proxy, &r.key, data, id, rtx, Prefix::None, None);
+    send_to(h, &r.key, data, id, rtx, Prefix::None, None);
 }
 
 /// Sends a request whose reply only matters for NOSCRIPT and redirections (and, for a
 /// renewal of `renewal_of`'s lock, whether the lock is still held).
 fn fire(
-    proxy: &crate::proxy::Proxy,
+    h: &Handles,
     st: &mut State,
     rtx: &mpsc::UnboundedSender<BackendReply>,
     r: &LockRequest,
     force: bool,
     renewal_of: Option<u64>,
 ) {
-    let id = proxy.locks.next_id.fetch_add(1, Ordering::Relaxed);
-    let data = proxy.locks.command(r, false, force).raw().clone();
+    let id = h.locks.next_id.fetch_add(1, Ordering::Relaxed);
+    let data = h.locks.command(r, false, force).raw().clone();
     st.inflight.insert(id, Flight::Other { key: r.key.clone(), data: data.clone(), renewal_of });
-    send_to(proxy, &r.key, data, id, rtx, Prefix::None, None);
+    send_to(h, &r.key, data, id, rtx, Prefix::None, None);
 }
 
 fn send_to(
-    proxy: &crate::proxy::Proxy,
+    h: &Handles,
     key: &[u8],
     data: Bytes,
     id: u64,
@@ -744,7 +739,7 @@ fn send_to(
     node: Option<std::sync::Arc<crate::cluster::NodePool>>,
 ) {
     let tag = Tag { seq: id, part: 0 };
-    let node = node.or_else(|| proxy.cluster.topology().master_for_slot(slot(key)).cloned());
+    let node = node.or_else(|| h.cluster.topology().master_for_slot(slot(key)).cloned());
     match node {
         Some(n) => n.conn(Proto::Resp2, id).send(BackendRequest { data, count: 1, prefix, tag, reply_to: rtx.clone() }),
         None => {
@@ -753,7 +748,7 @@ fn send_to(
     }
 }
 
-fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSender<BackendReply>, r: BackendReply) {
+fn on_reply(h: &Handles, st: &mut State, rtx: &mpsc::UnboundedSender<BackendReply>, r: BackendReply) {
     let id = r.tag.seq;
     let Some(flight) = st.inflight.remove(&id) else { return };
     let (key, data) = match &flight {
@@ -764,8 +759,8 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
         Err(_) => Some(Duration::from_millis(20)),
         Ok(d) => match error_text(d) {
             Some(e) if e.starts_with(b"NOSCRIPT") => {
-                if let Some(eval) = proxy.locks.eval_form(&data) {
-                    send_to(proxy, &key, eval, id, rtx, Prefix::None, None);
+                if let Some(eval) = h.locks.eval_form(&data) {
+                    send_to(h, &key, eval, id, rtx, Prefix::None, None);
                     st.inflight.insert(id, flight);
                     return;
                 }
@@ -773,22 +768,22 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
             }
             Some(e) => match parse_redirect(e) {
                 Some(Redirect::Moved { slot, addr }) => {
-                    if proxy.cluster.moved(slot, &addr) {
+                    if h.cluster.moved(slot, &addr) {
                         Some(Duration::ZERO)
                     } else {
                         // a node the topology does not announce (yet): refresh, try later
-                        proxy.cluster.request_refresh();
+                        h.cluster.request_refresh();
                         Some(Duration::from_millis(50))
                     }
                 }
-                Some(Redirect::Ask { addr, .. }) => match proxy.cluster.announced_pool(&addr) {
+                Some(Redirect::Ask { addr, .. }) => match h.cluster.announced_pool(&addr) {
                     Some(pool) => {
-                        send_to(proxy, &key, data, id, rtx, Prefix::Asking, Some(pool));
+                        send_to(h, &key, data, id, rtx, Prefix::Asking, Some(pool));
                         st.inflight.insert(id, flight);
                         return;
                     }
                     None => {
-                        proxy.cluster.request_refresh();
+                        h.cluster.request_refresh();
                         Some(Duration::from_millis(50))
                     }
                 },
@@ -804,13 +799,13 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
         if let (Some(client), Ok(d)) = (renewal_of, &r.result)
             && &d[..] == b":0\r\n"
         {
-            st.unhold(client, Some(&key), &proxy.locks);
+            st.unhold(client, Some(&key), &h.locks);
         }
         match retry_after {
             // moved: once more, to the new owner
             Some(Duration::ZERO) => {
                 st.inflight.insert(id, Flight::Other { key: key.clone(), data: data.clone(), renewal_of });
-                send_to(proxy, &key, data, id, rtx, Prefix::None, None);
+                send_to(h, &key, data, id, rtx, Prefix::None, None);
             }
             Some(_) => {
                 debug!(key = %String::from_utf8_lossy(&key), "lock maintenance request failed; the TTL bounds the lock")
@@ -850,21 +845,21 @@ fn on_reply(proxy: &crate::proxy::Proxy, st: &mut State, rtx: &mpsc::UnboundedSe
         _ => {
             // a token, or an error for the client
             let Some(p) = q.remove(pos) else { return };
-            proxy.locks.parked.fetch_sub(1, Ordering::SeqCst);
+            h.locks.parked.fetch_sub(1, Ordering::SeqCst);
             let token = matches!(Value::parse(&reply), Ok((Value::Int(t), _)) if t > 0);
             let delivered = deliver(&p.w, Some(&reply));
             if token {
-                proxy.locks.granted_after_wait.fetch_add(1, Ordering::Relaxed);
+                h.locks.granted_after_wait.fetch_add(1, Ordering::Relaxed);
             }
             if token {
                 if !delivered {
                     // the client left while we waited: give the lock back
-                    fire(proxy, st, rtx, &p.w.req.clone(), true, None);
+                    fire(h, st, rtx, &p.w.req.clone(), true, None);
                 } else if p.w.req.keepalive {
                     let r = &p.w.req;
                     let next = Instant::now() + Duration::from_millis(r.ttl_ms / 3);
-                    let h = Held { key: r.key.clone(), owner: r.owner.clone(), ttl_ms: r.ttl_ms, next };
-                    st.hold(p.w.client, h, &proxy.locks);
+                    let lock = Held { key: r.key.clone(), owner: r.owner.clone(), ttl_ms: r.ttl_ms, next };
+                    st.hold(p.w.client, lock, &h.locks);
                 }
             }
             if let Some(q) = st.queues.get_mut(&key) {

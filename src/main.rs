@@ -128,8 +128,8 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     cluster.spawn_refresher(config.refresh_interval());
     let proxy = Arc::new(Proxy::new(config, cluster.clone(), config_file, workers));
     spawn_gauges(proxy.clone());
-    heatshield::cache::tracking::start(proxy.clone());
-    heatshield::locks::start(proxy.clone());
+    heatshield::cache::tracking::start(proxy.cache.clone(), proxy.cluster.clone());
+    heatshield::locks::start(proxy.locks.clone(), proxy.cluster.clone());
     spawn_reloader(proxy.clone(), config_path, overrides);
     // Learn the backends' version for HELLO/INFO; a node that does not answer in time
     // only leaves the default in place.
@@ -206,7 +206,7 @@ fn spawn_gauges(proxy: Arc<Proxy>) {
             proxy.ratelimit.reclaim();
             proxy.ratelimit.publish_metrics();
             g.ratelimit_keys.set(proxy.ratelimit.tracked_keys() as f64);
-            heatshield::metrics::publish_cache(&proxy.cache);
+            proxy.cache.publish_metrics();
             proxy.locks.publish_metrics();
             for node in proxy.cluster.pools() {
                 let (mut up, mut connecting, mut down) = (0, 0, 0);

@@ -298,25 +298,6 @@ pub fn set_backend_connections(node: &str, up: usize, connecting: usize, down: u
     }
 }
 
-/// Publishes the hot-key cache's counters and gauges (called periodically).
-pub fn publish_cache(c: &crate::cache::HotCache) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let st = &c.stats;
-    counter!("heatshield_cache_hits_total").absolute(st.hits.load(Relaxed));
-    counter!("heatshield_cache_misses_total").absolute(st.misses.load(Relaxed));
-    counter!("heatshield_cache_fills_total").absolute(st.fills.load(Relaxed));
-    counter!("heatshield_cache_fills_coalesced_total").absolute(st.coalesced.load(Relaxed));
-    counter!("heatshield_cache_fills_discarded_total", "reason" => "raced").absolute(st.raced.load(Relaxed));
-    counter!("heatshield_cache_fills_discarded_total", "reason" => "too_big").absolute(st.too_big.load(Relaxed));
-    for (i, cause) in crate::cache::CAUSES.iter().enumerate() {
-        counter!("heatshield_cache_invalidations_total", "cause" => *cause).absolute(st.invalidations[i].load(Relaxed));
-    }
-    let (entries, bytes) = c.usage();
-    gauge!("heatshield_cache_hot_keys").set(c.hot_count() as f64);
-    gauge!("heatshield_cache_entries").set(entries as f64);
-    gauge!("heatshield_cache_bytes").set(bytes as f64);
-}
-
 /// Adds to a counter that only one thread writes (a per-worker slot): a plain load and
 /// store, no read-modify-write instruction on the request path.
 #[inline]

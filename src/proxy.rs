@@ -69,9 +69,9 @@ pub struct Proxy {
     /// Per-key rate limits.
     pub ratelimit: crate::ratelimit::Limiter,
     /// Hot-key detection and cache.
-    pub cache: crate::cache::HotCache,
+    pub cache: Arc<crate::cache::HotCache>,
     /// Lock scripts, parked ACQUIREs and KEEPALIVE locks.
-    pub locks: crate::locks::Locks,
+    pub locks: Arc<crate::locks::Locks>,
 }
 
 /// Where a part goes.
@@ -263,10 +263,10 @@ impl Proxy {
         );
         // one extra id for requests that match no command
         let ids = commands.count() + 1;
-        let cache = crate::cache::HotCache::new(&config.cache, &commands);
+        let cache = Arc::new(crate::cache::HotCache::new(&config.cache, &commands));
         Proxy {
             cache,
-            locks: crate::locks::Locks::default(),
+            locks: Arc::default(),
             live: crate::admin::Live::new(&config),
             ratelimit,
             command_stats: crate::admin::CommandStats::new(workers, ids),
@@ -588,7 +588,7 @@ impl Proxy {
     /// Drops the cached replies of the hot keys of a command given as its RESP bytes (the
     /// rare path of [`Pending::write_epoch`]).
     fn invalidate_keys_of(&self, data: &Bytes) {
-        let req = Request::from_args(&crate::admin::args_of(data));
+        let Some(req) = Request::parse(data) else { return };
         if let Ok(cmd) = self.commands.lookup(&req)
             && let Ok(keys) = keys_of(cmd, &req)
         {

@@ -686,6 +686,28 @@ impl HotCache {
         self.hot_epoch.load(Ordering::SeqCst)
     }
 
+    /// Publishes the cache's counters and gauges (called periodically).
+    pub fn publish_metrics(&self) {
+        use metrics::{counter, gauge};
+        let st = &self.stats;
+        counter!("heatshield_cache_hits_total").absolute(st.hits.load(Ordering::Relaxed));
+        counter!("heatshield_cache_misses_total").absolute(st.misses.load(Ordering::Relaxed));
+        counter!("heatshield_cache_fills_total").absolute(st.fills.load(Ordering::Relaxed));
+        counter!("heatshield_cache_fills_coalesced_total").absolute(st.coalesced.load(Ordering::Relaxed));
+        counter!("heatshield_cache_fills_discarded_total", "reason" => "raced")
+            .absolute(st.raced.load(Ordering::Relaxed));
+        counter!("heatshield_cache_fills_discarded_total", "reason" => "too_big")
+            .absolute(st.too_big.load(Ordering::Relaxed));
+        for (i, cause) in CAUSES.iter().enumerate() {
+            counter!("heatshield_cache_invalidations_total", "cause" => *cause)
+                .absolute(st.invalidations[i].load(Ordering::Relaxed));
+        }
+        let (entries, bytes) = self.usage();
+        gauge!("heatshield_cache_hot_keys").set(self.hot_count() as f64);
+        gauge!("heatshield_cache_entries").set(entries as f64);
+        gauge!("heatshield_cache_bytes").set(bytes as f64);
+    }
+
     /// Hot keys now.
     pub fn hot_count(&self) -> usize {
         self.hot_count.load(Ordering::Relaxed)

@@ -23,29 +23,36 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::Cause;
+use super::{Cause, HotCache};
 use crate::backend::{self, BackendOptions, BackendReply, BackendRequest, Prefix, Tag};
+use crate::cluster::Cluster;
 use crate::cluster::NodePool;
 use crate::protocol::Request;
 use crate::protocol::reply::{ReplyScanner, Value, error_text};
-use crate::proxy::Proxy;
+
+/// What the cache's tasks use: the cache and the cluster view, nothing else of the proxy.
+struct Handles {
+    cache: Arc<HotCache>,
+    cluster: Arc<Cluster>,
+}
 
 /// Starts the cache's tasks on the current runtime (the control runtime).
-pub fn start(proxy: Arc<Proxy>) {
-    if !proxy.cache.enabled {
+pub fn start(cache: Arc<HotCache>, cluster: Arc<Cluster>) {
+    let h = Arc::new(Handles { cache, cluster });
+    if !h.cache.enabled {
         return;
     }
     let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
-    if proxy.cache.fill_tx.set(tx).is_err() {
+    if h.cache.fill_tx.set(tx).is_err() {
         return; // already started
     }
-    let p = proxy.clone();
+    let p = h.clone();
     tokio::spawn(async move {
         while let Some(r) = rx.recv().await {
             p.cache.fill_done(r);
         }
     });
-    let p = proxy.clone();
+    let p = h.clone();
     tokio::spawn(async move {
         let window = Duration::from_millis(p.cache.cfg.window_ms);
         let mut tick = tokio::time::interval(window);
@@ -65,10 +72,10 @@ pub fn start(proxy: Arc<Proxy>) {
         let mut running: HashMap<Arc<str>, tokio::task::JoinHandle<()>> = HashMap::new();
         loop {
             running.retain(|_, t| !t.is_finished());
-            let masters: Vec<Arc<NodePool>> = proxy.cluster.topology().masters.clone();
+            let masters: Vec<Arc<NodePool>> = h.cluster.topology().masters.clone();
             for pool in masters {
                 if !running.contains_key(&pool.addr) {
-                    running.insert(pool.addr.clone(), tokio::spawn(invalidations(proxy.clone(), pool)));
+                    running.insert(pool.addr.clone(), tokio::spawn(invalidations(h.clone(), pool)));
                 }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -77,17 +84,17 @@ pub fn start(proxy: Arc<Proxy>) {
 }
 
 /// Whether `pool` is (still) one of the topology's masters.
-fn is_master(proxy: &Proxy, pool: &Arc<NodePool>) -> bool {
-    proxy.cluster.topology().masters.iter().any(|m| Arc::ptr_eq(m, pool))
+fn is_master(h: &Handles, pool: &Arc<NodePool>) -> bool {
+    h.cluster.topology().masters.iter().any(|m| Arc::ptr_eq(m, pool))
 }
 
 /// Keeps `pool`'s invalidation connection up and applies what it reports, while the node
 /// is a master.
-async fn invalidations(proxy: Arc<Proxy>, pool: Arc<NodePool>) {
+async fn invalidations(h: Arc<Handles>, pool: Arc<NodePool>) {
     let opts = BackendOptions { resp3: true, tracking: None, ..pool.options().clone() };
     let mut backoff = Duration::from_millis(50);
-    while is_master(&proxy, &pool) {
-        match serve(&proxy, &pool, &opts).await {
+    while is_master(&h, &pool) {
+        match serve(&h, &pool, &opts).await {
             Ok(()) => backoff = Duration::from_millis(50),
             Err(e) => {
                 debug!(node = %pool.addr, error = %e, "invalidation connection failed");
@@ -100,7 +107,7 @@ async fn invalidations(proxy: Arc<Proxy>, pool: Arc<NodePool>) {
 }
 
 /// One invalidation connection's life. Returns when it breaks.
-async fn serve(proxy: &Proxy, pool: &Arc<NodePool>, opts: &BackendOptions) -> std::io::Result<()> {
+async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std::io::Result<()> {
     let (mut s, _) = backend::connect(&pool.addr, opts).await?;
     let name = Request::from_args(&["CLIENT", "SETNAME", "heatshield-invalidations"]);
     backend::roundtrip(&mut s, name.raw()).await?;
@@ -137,7 +144,7 @@ async fn serve(proxy: &Proxy, pool: &Arc<NodePool>, opts: &BackendOptions) -> st
     let result = loop {
         tokio::select! {
             _ = check.tick() => {
-                if !is_master(proxy, pool) {
+                if !is_master(h, pool) {
                     break Ok(());
                 }
             }
@@ -151,10 +158,10 @@ async fn serve(proxy: &Proxy, pool: &Arc<NodePool>, opts: &BackendOptions) -> st
                     match scanner.scan(&buf) {
                         Ok(Some(n)) => {
                             let frame = buf.split_to(n);
-                            apply(proxy, pool, &frame);
+                            apply(h, pool, &frame);
                         }
                         Ok(None) => break,
-                        Err(e) => return finish(proxy, pool, Err(std::io::Error::other(e))),
+                        Err(e) => return finish(h, pool, Err(std::io::Error::other(e))),
                     }
                 }
             }
@@ -167,12 +174,12 @@ async fn serve(proxy: &Proxy, pool: &Arc<NodePool>, opts: &BackendOptions) -> st
             }
         }
     };
-    finish(proxy, pool, result)
+    finish(h, pool, result)
 }
 
-fn finish(proxy: &Proxy, pool: &NodePool, result: std::io::Result<()>) -> std::io::Result<()> {
+fn finish(h: &Handles, pool: &NodePool, result: std::io::Result<()>) -> std::io::Result<()> {
     pool.tracking.redirect.store(0, Ordering::SeqCst);
-    proxy.cache.drop_node(pool, Cause::Connection);
+    h.cache.drop_node(pool, Cause::Connection);
     match &result {
         Err(e) => {
             warn!(node = %pool.addr, error = %e, "invalidation connection lost; dropped what was cached from the node")
@@ -184,7 +191,7 @@ fn finish(proxy: &Proxy, pool: &NodePool, result: std::io::Result<()>) -> std::i
 
 /// Applies one frame from the invalidation connection: `>2 invalidate [keys]`, or
 /// `>2 invalidate <null>` when the node was flushed.
-fn apply(proxy: &Proxy, pool: &NodePool, frame: &[u8]) {
+fn apply(h: &Handles, pool: &NodePool, frame: &[u8]) {
     if frame.first() != Some(&b'>') {
         return;
     }
@@ -196,10 +203,10 @@ fn apply(proxy: &Proxy, pool: &NodePool, frame: &[u8]) {
         Some(Value::Array(keys)) => {
             for k in keys {
                 if let Some(k) = k.as_bytes() {
-                    proxy.cache.invalidate(k, Cause::Tracking);
+                    h.cache.invalidate(k, Cause::Tracking);
                 }
             }
         }
-        _ => proxy.cache.drop_node(pool, Cause::Flush),
+        _ => h.cache.drop_node(pool, Cause::Flush),
     }
 }

@@ -50,7 +50,7 @@ const CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
 /// `n` RESP2 connections, and `n` RESP3 ones when the first RESP3 client needs them.
 pub struct NodePool {
     pub addr: Arc<str>,
-    /// Server-assisted caching state of this node's connections (see crate::cache).
+    /// Server-assisted caching state of this node's connections (the hot-key cache owns the policy).
     pub tracking: Arc<Tracking>,
     opts: BackendOptions,
     per_conn: usize,

@@ -97,10 +97,20 @@ pub enum Route {
     Local(Local),
     /// Any one master (COMMAND and its subcommands: they describe Redis itself).
     AnyMaster,
-    /// heatshield's lock commands (crate::locks), run as scripts on the lock key's master.
-    Lock(crate::locks::LockCmd),
+    /// heatshield's lock commands, run as scripts on the lock key's master (the locks
+    /// module carries them out).
+    Lock(LockCmd),
     /// Refused with `-ERR heatshield does not support '<name>'` (and the reason, if any).
     Unsupported(&'static str),
+}
+
+/// The four lock commands (`LOCK.ACQUIRE`, `LOCK.RELEASE`, `LOCK.EXTEND`, `LOCK.INFO`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockCmd {
+    Acquire,
+    Release,
+    Extend,
+    Info,
 }
 
 /// One resolved command (or subcommand).
@@ -398,10 +408,10 @@ pub fn route_of(name: &str, fl: u32) -> Route {
     match name {
         "PING" => Local(self::Local::Ping),
         "PROXY" => Local(self::Local::Proxy),
-        "LOCK.ACQUIRE" => Lock(crate::locks::LockCmd::Acquire),
-        "LOCK.RELEASE" => Lock(crate::locks::LockCmd::Release),
-        "LOCK.EXTEND" => Lock(crate::locks::LockCmd::Extend),
-        "LOCK.INFO" => Lock(crate::locks::LockCmd::Info),
+        "LOCK.ACQUIRE" => Lock(LockCmd::Acquire),
+        "LOCK.RELEASE" => Lock(LockCmd::Release),
+        "LOCK.EXTEND" => Lock(LockCmd::Extend),
+        "LOCK.INFO" => Lock(LockCmd::Info),
         "ECHO" => Local(self::Local::Echo),
         "QUIT" => Local(self::Local::Quit),
         "SELECT" => Local(self::Local::Select),

@@ -40,6 +40,16 @@ pub struct Request {
 }
 
 impl Request {
+    /// Reads the one request that `raw` holds (RESP bytes heatshield itself stored, such
+    /// as a request kept for the slow log); `None` if they do not hold a whole one.
+    pub fn parse(raw: &[u8]) -> Option<Request> {
+        let mut r = RequestReader::new(Limits { max_request_bytes: u32::MAX as usize });
+        match r.next(&mut BytesMut::from(raw)) {
+            Ok(Next::Request(req)) => Some(req),
+            _ => None,
+        }
+    }
+
     /// Builds a request from arguments (used for inline commands and by the proxy itself
     /// when it composes a command).
     pub fn from_args<A: AsRef<[u8]>>(args: &[A]) -> Request {
