@@ -4,6 +4,7 @@
 //! - [`protocol`]: RESP request reader, reply scanner/decoder, reply writer (no I/O);
 //! - [`command`]: the command table (arity, keys, flags, routing);
 //! - [`config`]: the TOML configuration and its validation;
+//! - [`errors`]: the error texts heatshield writes itself on the request path;
 //! - [`backend`]: pipelined connections to one Redis node;
 //! - [`cluster`]: slot function, slot map, node pools, topology refresh, announced nodes;
 //! - [`proxy`]: the request path (limits, route, split, fan out, redirect, merge);
@@ -25,6 +26,7 @@ pub mod cache;
 pub mod cluster;
 pub mod command;
 pub mod config;
+pub mod errors;
 pub mod glob;
 pub mod local;
 pub mod locks;

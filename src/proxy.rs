@@ -17,6 +17,7 @@ use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx
 use crate::cluster::{Cluster, NodePool, slot};
 use crate::command::{Command, CommandTable, FanOut, Route, Split, keys_of};
 use crate::config::Config;
+use crate::errors;
 use crate::local;
 use crate::protocol::reply::{Redirect, Value, error_text, parse_redirect, reply_len};
 use crate::protocol::request::parse_i64;
@@ -229,15 +230,6 @@ impl ReplySummary {
     }
 }
 
-/// Texts of errors heatshield writes itself on the request path.
-pub mod errors {
-    /// A request that got no reply (nor retry outcome) within
-    /// [`Proxy::reply_deadline`](super::Proxy::reply_deadline).
-    pub fn expired(ms: u128) -> String {
-        format!("ERR heatshield: no reply within {ms} ms")
-    }
-}
-
 impl Ctx<'_> {
     /// Builds a reply with a [`Writer`] in the client's protocol.
     pub fn reply(&mut self, f: impl FnOnce(&mut Writer)) -> Outcome {
@@ -287,7 +279,7 @@ impl Proxy {
     /// How long after it was read a request is answered at the latest: its node's
     /// `command_timeout_ms` plus the window in which a failed part is retried
     /// (`MAX_RETRIES` × `RETRY_DELAY`) and a redirection confirmed. A request still
-    /// waiting then is answered with [`errors::expired`].
+    /// waiting then is answered with [`errors::expired`](crate::errors::expired).
     pub fn reply_deadline(&self) -> Duration {
         Duration::from_millis(self.config.backend.command_timeout_ms) + REPLY_GRACE
     }
@@ -384,24 +376,22 @@ impl Proxy {
         };
         ctx.cmd = cmd.id;
         if !ctx.client.authed && !matches!(cmd.route, Route::Local(l) if local::auth_free(l)) {
-            return ctx.error("NOAUTH Authentication required.");
+            return ctx.error(errors::NOAUTH);
         }
         if ctx.client.refused_multi || cmd.name == "MULTI" {
             match cmd.name.as_str() {
-                "MULTI" if ctx.client.refused_multi => return ctx.error("ERR MULTI calls can not be nested"),
+                "MULTI" if ctx.client.refused_multi => return ctx.error(errors::NESTED_MULTI),
                 "MULTI" => ctx.client.refused_multi = true,
                 "EXEC" => {
                     ctx.client.refused_multi = false;
-                    return ctx.error("EXECABORT Transaction discarded because of previous errors.");
+                    return ctx.error(errors::EXECABORT);
                 }
                 "DISCARD" => {
                     ctx.client.refused_multi = false;
                     return ctx.reply(|w| w.ok());
                 }
                 _ => {
-                    return ctx.error(
-                        "ERR heatshield does not support transactions: command not executed (MULTI was refused; send DISCARD or EXEC)",
-                    );
+                    return ctx.error(errors::AFTER_REFUSED_MULTI);
                 }
             }
         }
@@ -413,7 +403,7 @@ impl Proxy {
             Route::AnyMaster => {
                 let topo = self.cluster.topology();
                 let Some(node) = topo.masters.get((ctx.client.id % topo.masters.len().max(1) as u64) as usize) else {
-                    return ctx.error("CLUSTERDOWN heatshield has no slot map yet");
+                    return ctx.error(errors::NO_SLOT_MAP);
                 };
                 let node = node.clone();
                 drop(topo);
@@ -422,11 +412,7 @@ impl Proxy {
             Route::Lock(kind) => self.lock_command(ctx, cmd, req, kind),
             Route::Unsupported(why) => {
                 let name = if cmd.name.contains('|') { cmd.name.replace('|', " ") } else { cmd.name.clone() };
-                if why.is_empty() {
-                    ctx.error(&format!("ERR heatshield does not support '{name}'"))
-                } else {
-                    ctx.error(&format!("ERR heatshield does not support '{name}': {why}"))
-                }
+                ctx.error(&errors::unsupported(&name, why))
             }
         }
     }
@@ -447,10 +433,7 @@ impl Proxy {
 
     fn forward(&self, ctx: &mut Ctx, cmd: &Command, req: Request) -> Outcome {
         if matches!(cmd.name.as_str(), "XREAD" | "XREADGROUP") && req.args().any(|a| a.eq_ignore_ascii_case(b"BLOCK")) {
-            return ctx.error(&format!(
-                "ERR heatshield does not support '{}' with BLOCK: blocking commands are not supported yet",
-                cmd.name
-            ));
+            return ctx.error(&errors::blocking_unsupported(&cmd.name));
         }
         let keys = match keys_of(cmd, &req) {
             Ok(k) => k,
@@ -487,13 +470,13 @@ impl Proxy {
                 let topo = self.cluster.topology();
                 match topo.masters.get((ctx.client.id % topo.masters.len().max(1) as u64) as usize) {
                     Some(n) => Target::Node(n.clone()),
-                    None => return ctx.error("CLUSTERDOWN heatshield has no slot map yet"),
+                    None => return ctx.error(errors::NO_SLOT_MAP),
                 }
             }
             Some(&k0) => {
                 let s = slot(req.arg(k0 as usize));
                 if self.cluster.is_cluster() && keys[1..].iter().any(|&k| slot(req.arg(k as usize)) != s) {
-                    return ctx.error("CROSSSLOT Keys in request don't hash to the same slot");
+                    return ctx.error(errors::CROSSSLOT);
                 }
                 Target::Slot(s)
             }
@@ -532,7 +515,7 @@ impl Proxy {
             ctx.client.used_locks = true;
             ctx.client.keepalive_locks |= w.req.keepalive;
             if !self.locks.park(w) {
-                return ctx.error("ERR heatshield: the lock service is not running");
+                return ctx.error(errors::LOCK_SERVICE_DOWN);
             }
             return Outcome::Waiting(Pending {
                 merge: Merge::Pass,
@@ -554,7 +537,7 @@ impl Proxy {
         let key = req.arg(k);
         let s = slot(key);
         let Some(owner) = self.cluster.topology().master_for_slot(s).cloned() else {
-            return ctx.error(&format!("CLUSTERDOWN Hash slot {s} not served"));
+            return ctx.error(&errors::slot_not_served(s));
         };
         let proto = ctx.client.proto;
         if let Some(reply) = self.cache.lookup(cmd.id, proto, req, key, &owner) {
@@ -617,7 +600,7 @@ impl Proxy {
     fn split(&self, ctx: &mut Ctx, cmd: &Command, req: Request, kind: Split) -> Outcome {
         let step = if kind == Split::Mset { 2 } else { 1 };
         if kind == Split::Mset && !(req.argc() - 1).is_multiple_of(2) {
-            return ctx.error(&format!("ERR wrong number of arguments for '{}' command", cmd.lower));
+            return ctx.error(&errors::wrong_arity(&cmd.lower));
         }
         let nkeys = (req.argc() - 1) / step;
         if self.cache.enabled {
@@ -722,7 +705,7 @@ impl Proxy {
     fn fan_out(&self, ctx: &mut Ctx, cmd: &Command, req: Request, kind: FanOut) -> Outcome {
         let topo = self.cluster.topology();
         if topo.masters.is_empty() {
-            return ctx.error("CLUSTERDOWN heatshield has no slot map yet");
+            return ctx.error(errors::NO_SLOT_MAP);
         }
         let all = |data: &Bytes| -> SmallVec<[Part; 1]> {
             topo.masters.iter().map(|n| Part::new(data.clone(), Target::Node(n.clone()))).collect()
@@ -735,21 +718,18 @@ impl Proxy {
             FanOut::ScriptExists => (Merge::ScriptExists, all(req.raw())),
             FanOut::Flush => {
                 if !self.live.allow_flush.load(Ordering::Relaxed) {
-                    return ctx.error(&format!(
-                        "ERR {} is disabled in heatshield (it would empty every master); set server.allow_flush = true to enable it",
-                        cmd.name
-                    ));
+                    return ctx.error(&errors::flush_disabled(&cmd.name));
                 }
                 ctx.flush = true;
                 (Merge::AllSame, all(req.raw()))
             }
             FanOut::Scan => {
                 let Some(cursor) = std::str::from_utf8(req.arg(1)).ok().and_then(|s| s.parse::<u64>().ok()) else {
-                    return ctx.error("ERR invalid cursor");
+                    return ctx.error(errors::INVALID_CURSOR);
                 };
                 let node = (cursor & ((1 << SCAN_NODE_BITS) - 1)) as usize;
                 if node >= topo.masters.len() {
-                    return ctx.error("ERR invalid cursor");
+                    return ctx.error(errors::INVALID_CURSOR);
                 }
                 let backend_cursor = (cursor >> SCAN_NODE_BITS).to_string();
                 let mut args: Vec<&[u8]> = req.args().collect();
@@ -836,7 +816,7 @@ impl Proxy {
         match target {
             Target::Slot(s) => match self.cluster.topology().master_for_slot(*s) {
                 Some(n) => Ok((n.clone(), false)),
-                None => Err(Bytes::from(format!("-CLUSTERDOWN Hash slot {s} not served\r\n"))),
+                None => Err(errors::resp(&errors::slot_not_served(*s))),
             },
             Target::Node(n) => Ok((n.clone(), false)),
             Target::Ask(n) => Ok((n.clone(), true)),
@@ -1012,12 +992,12 @@ impl Proxy {
                     return None;
                 }
                 tracing::warn!(node = %addr, command = self.command_name(ctx.cmd), client = ctx.client.id, "node unreachable; request failed");
-                Bytes::from(format!("-CLUSTERDOWN heatshield cannot reach node {addr}\r\n"))
+                errors::resp(&errors::node_unreachable(&addr))
             }
             Err(e) => {
                 self.cluster.request_refresh();
                 tracing::warn!(error = %e, command = self.command_name(ctx.cmd), client = ctx.client.id, "backend request failed");
-                Bytes::from(format!("-ERR heatshield: {e}\r\n"))
+                errors::resp(&errors::backend_failed(&e))
             }
         };
         self.complete(ctx, p, idx, data)
@@ -1099,7 +1079,7 @@ impl Proxy {
             Ok(b) => b,
             Err(what) => {
                 let mut w = Writer::new(ctx.scratch, ctx.client.proto);
-                w.error(&format!("ERR heatshield could not merge replies: {what}"));
+                w.error(&errors::merge_failed(what));
                 ctx.scratch.split().freeze()
             }
         }

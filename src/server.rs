@@ -100,7 +100,7 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, stop: impl std::fut
                     gm.rejected.increment(1);
                     warn!(%peer, "client refused: max_clients reached");
                     tokio::spawn(async move {
-                        let _ = stream.write_all(b"-ERR max number of clients reached\r\n").await;
+                        let _ = stream.write_all(&crate::errors::resp(crate::errors::MAX_CLIENTS)).await;
                         let _ = stream.shutdown().await;
                     });
                     continue;

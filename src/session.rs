@@ -477,7 +477,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                 if let Some(e) = failed {
                     if reading {
                         info!(client = id, error = %e, "protocol error; closing");
-                        Writer::new(&mut scratch, client.proto).error(&format!("ERR {e}"));
+                        Writer::new(&mut scratch, client.proto).error(&crate::errors::protocol(&e));
                         client.quit = true;
                         let b = scratch.split().freeze();
                         held.reply_ready(b.len(), soft, max_pipeline);
@@ -643,7 +643,7 @@ fn expire(
             next = Some(next.map_or(deadline, |t| t.min(deadline)));
         } else {
             let ms = (deadline - e.meta.started).as_millis();
-            Writer::new(scratch, client.proto).error(&crate::proxy::errors::expired(ms));
+            Writer::new(scratch, client.proto).error(&crate::errors::expired(ms));
             let b = scratch.split().freeze();
             warn!(
                 client = client.id,
