@@ -11,6 +11,7 @@
 //! - [`ratelimit`]: per-key rate limits (rules, GCRA budgets, tracked-key cap);
 //! - [`cache`]: hot-key detection and the never-stale hot-key cache;
 //! - [`locks`]: distributed-lock commands (Lua scripts, parked waiters, KEEPALIVE);
+//! - [`client`]: what is known about one client connection, and its mode;
 //! - [`local`]: commands the proxy answers itself;
 //! - [`admin`]: `PROXY ...` commands, slow log, big-key log, live settings, command stats;
 //! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
@@ -23,6 +24,7 @@
 pub mod admin;
 pub mod backend;
 pub mod cache;
+pub mod client;
 pub mod cluster;
 pub mod command;
 pub mod config;

@@ -43,6 +43,7 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             })
         }
         Local::Reset => {
+            ctx.client.mode = crate::client::Mode::Normal;
             ctx.client.proto = Proto::Resp2;
             ctx.client.name = None;
             ctx.client.authed = proxy.config.server.password.is_none();

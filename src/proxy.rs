@@ -14,6 +14,7 @@ use bytes::{Bytes, BytesMut};
 use smallvec::{SmallVec, smallvec};
 
 use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
+use crate::client::{ClientState, Mode};
 use crate::cluster::{Cluster, NodePool, slot};
 use crate::command::{Command, CommandTable, FanOut, Route, Split, keys_of};
 use crate::config::Config;
@@ -22,7 +23,6 @@ use crate::local;
 use crate::protocol::reply::{Redirect, Value, error_text, parse_redirect, reply_len};
 use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request, Writer};
-use crate::session::ClientState;
 
 /// Redirections followed for one part before the error is passed to the client.
 const MAX_REDIRECTS: u16 = 5;
@@ -378,22 +378,20 @@ impl Proxy {
         if !ctx.client.authed && !matches!(cmd.route, Route::Local(l) if local::auth_free(l)) {
             return ctx.error(errors::NOAUTH);
         }
-        if ctx.client.refused_multi || cmd.name == "MULTI" {
-            match cmd.name.as_str() {
-                "MULTI" if ctx.client.refused_multi => return ctx.error(errors::NESTED_MULTI),
-                "MULTI" => ctx.client.refused_multi = true,
-                "EXEC" => {
-                    ctx.client.refused_multi = false;
-                    return ctx.error(errors::EXECABORT);
-                }
-                "DISCARD" => {
-                    ctx.client.refused_multi = false;
-                    return ctx.reply(|w| w.ok());
-                }
-                _ => {
-                    return ctx.error(errors::AFTER_REFUSED_MULTI);
-                }
+        match (ctx.client.mode, cmd.name.as_str()) {
+            (Mode::Normal, "MULTI") => ctx.client.mode = Mode::RefusedMulti, // and refused below
+            (Mode::Normal, _) => {}
+            (Mode::RefusedMulti, "MULTI") => return ctx.error(errors::NESTED_MULTI),
+            (Mode::RefusedMulti, "EXEC") => {
+                ctx.client.mode = Mode::Normal;
+                return ctx.error(errors::EXECABORT);
             }
+            (Mode::RefusedMulti, "DISCARD") => {
+                ctx.client.mode = Mode::Normal;
+                return ctx.reply(|w| w.ok());
+            }
+            (Mode::RefusedMulti, "RESET") => {} // leaves every mode (local::run)
+            (Mode::RefusedMulti, _) => return ctx.error(errors::AFTER_REFUSED_MULTI),
         }
         match cmd.route {
             Route::Local(l) => local::run(self, ctx, l, &req),

@@ -36,38 +36,10 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::backend::BackendReply;
+use crate::client::{ClientState, Mode};
 use crate::protocol::request::{Limits, Request};
 use crate::protocol::{Next, Proto, RequestReader, Writer};
 use crate::proxy::{Ctx, Outcome, Pending, Proxy, ReplySummary};
-
-/// What the proxy knows about a client connection.
-pub struct ClientState {
-    pub id: u64,
-    pub proto: Proto,
-    pub authed: bool,
-    pub name: Option<Bytes>,
-    pub lib_name: String,
-    pub lib_ver: String,
-    pub addr: String,
-    pub laddr: String,
-    pub created: Instant,
-    /// QUIT was received: close once its reply is written.
-    pub quit: bool,
-    /// MULTI was refused: until EXEC or DISCARD, commands are refused too, so what the
-    /// client meant as a transaction never half-runs.
-    pub refused_multi: bool,
-    /// `PROXY AUTH` succeeded on this connection.
-    pub admin: bool,
-    /// Requests dispatched whose replies are not complete yet.
-    pub inflight: u32,
-    /// The client parked a LOCK.ACQUIRE ... WAIT or holds KEEPALIVE locks: the lock task
-    /// must hear when it leaves.
-    pub used_locks: bool,
-    /// The client acquired a lock with KEEPALIVE.
-    pub keepalive_locks: bool,
-    /// This session's handle on the rate limiter.
-    pub rl: crate::ratelimit::View,
-}
 
 enum Reply {
     Ready(Bytes),
@@ -275,7 +247,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
         laddr,
         created: Instant::now(),
         quit: false,
-        refused_multi: false,
+        mode: Mode::Normal,
         admin: false,
         inflight: 0,
         used_locks: false,

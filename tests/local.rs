@@ -336,6 +336,11 @@ fn a_refused_transaction_never_half_runs() {
         assert!(c.cmd(&["SET", &k, "y"]).is_ok());
         assert_eq!(c.cmd(&["GET", &k]), V::s("y"));
         assert_eq!(c.cmd(&["DEL", &k]), V::Int(1));
+        // RESET leaves it as well (as it leaves a transaction in Redis)
+        assert!(c.cmd(&["MULTI"]).err().is_some());
+        assert_eq!(c.cmd(&["RESET"]), V::Str("RESET".into()));
+        assert!(c.cmd(&["SET", &k, "z"]).is_ok(), "{proto:?}: a command after RESET was refused");
+        assert_eq!(c.cmd(&["DEL", &k]), V::Int(1));
     }
 }
 

@@ -1,0 +1,50 @@
+//! What heatshield knows about one client connection, and the mode the connection is
+//! in. A mode is the one place a connection's state lives: a new per-connection feature
+//! (a queued transaction, a watched key's pinned connection, a blocked command's leased
+//! connection, subscriptions) is a new variant with its rules in dispatch, not a flag
+//! threaded through the request path.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::protocol::Proto;
+
+/// Which commands a connection may send now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Any command.
+    #[default]
+    Normal,
+    /// MULTI was refused: until EXEC, DISCARD or RESET every command is refused too, so
+    /// what the client meant as a transaction never half-runs.
+    RefusedMulti,
+}
+
+/// What the proxy knows about a client connection.
+pub struct ClientState {
+    pub id: u64,
+    pub proto: Proto,
+    pub authed: bool,
+    pub name: Option<Bytes>,
+    pub lib_name: String,
+    pub lib_ver: String,
+    pub addr: String,
+    pub laddr: String,
+    pub created: Instant,
+    /// QUIT was received: close once its reply is written.
+    pub quit: bool,
+    /// The connection's mode: which commands it may send now, and what they mean.
+    pub mode: Mode,
+    /// `PROXY AUTH` succeeded on this connection.
+    pub admin: bool,
+    /// Requests dispatched whose replies are not complete yet.
+    pub inflight: u32,
+    /// The client parked a LOCK.ACQUIRE ... WAIT or holds KEEPALIVE locks: the lock task
+    /// must hear when it leaves.
+    pub used_locks: bool,
+    /// The client acquired a lock with KEEPALIVE.
+    pub keepalive_locks: bool,
+    /// This session's handle on the rate limiter.
+    pub rl: crate::ratelimit::View,
+}
