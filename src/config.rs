@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -388,6 +389,36 @@ fn valid_host_port(s: &str) -> bool {
         None => false,
     }
 }
+
+/// Settings `PROXY CONFIG SET` may change while heatshield runs.
+pub struct Live {
+    pub slowlog_slower_than_us: AtomicU64,
+    pub slowlog_max_len: AtomicUsize,
+    pub bigkey_bytes: AtomicU64,
+    pub allow_flush: AtomicBool,
+    pub max_clients: AtomicUsize,
+}
+
+impl Live {
+    pub fn new(c: &Config) -> Live {
+        Live {
+            slowlog_slower_than_us: AtomicU64::new(c.admin.slowlog_slower_than_us),
+            slowlog_max_len: AtomicUsize::new(c.admin.slowlog_max_len),
+            bigkey_bytes: AtomicU64::new(c.admin.bigkey_bytes),
+            allow_flush: AtomicBool::new(c.server.allow_flush),
+            max_clients: AtomicUsize::new(c.server.max_clients),
+        }
+    }
+}
+
+/// Keys `PROXY CONFIG SET` accepts.
+pub const LIVE_KEYS: &[&str] = &[
+    "admin.bigkey_bytes",
+    "admin.slowlog_max_len",
+    "admin.slowlog_slower_than_us",
+    "server.allow_flush",
+    "server.max_clients",
+];
 
 #[cfg(test)]
 mod tests {

@@ -9,11 +9,6 @@ use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request, Value};
 use crate::proxy::{Ctx, Outcome, Proxy};
 
-/// Commands a client may send before it has authenticated.
-pub fn auth_free(l: Local) -> bool {
-    matches!(l, Local::Ping | Local::Auth | Local::Hello | Local::Quit)
-}
-
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
@@ -99,7 +94,7 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
         Local::Info => {
             let sections: Vec<String> =
                 req.args().skip(1).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase()).collect();
-            proxy.info_fan_out(ctx, sections)
+            proxy.info_fan_out(ctx, sections, info_text)
         }
     }
 }

@@ -14,12 +14,11 @@ use bytes::{Bytes, BytesMut};
 use smallvec::{SmallVec, smallvec};
 
 use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
-use crate::client::{ClientState, Mode};
+use crate::client::ClientState;
 use crate::cluster::{Cluster, NodePool, slot};
-use crate::command::{Command, CommandTable, FanOut, Route, Split, keys_of};
+use crate::command::{Command, CommandTable, FanOut, Split, keys_of};
 use crate::config::Config;
 use crate::errors;
-use crate::local;
 use crate::protocol::reply::{Redirect, Value, error_text, parse_redirect, reply_len};
 use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request, Writer};
@@ -60,11 +59,11 @@ pub struct Proxy {
     /// Number of worker threads.
     pub workers: usize,
     /// Settings that `PROXY CONFIG SET` may change.
-    pub live: crate::admin::Live,
-    pub slowlog: crate::admin::SlowLog,
-    pub bigkeys: crate::admin::BigKeys,
+    pub live: crate::config::Live,
+    pub slowlog: crate::stats::SlowLog,
+    pub bigkeys: crate::stats::BigKeys,
     /// Per-command statistics for INFO (per worker).
-    pub command_stats: crate::admin::CommandStats,
+    pub command_stats: crate::stats::CommandStats,
     /// Per-command Prometheus handles.
     pub command_metrics: crate::metrics::CommandsMetrics,
     /// Per-key rate limits.
@@ -74,6 +73,9 @@ pub struct Proxy {
     /// Lock scripts, parked ACQUIREs and KEEPALIVE locks.
     pub locks: Arc<crate::locks::Locks>,
 }
+
+/// Builds the INFO reply from the requested sections and the masters' INFO texts.
+pub type InfoBuilder = fn(&Proxy, &mut Ctx, &[String], &[&[u8]]) -> Bytes;
 
 /// Where a part goes.
 #[derive(Clone)]
@@ -125,6 +127,9 @@ enum Merge {
     ScriptExists,
     Info {
         sections: Vec<String>,
+        /// Builds INFO's text from the masters' replies (the caller's; this module does
+        /// not know INFO's sections).
+        build: InfoBuilder,
     },
     /// A lock script: its reply becomes the command's.
     Lock(Box<crate::locks::LockRequest>),
@@ -259,9 +264,9 @@ impl Proxy {
         Proxy {
             cache,
             locks: Arc::default(),
-            live: crate::admin::Live::new(&config),
+            live: crate::config::Live::new(&config),
             ratelimit,
-            command_stats: crate::admin::CommandStats::new(workers, ids),
+            command_stats: crate::stats::CommandStats::new(workers, ids),
             command_metrics: crate::metrics::CommandsMetrics::new(ids),
             slowlog: Default::default(),
             bigkeys: Default::default(),
@@ -306,7 +311,7 @@ impl Proxy {
         cached: bool,
         raw: Option<&Bytes>,
         node: Option<&str>,
-        stages: crate::admin::Stages,
+        stages: crate::stats::Stages,
     ) {
         let failed = reply.failed;
         let outcome = if reply.throttled {
@@ -338,7 +343,7 @@ impl Proxy {
         }
         let big = self.live.bigkey_bytes.load(Ordering::Relaxed);
         if raw.len() as u64 >= big || reply.len as u64 >= big {
-            let args = crate::admin::args_of(raw);
+            let args = crate::stats::args_of(raw);
             if let Some(key) = self.first_key(&args) {
                 let name = self.command_name(cmd);
                 let max = self.config.admin.bigkeys_max_len;
@@ -360,59 +365,16 @@ impl Proxy {
         Some(req.arg_bytes(k as usize))
     }
 
-    /// Handles one request.
-    pub fn dispatch(&self, ctx: &mut Ctx, req: Request) -> Outcome {
-        self.stats.commands.fetch_add(1, Ordering::Relaxed);
-        ctx.cmd = self.unknown_id();
-        let cmd = match self.commands.lookup(&req) {
-            Ok(c) => c,
-            Err(e) => {
-                // a known command used wrongly still counts as that command
-                if let Some(c) = self.commands.get(req.arg(0)) {
-                    ctx.cmd = c.id;
-                }
-                return ctx.error(e.message());
-            }
+    /// A keyless command for any master: the one the client's id picks, so one client's
+    /// keyless commands go to one master.
+    pub(crate) fn any_master(&self, ctx: &mut Ctx, req: Request) -> Outcome {
+        let topo = self.cluster.topology();
+        let Some(node) = topo.masters.get((ctx.client.id % topo.masters.len().max(1) as u64) as usize) else {
+            return ctx.error(errors::NO_SLOT_MAP);
         };
-        ctx.cmd = cmd.id;
-        if !ctx.client.authed && !matches!(cmd.route, Route::Local(l) if local::auth_free(l)) {
-            return ctx.error(errors::NOAUTH);
-        }
-        match (ctx.client.mode, cmd.name.as_str()) {
-            (Mode::Normal, "MULTI") => ctx.client.mode = Mode::RefusedMulti, // and refused below
-            (Mode::Normal, _) => {}
-            (Mode::RefusedMulti, "MULTI") => return ctx.error(errors::NESTED_MULTI),
-            (Mode::RefusedMulti, "EXEC") => {
-                ctx.client.mode = Mode::Normal;
-                return ctx.error(errors::EXECABORT);
-            }
-            (Mode::RefusedMulti, "DISCARD") => {
-                ctx.client.mode = Mode::Normal;
-                return ctx.reply(|w| w.ok());
-            }
-            (Mode::RefusedMulti, "RESET") => {} // leaves every mode (local::run)
-            (Mode::RefusedMulti, _) => return ctx.error(errors::AFTER_REFUSED_MULTI),
-        }
-        match cmd.route {
-            Route::Local(l) => local::run(self, ctx, l, &req),
-            Route::Forward => self.forward(ctx, cmd, req),
-            Route::Split(kind) => self.split(ctx, cmd, req, kind),
-            Route::FanOut(kind) => self.fan_out(ctx, cmd, req, kind),
-            Route::AnyMaster => {
-                let topo = self.cluster.topology();
-                let Some(node) = topo.masters.get((ctx.client.id % topo.masters.len().max(1) as u64) as usize) else {
-                    return ctx.error(errors::NO_SLOT_MAP);
-                };
-                let node = node.clone();
-                drop(topo);
-                self.start(ctx, Merge::Pass, smallvec![Part::new(req.raw().clone(), Target::Node(node))])
-            }
-            Route::Lock(kind) => self.lock_command(ctx, cmd, req, kind),
-            Route::Unsupported(why) => {
-                let name = if cmd.name.contains('|') { cmd.name.replace('|', " ") } else { cmd.name.clone() };
-                ctx.error(&errors::unsupported(&name, why))
-            }
-        }
+        let node = node.clone();
+        drop(topo);
+        self.start(ctx, Merge::Pass, smallvec![Part::new(req.raw().clone(), Target::Node(node))])
     }
 
     /// Sends a command to the master owning its keys (all in one slot).
@@ -429,7 +391,7 @@ impl Proxy {
         Some(ctx.error(&t.message()))
     }
 
-    fn forward(&self, ctx: &mut Ctx, cmd: &Command, req: Request) -> Outcome {
+    pub(crate) fn forward(&self, ctx: &mut Ctx, cmd: &Command, req: Request) -> Outcome {
         if matches!(cmd.name.as_str(), "XREAD" | "XREADGROUP") && req.args().any(|a| a.eq_ignore_ascii_case(b"BLOCK")) {
             return ctx.error(&errors::blocking_unsupported(&cmd.name));
         }
@@ -483,7 +445,13 @@ impl Proxy {
     }
 
     /// LOCK.ACQUIRE / RELEASE / EXTEND / INFO (crate::locks).
-    fn lock_command(&self, ctx: &mut Ctx, cmd: &Command, req: Request, kind: crate::locks::LockCmd) -> Outcome {
+    pub(crate) fn lock_command(
+        &self,
+        ctx: &mut Ctx,
+        cmd: &Command,
+        req: Request,
+        kind: crate::locks::LockCmd,
+    ) -> Outcome {
         use crate::locks::{LockCmd, Waiter};
         let r = match crate::locks::parse(kind, &cmd.lower, &req) {
             Ok(r) => r,
@@ -595,7 +563,7 @@ impl Proxy {
     }
 
     /// MGET / MSET / DEL-like: forwarded whole when one slot holds every key, else split by slot.
-    fn split(&self, ctx: &mut Ctx, cmd: &Command, req: Request, kind: Split) -> Outcome {
+    pub(crate) fn split(&self, ctx: &mut Ctx, cmd: &Command, req: Request, kind: Split) -> Outcome {
         let step = if kind == Split::Mset { 2 } else { 1 };
         if kind == Split::Mset && !(req.argc() - 1).is_multiple_of(2) {
             return ctx.error(&errors::wrong_arity(&cmd.lower));
@@ -700,7 +668,7 @@ impl Proxy {
     }
 
     /// Commands that go to every master (or, for SCAN, the master the cursor names).
-    fn fan_out(&self, ctx: &mut Ctx, cmd: &Command, req: Request, kind: FanOut) -> Outcome {
+    pub(crate) fn fan_out(&self, ctx: &mut Ctx, cmd: &Command, req: Request, kind: FanOut) -> Outcome {
         let topo = self.cluster.topology();
         if topo.masters.is_empty() {
             return ctx.error(errors::NO_SLOT_MAP);
@@ -742,16 +710,16 @@ impl Proxy {
     }
 
     /// Sends INFO to every master and builds the proxy's INFO from the replies.
-    pub(crate) fn info_fan_out(&self, ctx: &mut Ctx, sections: Vec<String>) -> Outcome {
+    pub(crate) fn info_fan_out(&self, ctx: &mut Ctx, sections: Vec<String>, build: InfoBuilder) -> Outcome {
         let topo = self.cluster.topology();
         let data = Request::from_args(&["INFO", "server", "keyspace"]).raw().clone();
         let parts: SmallVec<[Part; 1]> =
             topo.masters.iter().map(|n| Part::new(data.clone(), Target::Node(n.clone()))).collect();
         drop(topo);
         if parts.is_empty() {
-            return Outcome::Ready(local::info_text(self, ctx, &sections, &[]));
+            return Outcome::Ready(build(self, ctx, &sections, &[]));
         }
-        self.start(ctx, Merge::Info { sections }, parts)
+        self.start(ctx, Merge::Info { sections, build }, parts)
     }
 
     fn start(&self, ctx: &mut Ctx, merge: Merge, parts: SmallVec<[Part; 1]>) -> Outcome {
@@ -1064,10 +1032,10 @@ impl Proxy {
         let replies: Vec<Bytes> = p.parts.iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
         // Any error among the parts is the answer (Redis would have failed the whole command).
         let first_error = replies.iter().find(|r| r.first() == Some(&b'-')).cloned();
-        if let Merge::Info { sections } = &p.merge {
+        if let Merge::Info { sections, build } = &p.merge {
             let texts: Vec<&[u8]> =
                 replies.iter().filter_map(|r| Value::parse(r).ok()).filter_map(|(v, _)| v.as_bytes()).collect();
-            return local::info_text(self, ctx, sections, &texts);
+            return build(self, ctx, sections, &texts);
         }
         if let Some(e) = first_error {
             return e;

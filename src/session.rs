@@ -420,7 +420,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     let seq = queue.next_seq();
                     let raw = req.raw().clone();
                     let mut ctx = Ctx::new(&mut client, seq, &tx, &mut scratch, read_at);
-                    let outcome = proxy.dispatch(&mut ctx, req);
+                    let outcome = crate::dispatch::dispatch(&proxy, &mut ctx, req);
                     let (cmd, cached, wait_ms) = (ctx.cmd, ctx.cached, ctx.wait_ms);
                     client.rl.forget();
                     let reply = match outcome {
@@ -495,7 +495,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                 let written = Instant::now();
                 for Done { reply, meta: m, write_start } in done.drain(..) {
                     held.requests -= m.raw.as_ref().map_or(0, |r| r.len());
-                    let stages = crate::admin::Stages {
+                    let stages = crate::stats::Stages {
                         backend: m.ready_at - m.started,
                         queued: write_start.saturating_duration_since(m.ready_at),
                         write: written - write_start,

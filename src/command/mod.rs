@@ -86,6 +86,13 @@ pub enum Local {
     Proxy,
 }
 
+impl Local {
+    /// Whether a client may send it before authenticating (PING, AUTH, HELLO, QUIT).
+    pub fn auth_free(self) -> bool {
+        matches!(self, Local::Ping | Local::Auth | Local::Hello | Local::Quit)
+    }
+}
+
 /// What the proxy does with a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
