@@ -1,26 +1,26 @@
 //! heatshield: a Redis-protocol proxy for Redis Cluster.
 //!
-//! The modules, leaves first:
+//! Every module imports only from the modules listed before it (the README's
+//! "Architecture" has the floors and the path of a request):
 //! - [`protocol`]: RESP request reader, reply scanner/decoder, reply writer (no I/O);
-//! - [`command`]: the command table (arity, keys, flags, routing);
-//! - [`config`]: the TOML configuration and its validation;
 //! - [`errors`]: the error texts heatshield writes itself on the request path;
+//! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
+//! - [`glob`]: Redis-style glob patterns; [`worker`]: which worker thread this is;
+//! - [`command`]: the command table (arity, keys, flags, routing);
 //! - [`backend`]: pipelined connections to one Redis node;
+//! - [`stats`]: slow log, big-key log, per-command statistics;
 //! - [`cluster`]: slot function, slot map, node pools, topology refresh, announced nodes;
-//! - [`dispatch`]: command lookup, the connection's gates, the route of each request;
-//! - [`proxy`]: the request path (limits, route, split, fan out, redirect, merge);
 //! - [`ratelimit`]: per-key rate limits (rules, GCRA budgets, tracked-key cap);
 //! - [`cache`]: hot-key detection and the never-stale hot-key cache;
 //! - [`locks`]: distributed-lock commands (Lua scripts, parked waiters, KEEPALIVE);
 //! - [`client`]: what is known about one client connection, and its mode;
+//! - [`config`]: the TOML configuration, its validation, the live settings;
+//! - [`proxy`]: the request path (limits, cache, route, split, fan out, redirect, merge);
+//! - [`admin`]: `PROXY ...` commands and INFO's proxy sections;
 //! - [`local`]: commands the proxy answers itself;
-//! - [`admin`]: `PROXY ...` commands and the proxy's own INFO sections;
-//! - [`stats`]: slow log, big-key log, per-command statistics;
-//! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
-//! - [`glob`]: Redis-style glob patterns;
+//! - [`dispatch`]: command lookup, the connection's gates, the route of each request;
 //! - [`session`]: one client connection, replies in order, the client's byte limits;
-//! - [`server`]: the listeners, connection limit and graceful shutdown;
-//! - [`worker`]: thread-per-core workers (which worker a thread is).
+//! - [`server`]: the listeners, connection limit and graceful shutdown.
 #![forbid(unsafe_code)]
 
 pub mod admin;
