@@ -408,7 +408,7 @@ impl Cluster {
         self.pools.lock().retain(|a, _| addrs.iter().any(|m| m == a));
     }
 
-    /// Runs refreshes: every `interval`, and soon after any [`request_refresh`].
+    /// Runs refreshes: every `interval`, and soon after any [`request_refresh`](Cluster::request_refresh).
     pub fn spawn_refresher(self: &Arc<Self>, interval: Duration) {
         if !self.is_cluster() {
             return;
