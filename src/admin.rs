@@ -346,7 +346,7 @@ fn proxy_info(proxy: &Proxy) -> String {
         proxy.workers,
         proxy.stats.clients.load(Ordering::Relaxed),
         topo.masters.len(),
-        topo.epoch,
+        topo.version,
         proxy.cluster.refreshes.load(Ordering::Relaxed),
         proxy.config.server.listen,
         proxy.config.metrics.listen,

@@ -77,7 +77,7 @@ pub struct Tracking {
     pub redirect: AtomicU64,
     /// Bumped whenever invalidations from this node may have been lost: a connection
     /// whose reads were tracked closed, or the invalidation connection broke.
-    pub epoch: AtomicU64,
+    pub generation: AtomicU64,
 }
 
 /// Identifies a reply to the session: which queued command, and which part of it.
@@ -236,7 +236,7 @@ async fn run(
                 if stats.tracking_id.swap(0, Ordering::SeqCst) != 0
                     && let Some(t) = &opts.tracking
                 {
-                    t.epoch.fetch_add(1, Ordering::SeqCst);
+                    t.generation.fetch_add(1, Ordering::SeqCst);
                 }
                 if closed {
                     return;
@@ -443,7 +443,7 @@ async fn serve(
                     {
                         // the read that follows is not tracked: nothing filled from it may be kept
                         warn!(node = %addr, reply = %String::from_utf8_lossy(&frame).trim_end(), "CLIENT CACHING refused");
-                        t.epoch.fetch_add(1, Ordering::SeqCst);
+                        t.generation.fetch_add(1, Ordering::SeqCst);
                     }
                     front.prefix = Prefix::None; // this was the prefix's reply
                     continue;

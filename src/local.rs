@@ -242,7 +242,7 @@ pub fn info_text(proxy: &Proxy, ctx: &mut Ctx, sections: &[String], backend: &[&
             proxy.config_file.as_deref().unwrap_or(""),
             if proxy.cluster.is_cluster() { "cluster" } else { "standalone" },
             topo.masters.len(),
-            topo.epoch,
+            topo.version,
             proxy.cluster.refreshes.load(std::sync::atomic::Ordering::Relaxed),
             proxy.stats.commands.load(std::sync::atomic::Ordering::Relaxed),
         );

@@ -202,7 +202,7 @@ fn spawn_gauges(proxy: Arc<Proxy>) {
             tick.tick().await;
             g.uptime.set(proxy.started.elapsed().as_secs_f64());
             g.clients.set(proxy.stats.clients.load(std::sync::atomic::Ordering::Relaxed) as f64);
-            g.epoch.set(proxy.cluster.epoch() as f64);
+            g.slot_map_version.set(proxy.cluster.version() as f64);
             proxy.ratelimit.reclaim();
             proxy.ratelimit.publish_metrics();
             g.ratelimit_keys.set(proxy.ratelimit.tracked_keys() as f64);

@@ -146,8 +146,8 @@ pub struct Pending {
     invalidate: Vec<Bytes>,
     /// FLUSHALL / FLUSHDB: empty the cache before the reply is passed on.
     flush: bool,
-    /// A write: the cache's hot epoch when it was sent (see [`crate::cache::HotCache::hot_epoch`]).
-    write_epoch: Option<u64>,
+    /// A write: the cache's hot generation when it was sent (see [`crate::cache::HotCache::hot_generation`]).
+    write_hot_generation: Option<u64>,
 }
 
 impl Pending {
@@ -185,7 +185,7 @@ pub struct Ctx<'a> {
     /// Set by [`Proxy::dispatch`]: the request empties the databases.
     pub flush: bool,
     /// Set by [`Proxy::dispatch`] for writes while the cache is on (see [`Pending`]).
-    pub write_epoch: Option<u64>,
+    pub write_hot_generation: Option<u64>,
     /// Set by [`Proxy::dispatch`]: milliseconds the request may wait on purpose
     /// (LOCK.ACQUIRE ... WAIT), on top of [`Proxy::reply_deadline`].
     pub wait_ms: u32,
@@ -209,7 +209,7 @@ impl<'a> Ctx<'a> {
             cached: false,
             invalidate: Vec::new(),
             flush: false,
-            write_epoch: None,
+            write_hot_generation: None,
             wait_ms: 0,
         }
     }
@@ -416,7 +416,7 @@ impl Proxy {
                     return self.cached_read(ctx, cmd, &req, k0 as usize);
                 }
             } else if cmd.is_write() {
-                ctx.write_epoch = Some(self.cache.hot_epoch());
+                ctx.write_hot_generation = Some(self.cache.hot_generation());
                 if self.cache.active() {
                     self.note_writes(ctx, keys.iter().map(|&k| (&req, k as usize)));
                 }
@@ -461,7 +461,7 @@ impl Proxy {
             return o;
         }
         if kind != LockCmd::Info && self.cache.enabled {
-            ctx.write_epoch = Some(self.cache.hot_epoch());
+            ctx.write_hot_generation = Some(self.cache.hot_generation());
             if self.cache.active() {
                 self.note_writes(ctx, std::iter::once((&req, 1)));
             }
@@ -490,7 +490,7 @@ impl Proxy {
                 redirected: false,
                 invalidate: std::mem::take(&mut ctx.invalidate),
                 flush: false,
-                write_epoch: ctx.write_epoch.take(),
+                write_hot_generation: ctx.write_hot_generation.take(),
             });
         }
         let data = self.locks.command(&r, false, false).raw().clone();
@@ -528,14 +528,14 @@ impl Proxy {
                 redirected: false,
                 invalidate: Vec::new(),
                 flush: false,
-                write_epoch: None,
+                write_hot_generation: None,
             });
         }
         self.start(ctx, Merge::Pass, smallvec![part])
     }
 
     /// Drops the cached replies of the hot keys of a command given as its RESP bytes (the
-    /// rare path of [`Pending::write_epoch`]).
+    /// rare path of [`Pending::write_hot_generation`]).
     fn invalidate_keys_of(&self, data: &Bytes) {
         let Some(req) = Request::parse(data) else { return };
         if let Ok(cmd) = self.commands.lookup(&req)
@@ -589,7 +589,7 @@ impl Proxy {
                     return self.cached_read(ctx, cmd, &req, 1);
                 }
             } else if cmd.is_write() {
-                ctx.write_epoch = Some(self.cache.hot_epoch());
+                ctx.write_hot_generation = Some(self.cache.hot_generation());
                 if self.cache.active() {
                     self.note_writes(ctx, (0..nkeys).map(|i| (&req, 1 + i * step)));
                 }
@@ -730,7 +730,7 @@ impl Proxy {
             redirected: false,
             invalidate: std::mem::take(&mut ctx.invalidate),
             flush: std::mem::take(&mut ctx.flush),
-            write_epoch: ctx.write_epoch.take(),
+            write_hot_generation: ctx.write_hot_generation.take(),
         };
         let n = p.parts.len();
         let mut i = 0;
@@ -983,8 +983,8 @@ impl Proxy {
         if p.flush {
             self.cache.flush(crate::cache::Cause::Flush);
         }
-        if let Some(e) = p.write_epoch
-            && e != self.cache.hot_epoch()
+        if let Some(e) = p.write_hot_generation
+            && e != self.cache.hot_generation()
         {
             // keys turned hot while the write was out: it may have raced their first fill
             for part in &p.parts {
@@ -1002,7 +1002,7 @@ impl Proxy {
                 redirected: p.redirected,
                 invalidate: Vec::new(),
                 flush: false,
-                write_epoch: None,
+                write_hot_generation: None,
             },
         );
         Some(self.finish(ctx, done))

@@ -255,9 +255,9 @@ struct Variant {
     reply: Bytes,
     /// Where it was read, and that node's tracking generation then.
     pool: Arc<NodePool>,
-    node_epoch: u64,
+    node_generation: u64,
     /// The cache-wide generation then.
-    epoch: u64,
+    generation: u64,
 }
 
 impl Variant {
@@ -283,7 +283,7 @@ struct KeyEntry {
 struct Snap {
     stripe: u64,
     node: u64,
-    epoch: u64,
+    generation: u64,
 }
 
 /// A read in flight that will fill the cache.
@@ -317,12 +317,12 @@ pub struct HotCache {
     detector: Mutex<Detector>,
     hot: ArcSwap<HotSet>,
     hot_count: AtomicUsize,
-    /// Bumped whenever keys become hot (see [`HotCache::hot_epoch`]).
-    hot_epoch: AtomicU64,
+    /// Bumped whenever keys become hot (see [`HotCache::hot_generation`]).
+    hot_generation: AtomicU64,
     entries: moka::sync::Cache<Bytes, Arc<KeyEntry>>,
     stripes: Box<[AtomicU64]>,
     hasher: ahash::RandomState,
-    epoch: AtomicU64,
+    generation: AtomicU64,
     fills: Mutex<Fills>,
     next_fill: AtomicU64,
     fill_tx: std::sync::OnceLock<ReplyTx>,
@@ -360,11 +360,11 @@ impl HotCache {
             })),
             hot: ArcSwap::from_pointee(HotSet::default()),
             hot_count: AtomicUsize::new(0),
-            hot_epoch: AtomicU64::new(0),
+            hot_generation: AtomicU64::new(0),
             entries,
             stripes: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
             hasher: ahash::RandomState::new(),
-            epoch: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
             fills: Mutex::new(Fills::default()),
             next_fill: AtomicU64::new(1),
             fill_tx: std::sync::OnceLock::new(),
@@ -420,8 +420,8 @@ impl HotCache {
     fn snap(&self, key: &[u8], pool: &NodePool) -> Snap {
         Snap {
             stripe: self.stripe(key).load(Ordering::SeqCst),
-            node: pool.tracking.epoch.load(Ordering::SeqCst),
-            epoch: self.epoch.load(Ordering::SeqCst),
+            node: pool.tracking.generation.load(Ordering::SeqCst),
+            generation: self.generation.load(Ordering::SeqCst),
         }
     }
 
@@ -429,8 +429,8 @@ impl HotCache {
     /// that node, with no invalidation of the node or the whole cache since.
     fn valid(&self, v: &Variant, owner: &Arc<NodePool>) -> bool {
         Arc::ptr_eq(&v.pool, owner)
-            && v.node_epoch == owner.tracking.epoch.load(Ordering::SeqCst)
-            && v.epoch == self.epoch.load(Ordering::SeqCst)
+            && v.node_generation == owner.tracking.generation.load(Ordering::SeqCst)
+            && v.generation == self.generation.load(Ordering::SeqCst)
     }
 
     /// A cached reply for this read, if one is valid: `owner` is the master serving the
@@ -554,8 +554,8 @@ impl HotCache {
                 proto: f.proto,
                 args: f.args,
                 reply: data.clone(),
-                node_epoch: f.snap.node,
-                epoch: f.snap.epoch,
+                node_generation: f.snap.node,
+                generation: f.snap.generation,
                 pool: f.pool.clone(),
             };
             self.insert(f.key.clone(), v);
@@ -582,8 +582,8 @@ impl HotCache {
             args: args.iter().map(|a| Bytes::copy_from_slice(a)).collect(),
             reply,
             pool: owner.clone(),
-            node_epoch: owner.tracking.epoch.load(Ordering::SeqCst),
-            epoch: self.epoch.load(Ordering::SeqCst),
+            node_generation: owner.tracking.generation.load(Ordering::SeqCst),
+            generation: self.generation.load(Ordering::SeqCst),
         };
         self.insert(Bytes::copy_from_slice(key), v);
     }
@@ -601,8 +601,8 @@ impl HotCache {
                         args: o.args.clone(),
                         reply: o.reply.clone(),
                         pool: o.pool.clone(),
-                        node_epoch: o.node_epoch,
-                        epoch: o.epoch,
+                        node_generation: o.node_generation,
+                        generation: o.generation,
                     });
                 }
             }
@@ -620,14 +620,14 @@ impl HotCache {
 
     /// Drops everything.
     pub fn flush(&self, cause: Cause) {
-        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
         self.entries.invalidate_all();
         self.stats.invalidations[cause as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Drops everything read from `pool` (its invalidations may have been lost).
     pub fn drop_node(&self, pool: &NodePool, cause: Cause) {
-        pool.tracking.epoch.fetch_add(1, Ordering::SeqCst);
+        pool.tracking.generation.fetch_add(1, Ordering::SeqCst);
         self.stats.invalidations[cause as usize].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -652,7 +652,7 @@ impl HotCache {
         self.hot_count.store(set.len(), Ordering::Relaxed);
         self.hot.store(Arc::new(set));
         if !changes.became_hot.is_empty() {
-            self.hot_epoch.fetch_add(1, Ordering::SeqCst);
+            self.hot_generation.fetch_add(1, Ordering::SeqCst);
         }
         for k in &changes.cooled {
             if !self.pins.is_empty() && self.tracked(k) {
@@ -682,8 +682,8 @@ impl HotCache {
     /// answered after this changed, may have raced a fill of a key that turned hot in
     /// between: its keys are dropped before its reply is passed on.
     #[inline]
-    pub fn hot_epoch(&self) -> u64 {
-        self.hot_epoch.load(Ordering::SeqCst)
+    pub fn hot_generation(&self) -> u64 {
+        self.hot_generation.load(Ordering::SeqCst)
     }
 
     /// Publishes the cache's counters and gauges (called periodically).

@@ -111,8 +111,8 @@ impl NodePool {
 
 /// One consistent view of the cluster.
 pub struct Topology {
-    /// Increases with every change.
-    pub epoch: u64,
+    /// The slot map's version: increases with every change (`heatshield_slot_map_epoch`).
+    pub version: u64,
     /// Every node address the cluster announced at the last refresh (masters, replicas,
     /// and nodes that serve no slot yet, from `CLUSTER NODES`): the only addresses a
     /// redirection may send heatshield to.
@@ -155,7 +155,13 @@ impl Topology {
     }
 
     fn empty() -> Topology {
-        Topology { epoch: 0, nodes: HashSet::new(), slots: vec![UNASSIGNED; SLOTS], masters: vec![], replicas: vec![] }
+        Topology {
+            version: 0,
+            nodes: HashSet::new(),
+            slots: vec![UNASSIGNED; SLOTS],
+            masters: vec![],
+            replicas: vec![],
+        }
     }
 }
 
@@ -174,7 +180,7 @@ pub struct Cluster {
     opts: BackendOptions,
     conns_per_node: usize,
     workers: usize,
-    epoch: AtomicU64,
+    version: AtomicU64,
     wake: Notify,
     /// Wakes the refresher for a confirmation refresh (rate-limited, see [`CONFIRM_EVERY`]).
     confirm: Notify,
@@ -197,7 +203,7 @@ impl Cluster {
             opts,
             conns_per_node: conns_per_node.max(1),
             workers: workers.max(1),
-            epoch: AtomicU64::new(0),
+            version: AtomicU64::new(0),
             wake: Notify::new(),
             confirm: Notify::new(),
             refreshes: AtomicU64::new(0),
@@ -221,8 +227,8 @@ impl Cluster {
         self.topo.load()
     }
 
-    pub fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Relaxed)
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Relaxed)
     }
 
     /// Every node pool (masters, and nodes a redirection pointed at).
@@ -258,9 +264,9 @@ impl Cluster {
         masters: Vec<Arc<NodePool>>,
         replicas: Vec<Vec<String>>,
     ) {
-        let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
-        self.topo.store(Arc::new(Topology { epoch, nodes, slots, masters, replicas }));
-        crate::metrics::global().epoch.set(epoch as f64);
+        let version = self.version.fetch_add(1, Ordering::Relaxed) + 1;
+        self.topo.store(Arc::new(Topology { version, nodes, slots, masters, replicas }));
+        crate::metrics::global().slot_map_version.set(version as f64);
     }
 
     /// Applies a `MOVED slot addr` at once and asks for a full refresh, if the cluster

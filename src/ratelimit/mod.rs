@@ -247,7 +247,7 @@ pub struct Limiter {
     idle_ns: u64,
     /// Budgets of per-key rules, made when the first per-key rule appears.
     table: OnceLock<table::Budgets>,
-    epoch: Instant,
+    clock_zero: Instant,
     hasher: ahash::RandomState,
 }
 
@@ -296,7 +296,7 @@ impl Limiter {
             max_keys,
             idle_ns: idle.as_nanos() as u64,
             table: OnceLock::new(),
-            epoch: Instant::now(),
+            clock_zero: Instant::now(),
             hasher: ahash::RandomState::new(),
         };
         l.replace(rules);
@@ -368,7 +368,7 @@ impl Limiter {
     /// is always full).
     #[inline]
     fn ns(&self, at: Instant) -> u64 {
-        let d = at.saturating_duration_since(self.epoch);
+        let d = at.saturating_duration_since(self.clock_zero);
         d.as_secs() * 1_000_000_000 + d.subsec_nanos() as u64 + (1 << 40)
     }
 
