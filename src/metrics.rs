@@ -117,9 +117,9 @@ fn describe() {
     describe_counter!("heatshield_client_bytes_sent_total", Unit::Bytes, "Bytes written to clients.");
 }
 
-/// Outcome of one answered command.
+/// How one answered command ended: the `outcome` label of `heatshield_commands_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum CommandOutcome {
     Ok,
     Error,
     /// Answered after following MOVED/ASK.
@@ -156,13 +156,13 @@ impl CommandMetrics {
     /// Counts the command; adds its latency to the histogram when `timed` (one command in
     /// `metrics.latency_sample_every` is).
     #[inline]
-    pub fn record(&self, outcome: Outcome, took: Duration, timed: bool) {
+    pub fn record(&self, outcome: CommandOutcome, took: Duration, timed: bool) {
         match outcome {
-            Outcome::Ok => self.ok.increment(1),
-            Outcome::Error => self.error.increment(1),
-            Outcome::Redirected => self.redirected.increment(1),
-            Outcome::Throttled => self.throttled.increment(1),
-            Outcome::Cached => self.cached.increment(1),
+            CommandOutcome::Ok => self.ok.increment(1),
+            CommandOutcome::Error => self.error.increment(1),
+            CommandOutcome::Redirected => self.redirected.increment(1),
+            CommandOutcome::Throttled => self.throttled.increment(1),
+            CommandOutcome::Cached => self.cached.increment(1),
         }
         if timed {
             self.duration.record(took.as_secs_f64());

@@ -315,15 +315,15 @@ impl Proxy {
     ) {
         let failed = reply.failed;
         let outcome = if reply.throttled {
-            crate::metrics::Outcome::Throttled
+            crate::metrics::CommandOutcome::Throttled
         } else if cached {
-            crate::metrics::Outcome::Cached
+            crate::metrics::CommandOutcome::Cached
         } else if failed {
-            crate::metrics::Outcome::Error
+            crate::metrics::CommandOutcome::Error
         } else if redirected {
-            crate::metrics::Outcome::Redirected
+            crate::metrics::CommandOutcome::Redirected
         } else {
-            crate::metrics::Outcome::Ok
+            crate::metrics::CommandOutcome::Ok
         };
         let timed = crate::metrics::sampled(0, self.config.metrics.latency_sample_every);
         self.command_metrics.get(cmd, self.command_name(cmd)).record(outcome, took, timed);
