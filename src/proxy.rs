@@ -225,6 +225,24 @@ pub struct ReplySummary {
     pub throttled: bool,
 }
 
+/// One answered command, as the session reports it once the reply has been written.
+pub struct Answered<'a> {
+    /// Command id (statistics).
+    pub cmd: usize,
+    /// From the request being read to its reply being written.
+    pub took: Duration,
+    pub reply: ReplySummary,
+    /// A MOVED or ASK was followed for it.
+    pub redirected: bool,
+    /// Answered from the hot-key cache.
+    pub cached: bool,
+    /// The request's bytes (for the slow log and the big-key log).
+    pub raw: Option<&'a Bytes>,
+    /// The node that served it, when it was noted.
+    pub node: Option<&'a str>,
+    pub stages: crate::stats::Stages,
+}
+
 impl ReplySummary {
     pub fn of(reply: &[u8]) -> ReplySummary {
         ReplySummary {
@@ -300,19 +318,8 @@ impl Proxy {
     }
 
     /// Records one answered command (called when its reply has been written).
-    #[allow(clippy::too_many_arguments)]
-    pub fn observe(
-        &self,
-        client: &ClientState,
-        cmd: usize,
-        took: Duration,
-        reply: &ReplySummary,
-        redirected: bool,
-        cached: bool,
-        raw: Option<&Bytes>,
-        node: Option<&str>,
-        stages: crate::stats::Stages,
-    ) {
+    pub fn observe(&self, client: &ClientState, a: Answered) {
+        let Answered { cmd, took, reply, redirected, cached, raw, node, stages } = a;
         let failed = reply.failed;
         let outcome = if reply.throttled {
             crate::metrics::CommandOutcome::Throttled

@@ -39,7 +39,7 @@ use crate::backend::BackendReply;
 use crate::client::{ClientState, Mode};
 use crate::protocol::request::{Limits, Request};
 use crate::protocol::{Next, Proto, RequestReader, Writer};
-use crate::proxy::{Ctx, Outcome, Pending, Proxy, ReplySummary};
+use crate::proxy::{Answered, Ctx, Outcome, Pending, Proxy, ReplySummary};
 
 enum Reply {
     Ready(Bytes),
@@ -502,14 +502,16 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     };
                     proxy.observe(
                         &client,
-                        m.cmd,
-                        written - m.started,
-                        &reply,
-                        m.redirected,
-                        m.cached,
-                        m.raw.as_ref(),
-                        m.node.as_deref(),
-                        stages,
+                        Answered {
+                            cmd: m.cmd,
+                            took: written - m.started,
+                            reply,
+                            redirected: m.redirected,
+                            cached: m.cached,
+                            raw: m.raw.as_ref(),
+                            node: m.node.as_deref(),
+                            stages,
+                        },
                     );
                 }
             }
