@@ -778,7 +778,7 @@ impl Proxy {
             i = j;
         }
         if p.remaining == 0 {
-            return Outcome::Ready(self.finish(ctx, p));
+            return Outcome::Ready(self.finish(ctx, &mut p));
         }
         Outcome::Waiting(p)
     }
@@ -998,25 +998,11 @@ impl Proxy {
                 self.invalidate_keys_of(&part.data);
             }
         }
-        // What stays behind keeps the first part's target, for the slow log's node.
-        let first = Part::new(Bytes::new(), p.parts[0].target.clone());
-        let done = std::mem::replace(
-            p,
-            Pending {
-                merge: Merge::Pass,
-                parts: smallvec![first],
-                remaining: 0,
-                redirected: p.redirected,
-                invalidate: Vec::new(),
-                flush: false,
-                write_hot_generation: None,
-            },
-        );
-        Some(self.finish(ctx, done))
+        Some(self.finish(ctx, p))
     }
 
     /// Merges the replies of a finished request.
-    fn finish(&self, ctx: &mut Ctx, mut p: Pending) -> Bytes {
+    fn finish(&self, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
         if let Merge::Pass = p.merge {
             return p.parts[0].reply.take().unwrap_or_default();
         }
