@@ -60,7 +60,7 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     let sub = String::from_utf8_lossy(req.arg(1)).to_ascii_uppercase();
     if sub == "AUTH" {
         if req.argc() != 3 {
-            return ctx.error("ERR wrong number of arguments for 'proxy|auth' command");
+            return ctx.error(&crate::errors::wrong_arity("proxy|auth"));
         }
         return match &proxy.config.admin.password {
             Some(p) if p.as_bytes() == req.arg(2) => {
@@ -75,9 +75,8 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         return ctx.error("NOPERM PROXY commands need PROXY AUTH <password> first");
     }
     let argc = req.argc();
-    let arity_err = |ctx: &mut Ctx, s: &str| {
-        ctx.error(&format!("ERR wrong number of arguments for 'proxy|{}' command", s.to_ascii_lowercase()))
-    };
+    let arity_err =
+        |ctx: &mut Ctx, s: &str| ctx.error(&crate::errors::wrong_arity(&format!("proxy|{}", s.to_ascii_lowercase())));
     match sub.as_str() {
         "INFO" => {
             let text = proxy_info(proxy);
@@ -172,7 +171,7 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                     Some(n) if n > 0 => n as usize,
                     _ => return ctx.error("ERR count must be a positive integer"),
                 },
-                4 => return ctx.error("ERR syntax error"),
+                4 => return ctx.error(crate::errors::SYNTAX),
                 _ => return arity_err(ctx, "hotkeys"),
             };
             let keys = proxy.cache.hot_keys(n);
@@ -321,8 +320,9 @@ fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 Err(p) => ctx.error(&format!("ERR {}", p.join("; "))),
             }
         }
-        "LIST" | "SET" | "DEL" => ctx
-            .error(&format!("ERR wrong number of arguments for 'proxy|ratelimit|{}' command", op.to_ascii_lowercase())),
+        "LIST" | "SET" | "DEL" => {
+            ctx.error(&crate::errors::wrong_arity(&format!("proxy|ratelimit|{}", op.to_ascii_lowercase())))
+        }
         _ => ctx.error(&format!("ERR unknown subcommand 'RATELIMIT {op}'. Try PROXY HELP.")),
     }
 }

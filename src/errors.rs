@@ -1,5 +1,4 @@
-//! The error texts heatshield writes itself on the request path, in one table, so each is
-//! spelled once (where heatshield answers as a single Redis would, the text is Redis's
+//! The error texts heatshield writes itself, in one table, so each is spelled once (where heatshield answers as a single Redis would, the text is Redis's
 //! own). Texts carry no leading `-`: the reply writer adds it, or [`resp`] for a raw
 //! error reply. Errors from a backend are not here: they pass through as Redis sent them.
 //! A leaf module: it imports nothing of heatshield.
@@ -15,6 +14,8 @@ pub const NO_SLOT_MAP: &str = "CLUSTERDOWN heatshield has no slot map yet";
 pub const INVALID_CURSOR: &str = "ERR invalid cursor";
 pub const LOCK_SERVICE_DOWN: &str = "ERR heatshield: the lock service is not running";
 pub const MAX_CLIENTS: &str = "ERR max number of clients reached";
+pub const SYNTAX: &str = "ERR syntax error";
+pub const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
 
 /// `text` as a RESP error reply (`-text\r\n`).
 pub fn resp(text: &str) -> bytes::Bytes {

@@ -16,7 +16,7 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
         Local::Ping => match req.argc() {
             1 => ctx.reply(|w| w.simple("PONG")),
             2 => ctx.reply(|w| w.bulk(req.arg(1))),
-            _ => ctx.error("ERR wrong number of arguments for 'ping' command"),
+            _ => ctx.error(&crate::errors::wrong_arity("ping")),
         },
         Local::Echo => ctx.reply(|w| w.bulk(req.arg(1))),
         Local::Quit => {
@@ -27,7 +27,7 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
         Local::Select => match parse_i64(req.arg(1)) {
             Some(0) => ctx.reply(|w| w.ok()),
             Some(_) => ctx.error("ERR DB index is out of range (heatshield serves database 0 only)"),
-            None => ctx.error("ERR value is not an integer or out of range"),
+            None => ctx.error(crate::errors::NOT_AN_INTEGER),
         },
         Local::Time => {
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -48,7 +48,7 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             let (user, pass) = match req.argc() {
                 2 => (None, req.arg(1)),
                 3 => (Some(req.arg(1)), req.arg(2)),
-                _ => return ctx.error("ERR syntax error"),
+                _ => return ctx.error(crate::errors::SYNTAX),
             };
             match check_auth(proxy, user, pass) {
                 Ok(()) => {

@@ -352,7 +352,7 @@ impl CommandTable {
 }
 
 fn arity_text(lower: &str) -> String {
-    format!("ERR wrong number of arguments for '{lower}' command")
+    crate::errors::wrong_arity(lower)
 }
 
 fn truncate_lossy(b: &[u8], max: usize) -> String {
@@ -482,8 +482,7 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
             if let Some(d) = dest {
                 out.push(d);
             }
-            let n = crate::protocol::request::parse_i64(req.arg(at as usize))
-                .ok_or("ERR value is not an integer or out of range")?;
+            let n = crate::protocol::request::parse_i64(req.arg(at as usize)).ok_or(crate::errors::NOT_AN_INTEGER)?;
             if n < 0 {
                 return Err("ERR Number of keys can't be negative");
             }
@@ -505,7 +504,7 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
         }
         KeySpec::Streams => {
             let pos = (1..req.argc()).find(|&i| req.arg(i).eq_ignore_ascii_case(b"STREAMS"));
-            let Some(pos) = pos else { return Err("ERR syntax error") };
+            let Some(pos) = pos else { return Err(crate::errors::SYNTAX) };
             let rest = req.argc() - pos - 1;
             if rest == 0 || !rest.is_multiple_of(2) {
                 return Err(

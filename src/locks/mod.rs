@@ -117,12 +117,12 @@ pub struct LockRequest {
 
 /// Parses LOCK.* arguments (arity was checked by the command table).
 pub fn parse(cmd: LockCmd, name: &str, req: &Request) -> Result<LockRequest, String> {
-    let arity = || format!("ERR wrong number of arguments for '{name}' command");
+    let arity = || crate::errors::wrong_arity(name);
     let ttl = |i: usize| -> Result<u64, String> {
         match parse_i64(req.arg(i)) {
             Some(n) if n > 0 => Ok(n as u64),
             Some(_) => Err(format!("ERR invalid ttl-ms in '{name}' command: must be greater than 0")),
-            None => Err("ERR value is not an integer or out of range".into()),
+            None => Err(crate::errors::NOT_AN_INTEGER.into()),
         }
     };
     let mut r =
@@ -136,21 +136,21 @@ pub fn parse(cmd: LockCmd, name: &str, req: &Request) -> Result<LockRequest, Str
                 let a = req.arg(i);
                 if a.eq_ignore_ascii_case(b"WAIT") {
                     let Some(v) = (i + 1 < req.argc()).then(|| req.arg(i + 1)) else {
-                        return Err("ERR syntax error".into());
+                        return Err(crate::errors::SYNTAX.into());
                     };
                     r.wait_ms = match parse_i64(v) {
                         Some(n) if n >= 0 => n as u64,
                         Some(_) => {
                             return Err(format!("ERR invalid timeout-ms in '{name}' command: must not be negative"));
                         }
-                        None => return Err("ERR value is not an integer or out of range".into()),
+                        None => return Err(crate::errors::NOT_AN_INTEGER.into()),
                     };
                     i += 2;
                 } else if a.eq_ignore_ascii_case(b"KEEPALIVE") {
                     r.keepalive = true;
                     i += 1;
                 } else {
-                    return Err("ERR syntax error".into());
+                    return Err(crate::errors::SYNTAX.into());
                 }
             }
         }
