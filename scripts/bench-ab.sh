@@ -30,16 +30,9 @@ H=${BENCH_DIR:-../shared/bench}
 [[ -f $H/cluster.sh ]] || { echo "bench harness not found at $H" >&2; exit 1; }
 W=${TMPDIR:-/tmp}/heatshield-bench-ab
 mkdir -p "$W"
-stop_proxies() {
-  for f in "$W"/proxy-*.pid; do
-    if [[ -f $f ]]; then kill "$(cat "$f")" 2>/dev/null || true; fi
-    rm -f "$f"
-  done
-}
-cleanup() {
-  stop_proxies
-  "$H/cluster.sh" stop "$W/cluster" >/dev/null 2>&1 || true
-}
+source scripts/benchlib.sh
+stop_proxies() { bench_stop "$W/proxy-*.pid"; }
+cleanup() { stop_proxies; "$H/cluster.sh" stop "$W/cluster" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 cleanup
 "$H/cluster.sh" start "$W/cluster" 7000 3 0 >/dev/null

@@ -36,16 +36,9 @@ B=${BENCH_DIR:-../shared/bench}
 W=${TMPDIR:-/tmp}/heatshield-bench-ratelimit
 mkdir -p "$W"
 cargo build --release --quiet
-stop_proxies() {
-  for f in "$W"/heatshield*.pid; do
-    if [[ -f $f ]]; then kill "$(cat "$f")" 2>/dev/null || true; fi
-    rm -f "$f"
-  done
-}
-cleanup() {
-  stop_proxies
-  "$B/cluster.sh" stop "$W/cluster" >/dev/null 2>&1 || true
-}
+source scripts/benchlib.sh
+stop_proxies() { bench_stop "$W/heatshield*.pid"; }
+cleanup() { stop_proxies; "$B/cluster.sh" stop "$W/cluster" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 cleanup
 "$B/cluster.sh" start "$W/cluster" 7000 3 0
