@@ -350,3 +350,28 @@ fn lock_idiom_set_nx_px_and_compare_and_delete() {
         }
     }
 }
+
+/// XREADGROUP whose consumer is literally named STREAMS: the key is the one after the
+/// second STREAMS, as Redis's key spec and `COMMAND GETKEYS` have it, and the reply is
+/// Redis's (nil: nothing new for the group).
+#[test]
+fn xreadgroup_with_a_consumer_named_streams() {
+    let e = env();
+    let key = "rt:stream{x}";
+    let owner = e.owners.of_key(key.as_bytes());
+    let args = ["XREADGROUP", "GROUP", "g", "STREAMS", "COUNT", "1", "STREAMS", key, ">"];
+    assert_eq!(
+        on_master(
+            owner,
+            &["COMMAND", "GETKEYS", args[0], args[1], args[2], args[3], args[4], args[5], args[6], key, ">"]
+        ),
+        vec![key.to_string()]
+    );
+    for proto in Proto::BOTH {
+        let mut c = Conn::connect_proto(e.proxy.port(), proto);
+        let _ = c.cmd(&["DEL", key]);
+        assert!(c.cmd(&["XGROUP", "CREATE", key, "g", "$", "MKSTREAM"]).is_ok());
+        assert_eq!(c.cmd(&args), V::Nil, "{proto:?}");
+        assert_eq!(c.cmd(&["DEL", key]), V::Int(1));
+    }
+}

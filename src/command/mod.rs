@@ -503,7 +503,10 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
             }
         }
         KeySpec::Streams => {
-            let pos = (1..req.argc()).find(|&i| req.arg(i).eq_ignore_ascii_case(b"STREAMS"));
+            // Redis's key spec: the keyword search starts after `GROUP group consumer` for
+            // XREADGROUP (a consumer may be named STREAMS), at the first argument for XREAD
+            let from = if cmd.name == "XREADGROUP" { 4 } else { 1 };
+            let pos = (from..req.argc()).find(|&i| req.arg(i).eq_ignore_ascii_case(b"STREAMS"));
             let Some(pos) = pos else { return Err(crate::errors::SYNTAX) };
             let rest = req.argc() - pos - 1;
             if rest == 0 || !rest.is_multiple_of(2) {
@@ -627,6 +630,8 @@ mod tests {
         assert_eq!(k(&["EVAL", "s", "x"]), Err("ERR value is not an integer or out of range"));
         assert_eq!(k(&["ZUNIONSTORE", "d", "2", "a", "b", "WEIGHTS", "1", "2"]), Ok(vec![1, 3, 4]));
         assert_eq!(k(&["XREAD", "COUNT", "1", "STREAMS", "a", "b", "0", "0"]), Ok(vec![4, 5]));
+        // a consumer named STREAMS (Redis: the search starts after GROUP group consumer)
+        assert_eq!(k(&["XREADGROUP", "GROUP", "g", "STREAMS", "COUNT", "1", "STREAMS", "s", ">"]), Ok(vec![7]));
         assert_eq!(k(&["SORT", "a", "LIMIT", "0", "1", "STORE", "d"]), Ok(vec![1, 6]));
         assert_eq!(k(&["OBJECT", "ENCODING", "a"]), Ok(vec![2]));
         assert_eq!(k(&["BITOP", "AND", "d", "a", "b"]), Ok(vec![2, 3, 4]));
