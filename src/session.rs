@@ -464,17 +464,17 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                 }
             }
             // complete replies at the front of the queue move to the output
-            let now = Instant::now();
+            // (the clock is read only when something moves)
+            let mut now: Option<Instant> = None;
             let mut moved = 0;
-            while !closing && let Some(front) = queue.entries.front() {
-                let Reply::Ready(b) = &front.reply else { break };
-                let summary = ReplySummary::of(b);
+            while !closing && matches!(queue.entries.front(), Some(Entry { reply: Reply::Ready(_), .. })) {
                 let e = queue.entries.pop_front().expect("front exists");
                 queue.head += 1;
                 let Reply::Ready(b) = e.reply else { unreachable!("checked above") };
+                let write_start = *now.get_or_insert_with(Instant::now);
+                done.push(Done { reply: ReplySummary::of(&b), meta: e.meta, write_start });
                 out.push(b);
                 closing = e.last;
-                done.push(Done { reply: summary, meta: e.meta, write_start: now });
                 moved += 1;
             }
             let mut wrote = 0;
