@@ -8,9 +8,10 @@ use std::hint::black_box;
 
 use heatshield::cluster::slot;
 use heatshield::command::CommandTable;
+use heatshield::merge::merge_mget;
 use heatshield::protocol::reply::ReplyScanner;
 use heatshield::protocol::request::{Limits, Next, Request, RequestReader};
-use heatshield::proxy::{merge_mget, split_by_slot};
+use heatshield::route::split_by_slot;
 
 fn pipeline_batch(n: usize) -> Vec<u8> {
     let mut v = Vec::new();

@@ -1,7 +1,7 @@
 //! Dispatch: the first step of every request. Looks the command up, applies the
-//! connection's gates (authentication, the connection's [`Mode`]), and hands the request
-//! to its route: answered here by heatshield (`local`, `admin`), or forwarded, split or
-//! fanned out by the request path ([`crate::proxy`]).
+//! connection's gates (authentication, the connection's [`Mode`], forms heatshield does
+//! not serve), and hands the request on: answered here by heatshield (`local`, `admin`),
+//! or admitted ([`crate::policy`]) and routed to Redis ([`crate::route`]).
 
 use std::sync::atomic::Ordering;
 
@@ -9,14 +9,16 @@ use crate::client::Mode;
 use crate::command::Route;
 use crate::errors;
 use crate::local;
-use crate::protocol::Request;
-use crate::proxy::{Ctx, Outcome, Proxy};
+use crate::pending::{Ctx, Outcome};
+use crate::policy;
+use crate::proxy::Proxy;
 
 /// Handles one request.
-pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx, req: Request) -> Outcome {
+pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
+    let req = ctx.req;
     proxy.stats.commands.fetch_add(1, Ordering::Relaxed);
     ctx.cmd = proxy.unknown_id();
-    let cmd = match proxy.commands.lookup(&req) {
+    let cmd = match proxy.commands.lookup(req) {
         Ok(c) => c,
         Err(e) => {
             // a known command used wrongly still counts as that command
@@ -46,15 +48,16 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx, req: Request) -> Outcome {
         (Mode::RefusedMulti, _) => return ctx.error(errors::AFTER_REFUSED_MULTI),
     }
     match cmd.route {
-        Route::Local(l) => local::run(proxy, ctx, l, &req),
-        Route::Forward => proxy.forward(ctx, cmd, req),
-        Route::Split(kind) => proxy.split(ctx, cmd, req, kind),
-        Route::FanOut(kind) => proxy.fan_out(ctx, cmd, req, kind),
-        Route::AnyMaster => proxy.any_master(ctx, req),
-        Route::Lock(kind) => proxy.lock_command(ctx, cmd, req, kind),
+        Route::Local(l) => local::run(proxy, ctx, l, req),
         Route::Unsupported(why) => {
             let name = if cmd.name.contains('|') { cmd.name.replace('|', " ") } else { cmd.name.clone() };
             ctx.error(&errors::unsupported(&name, why))
         }
+        _ if matches!(cmd.name.as_str(), "XREAD" | "XREADGROUP")
+            && req.args().any(|a| a.eq_ignore_ascii_case(b"BLOCK")) =>
+        {
+            ctx.error(&errors::blocking_unsupported(&cmd.name))
+        }
+        route => policy::admit(proxy, ctx, cmd, route),
     }
 }

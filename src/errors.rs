@@ -17,6 +17,36 @@ pub const MAX_CLIENTS: &str = "ERR max number of clients reached";
 pub const SYNTAX: &str = "ERR syntax error";
 pub const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
 
+// Redis's own texts, for the commands heatshield answers itself (local).
+pub const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+pub const AUTH_WITHOUT_PASSWORD: &str = "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?";
+pub const CLIENT_NAME_CHARS: &str = "ERR Client names cannot contain spaces, newlines or special characters.";
+pub const LIB_INFO_CHARS: &str = "ERR lib-name and lib-ver cannot contain spaces, newlines or special characters.";
+pub const NOPROTO: &str = "NOPROTO unsupported protocol version";
+pub const PROTO_NOT_AN_INTEGER: &str = "ERR Protocol version is not an integer or out of range";
+pub const HELLO_NOAUTH: &str = "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time";
+/// SELECT of a database other than 0 (Redis's text, and why).
+pub const DB_OUT_OF_RANGE: &str = "ERR DB index is out of range (heatshield serves database 0 only)";
+
+// Redis's own texts for the keys of a request (command table).
+pub const NUMKEYS_NEGATIVE: &str = "ERR Number of keys can't be negative";
+pub const NUMKEYS_TOO_MANY: &str = "ERR Number of keys can't be greater than number of args";
+pub const NUMKEYS_ZERO: &str = "ERR numkeys should be greater than 0";
+pub const UNBALANCED_STREAMS: &str =
+    "ERR Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.";
+
+// heatshield's admin commands (PROXY ..., docs/admin.md).
+pub const ADMIN_DISABLED: &str = "ERR PROXY commands are disabled (admin.enabled = false)";
+pub const ADMIN_WRONGPASS: &str = "WRONGPASS invalid admin password";
+pub const ADMIN_NO_PASSWORD: &str = "ERR PROXY AUTH called without admin.password configured";
+pub const ADMIN_NOPERM: &str = "NOPERM PROXY commands need PROXY AUTH <password> first";
+pub const COUNT_AT_LEAST_MINUS_ONE: &str = "ERR count should be greater than or equal to -1";
+pub const COUNT_POSITIVE: &str = "ERR count must be a positive integer";
+pub const RATE_AND_BURST: &str = "ERR rate must be a number and burst an integer";
+
+// heatshield's lock commands (docs/locks.md).
+pub const LOCK_SCRIPT_REPLY: &str = "ERR heatshield: unexpected reply from the lock script";
+
 /// `text` as a RESP error reply (`-text\r\n`).
 pub fn resp(text: &str) -> bytes::Bytes {
     bytes::Bytes::from(format!("-{text}\r\n"))
@@ -37,6 +67,59 @@ pub fn unsupported(name: &str, why: &str) -> String {
 
 pub fn blocking_unsupported(name: &str) -> String {
     format!("ERR heatshield does not support '{name}' with BLOCK: blocking commands are not supported yet")
+}
+
+/// `ERR <text>`, for problems a parser describes itself (a rule, an option).
+pub fn err(text: &str) -> String {
+    format!("ERR {text}")
+}
+
+/// Redis's text for an unknown subcommand (`sub` as the client sent it, `of` the command
+/// whose HELP lists the subcommands).
+pub fn unknown_subcommand(sub: &str, of: &str) -> String {
+    format!("ERR unknown subcommand '{sub}'. Try {of} HELP.")
+}
+
+/// Redis's text for an unknown command (`args`: the first arguments, quoted).
+pub fn unknown_command(name: &str, args: &str) -> String {
+    format!("ERR unknown command '{name}', with args beginning with: {args}")
+}
+
+pub fn unrecognized_option(opt: &str) -> String {
+    format!("ERR Unrecognized option '{opt}'")
+}
+
+pub fn hello_syntax(opt: &str) -> String {
+    format!("ERR Syntax error in HELLO option '{opt}'")
+}
+
+pub fn invalid_rule(problems: &[String]) -> String {
+    format!("ERR invalid rule: {}", problems.join("; "))
+}
+
+/// A value `PROXY CONFIG SET` refuses for `key` (`why`: what it must be).
+pub fn config_value(value: &str, key: &str, why: &str) -> String {
+    format!("ERR Invalid argument '{value}' for PROXY CONFIG SET '{key}': {why}")
+}
+
+pub fn config_not_live(key: &str, live: &[&str]) -> String {
+    format!(
+        "ERR '{key}' cannot be changed while heatshield runs (live settings: {}); edit the configuration file and restart",
+        live.join(", ")
+    )
+}
+
+pub fn config_unknown(key: &str) -> String {
+    format!("ERR Unknown option or number of arguments for PROXY CONFIG SET - '{key}'")
+}
+
+/// A lock argument that must be positive (`what`: `ttl-ms`), or not negative (`timeout-ms`).
+pub fn lock_invalid(what: &str, name: &str, must: &str) -> String {
+    format!("ERR invalid {what} in '{name}' command: {must}")
+}
+
+pub fn not_owner(key: &[u8], owner: &[u8]) -> String {
+    format!("NOTOWNER lock '{}' is not held by '{}'", String::from_utf8_lossy(key), String::from_utf8_lossy(owner))
 }
 
 /// Redis's arity error (`name` in lower case, as Redis writes it).

@@ -37,9 +37,10 @@ use tracing::{debug, info, warn};
 
 use crate::backend::BackendReply;
 use crate::client::{ClientState, Mode};
+use crate::pending::{Ctx, Outcome, Pending};
 use crate::protocol::request::{Limits, Request};
 use crate::protocol::{Next, Proto, RequestReader, Writer};
-use crate::proxy::{Answered, Ctx, Outcome, Pending, Proxy, ReplySummary};
+use crate::proxy::{Answered, Proxy, ReplySummary};
 
 enum Reply {
     Ready(Bytes),
@@ -65,8 +66,10 @@ struct Meta {
     redirected: bool,
     /// Answered from the hot-key cache.
     cached: bool,
-    /// The request (for the slow log and big-key log).
-    raw: Option<Bytes>,
+    /// The request (its context on the reply path; the slow log and big-key log).
+    req: Option<Request>,
+    /// The argument that is the request's first key (0: none).
+    first_key: u32,
     /// The node that served it, noted only when it was slow to answer.
     node: Option<Arc<str>>,
     /// Milliseconds the request may wait on purpose (LOCK.ACQUIRE ... WAIT) on top of
@@ -75,6 +78,20 @@ struct Meta {
 }
 
 impl Meta {
+    fn new(cmd: usize, read_at: Instant, req: Option<Request>) -> Meta {
+        Meta {
+            cmd,
+            started: read_at,
+            ready_at: read_at,
+            redirected: false,
+            cached: false,
+            req,
+            first_key: 0,
+            node: None,
+            wait_ms: 0,
+        }
+    }
+
     /// When a request still waiting for its reply is answered with an error.
     fn deadline(&self, reply_deadline: Duration) -> Instant {
         self.started + reply_deadline + Duration::from_millis(self.wait_ms as u64)
@@ -311,10 +328,11 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     let seq = r.tag.seq;
                     if let Some(e) = queue.get_mut(seq)
                         && let Reply::Waiting(p) = &mut e.reply
+                        && let Some(req) = &e.meta.req
                     {
-                        let mut ctx = Ctx::new(&mut client, seq, &tx, &mut scratch, e.meta.started);
+                        let mut ctx = Ctx::new(&mut client, seq, &tx, &mut scratch, req, e.meta.started);
                         ctx.cmd = e.meta.cmd;
-                        if let Some(reply) = proxy.on_reply(&mut ctx, p, r) {
+                        if let Some(reply) = crate::pending::on_reply(&proxy, &mut ctx, p, r) {
                             client.inflight -= 1;
                             let m = &mut e.meta;
                             m.ready_at = *now.get_or_insert_with(Instant::now);
@@ -418,10 +436,11 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                         client.rl.expect(req.arg(1), hashes[i]);
                     }
                     let seq = queue.next_seq();
-                    let raw = req.raw().clone();
-                    let mut ctx = Ctx::new(&mut client, seq, &tx, &mut scratch, read_at);
-                    let outcome = crate::dispatch::dispatch(&proxy, &mut ctx, req);
-                    let (cmd, cached, wait_ms) = (ctx.cmd, ctx.cached, ctx.wait_ms);
+                    let mut ctx = Ctx::new(&mut client, seq, &tx, &mut scratch, &req, read_at);
+                    let outcome = crate::dispatch::dispatch(&proxy, &mut ctx);
+                    let mut meta = Meta::new(ctx.cmd, read_at, None);
+                    (meta.cached, meta.wait_ms, meta.first_key) = (ctx.cached, ctx.wait_ms, ctx.first_key);
+                    let wait_ms = meta.wait_ms;
                     client.rl.forget();
                     let reply = match outcome {
                         Outcome::Ready(b) => {
@@ -442,8 +461,9 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                             timer.as_mut().reset(deadline.into());
                         }
                     }
-                    held.requests += raw.len();
-                    push(&mut queue, &mut client, &mut reading, reply, cmd, cached, Some(raw), read_at, wait_ms);
+                    held.requests += req.raw().len();
+                    meta.req = Some(req);
+                    push(&mut queue, &mut client, &mut reading, reply, meta);
                     parsed += 1;
                 }
                 if let Some(e) = failed {
@@ -454,7 +474,8 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                         let b = scratch.split().freeze();
                         held.reply_ready(b.len(), soft, max_pipeline);
                         let reply = Reply::Ready(b);
-                        push(&mut queue, &mut client, &mut reading, reply, proxy.unknown_id(), false, None, read_at, 0);
+                        let meta = Meta::new(proxy.unknown_id(), read_at, None);
+                        push(&mut queue, &mut client, &mut reading, reply, meta);
                         parsed += 1;
                     }
                     break;
@@ -494,7 +515,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
             if out.is_empty() && !done.is_empty() {
                 let written = Instant::now();
                 for Done { reply, meta: m, write_start } in done.drain(..) {
-                    held.requests -= m.raw.as_ref().map_or(0, |r| r.len());
+                    held.requests -= m.req.as_ref().map_or(0, |r| r.raw().len());
                     let stages = crate::stats::Stages {
                         backend: m.ready_at - m.started,
                         queued: write_start.saturating_duration_since(m.ready_at),
@@ -508,7 +529,8 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                             reply,
                             redirected: m.redirected,
                             cached: m.cached,
-                            raw: m.raw.as_ref(),
+                            req: m.req.as_ref(),
+                            first_key: m.first_key,
                             node: m.node.as_deref(),
                             stages,
                         },
@@ -639,27 +661,12 @@ const BATCH: usize = 32;
 
 /// Queues a request's reply (or its place for one); a reply that ends the connection stops
 /// the reading.
-#[allow(clippy::too_many_arguments)]
-fn push(
-    queue: &mut Queue,
-    client: &mut ClientState,
-    reading: &mut bool,
-    reply: Reply,
-    cmd: usize,
-    cached: bool,
-    raw: Option<Bytes>,
-    read_at: Instant,
-    wait_ms: u32,
-) {
+fn push(queue: &mut Queue, client: &mut ClientState, reading: &mut bool, reply: Reply, meta: Meta) {
     let last = client.quit;
     if last {
         *reading = false;
     }
-    queue.entries.push_back(Entry {
-        reply,
-        last,
-        meta: Meta { cmd, started: read_at, ready_at: read_at, redirected: false, cached, raw, node: None, wait_ms },
-    });
+    queue.entries.push_back(Entry { reply, last, meta });
 }
 
 fn finish(proxy: &Proxy, client: &ClientState) {

@@ -320,10 +320,9 @@ impl CommandTable {
                 None
             };
             let Some(sub_cmd) = sub_cmd else {
-                return Err(LookupError::UnknownSub(format!(
-                    "ERR unknown subcommand '{}'. Try {} HELP.",
-                    truncate_lossy(sub, 128),
-                    cmd.name
+                return Err(LookupError::UnknownSub(crate::errors::unknown_subcommand(
+                    &truncate_lossy(sub, 128),
+                    &cmd.name,
                 )));
             };
             if !sub_cmd.arity_ok(req.argc()) {
@@ -371,7 +370,7 @@ fn unknown_command_text(req: &Request) -> String {
         args.push_str(&truncate_lossy(req.arg(i), room));
         args.push_str("' ");
     }
-    format!("ERR unknown command '{}', with args beginning with: {}", truncate_lossy(req.arg(0), 128), args)
+    crate::errors::unknown_command(&truncate_lossy(req.arg(0), 128), &args)
 }
 
 fn build(raw: &'static RawSpec, parent: Option<&'static RawSpec>, next_id: &mut usize) -> Command {
@@ -484,10 +483,10 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
             }
             let n = crate::protocol::request::parse_i64(req.arg(at as usize)).ok_or(crate::errors::NOT_AN_INTEGER)?;
             if n < 0 {
-                return Err("ERR Number of keys can't be negative");
+                return Err(crate::errors::NUMKEYS_NEGATIVE);
             }
             if n > argc - at as i64 - 1 {
-                return Err("ERR Number of keys can't be greater than number of args");
+                return Err(crate::errors::NUMKEYS_TOO_MANY);
             }
             if n == 0
                 && dest.is_none()
@@ -496,7 +495,7 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
                     "ZUNION" | "ZINTER" | "ZDIFF" | "ZINTERCARD" | "SINTERCARD" | "LMPOP" | "ZMPOP"
                 )
             {
-                return Err("ERR numkeys should be greater than 0");
+                return Err(crate::errors::NUMKEYS_ZERO);
             }
             for i in 0..n {
                 out.push(at + 1 + i as u32);
@@ -510,9 +509,7 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
             let Some(pos) = pos else { return Err(crate::errors::SYNTAX) };
             let rest = req.argc() - pos - 1;
             if rest == 0 || !rest.is_multiple_of(2) {
-                return Err(
-                    "ERR Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.",
-                );
+                return Err(crate::errors::UNBALANCED_STREAMS);
             }
             for i in 0..rest / 2 {
                 out.push((pos + 1 + i) as u32);

@@ -121,7 +121,7 @@ pub fn parse(cmd: LockCmd, name: &str, req: &Request) -> Result<LockRequest, Str
     let ttl = |i: usize| -> Result<u64, String> {
         match parse_i64(req.arg(i)) {
             Some(n) if n > 0 => Ok(n as u64),
-            Some(_) => Err(format!("ERR invalid ttl-ms in '{name}' command: must be greater than 0")),
+            Some(_) => Err(crate::errors::lock_invalid("ttl-ms", name, "must be greater than 0")),
             None => Err(crate::errors::NOT_AN_INTEGER.into()),
         }
     };
@@ -141,7 +141,7 @@ pub fn parse(cmd: LockCmd, name: &str, req: &Request) -> Result<LockRequest, Str
                     r.wait_ms = match parse_i64(v) {
                         Some(n) if n >= 0 => n as u64,
                         Some(_) => {
-                            return Err(format!("ERR invalid timeout-ms in '{name}' command: must not be negative"));
+                            return Err(crate::errors::lock_invalid("timeout-ms", name, "must not be negative"));
                         }
                         None => return Err(crate::errors::NOT_AN_INTEGER.into()),
                     };
@@ -349,18 +349,14 @@ pub fn client_reply(r: &LockRequest, reply: &[u8], proto: Proto, scratch: &mut b
     let v = match Value::parse(reply) {
         Ok((v, _)) => v,
         Err(_) => {
-            w.error("ERR heatshield: unexpected reply from the lock script");
+            w.error(crate::errors::LOCK_SCRIPT_REPLY);
             return scratch.split().freeze();
         }
     };
     match (r.cmd, v) {
         (LockCmd::Acquire, Value::Int(t)) if t > 0 => w.int(t),
         (LockCmd::Acquire, Value::Int(_)) => w.nil(),
-        (LockCmd::Release, Value::Int(-1)) => w.error(&format!(
-            "NOTOWNER lock '{}' is not held by '{}'",
-            String::from_utf8_lossy(&r.key),
-            String::from_utf8_lossy(&r.owner)
-        )),
+        (LockCmd::Release, Value::Int(-1)) => w.error(&crate::errors::not_owner(&r.key, &r.owner)),
         (LockCmd::Release | LockCmd::Extend, Value::Int(n)) => w.int(n),
         (LockCmd::Info, Value::Nil) => w.nil(),
         (LockCmd::Info, Value::Array(items)) if items.len() == 4 => {
@@ -374,7 +370,7 @@ pub fn client_reply(r: &LockRequest, reply: &[u8], proto: Proto, scratch: &mut b
             w.bulk(b"token");
             w.int(items[3].as_int().unwrap_or(0));
         }
-        _ => w.error("ERR heatshield: unexpected reply from the lock script"),
+        _ => w.error(crate::errors::LOCK_SCRIPT_REPLY),
     }
     scratch.split().freeze()
 }

@@ -16,8 +16,9 @@ use tracing::{debug, warn};
 use super::{CHANNEL, Event, FALLBACK_RETRY, LockCmd, LockRequest, Locks, Waiter, client_reply};
 use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, Tag};
 use crate::cluster::slot;
-use crate::protocol::reply::{Redirect, Value, error_text, parse_redirect};
+use crate::protocol::reply::{Redirect, Value};
 use crate::protocol::{Proto, Request, Writer};
+use crate::retry::{self, RETRY_DELAY, Verdict};
 
 /// What the lock task and the subscriber use: the lock service and the cluster view,
 /// nothing else of the proxy.
@@ -353,44 +354,33 @@ fn on_reply(h: &Handles, st: &mut State, rtx: &mpsc::UnboundedSender<BackendRepl
     let (key, data) = match &flight {
         Flight::Attempt { key, data, .. } | Flight::Other { key, data, .. } => (key.clone(), data.clone()),
     };
-    // transport trouble and cluster redirections: try again
-    let retry_after = match &r.result {
-        Err(_) => Some(Duration::from_millis(20)),
-        Ok(d) => match error_text(d) {
-            Some(e) if e.starts_with(b"NOSCRIPT") => {
-                if let Some(eval) = h.locks.eval_form(&data) {
-                    send_to(h, &key, eval, id, rtx, Prefix::None, None);
-                    st.inflight.insert(id, flight);
-                    return;
-                }
-                None
+    // transport trouble and cluster redirections: try again (crate::retry decides which)
+    let retry_after = match retry::classify(&r.result, h.cluster.is_cluster()) {
+        Verdict::NoScript => {
+            if let Some(eval) = h.locks.eval_form(&data) {
+                send_to(h, &key, eval, id, rtx, Prefix::None, None);
+                st.inflight.insert(id, flight);
+                return;
             }
-            Some(e) => match parse_redirect(e) {
-                Some(Redirect::Moved { slot, addr }) => {
-                    if h.cluster.moved(slot, &addr) {
-                        Some(Duration::ZERO)
-                    } else {
-                        // a node the topology does not announce (yet): refresh, try later
-                        h.cluster.request_refresh();
-                        Some(Duration::from_millis(50))
-                    }
-                }
-                Some(Redirect::Ask { addr, .. }) => match h.cluster.announced_pool(&addr) {
-                    Some(pool) => {
-                        send_to(h, &key, data, id, rtx, Prefix::Asking, Some(pool));
-                        st.inflight.insert(id, flight);
-                        return;
-                    }
-                    None => {
-                        h.cluster.request_refresh();
-                        Some(Duration::from_millis(50))
-                    }
-                },
-                None if e.starts_with(b"TRYAGAIN") || e.starts_with(b"CLUSTERDOWN") => Some(Duration::from_millis(50)),
-                None => None,
-            },
-            None => None,
+            None
+        }
+        Verdict::Redirect(redirect) => match (retry::follow(&h.cluster, &redirect), &redirect) {
+            // moved: once more, at once, to the slot's new owner
+            (Some(_), Redirect::Moved { .. }) => Some(Duration::ZERO),
+            (Some(pool), Redirect::Ask { .. }) => {
+                send_to(h, &key, data, id, rtx, Prefix::Asking, Some(pool));
+                st.inflight.insert(id, flight);
+                return;
+            }
+            // a node the topology does not announce (yet): refresh, try later
+            (None, _) => {
+                h.cluster.request_refresh();
+                Some(RETRY_DELAY)
+            }
         },
+        // a lock script is safe to send again whatever became of it: its owner decides
+        Verdict::Busy | Verdict::Unsent | Verdict::Failed | Verdict::Resend | Verdict::Recheck => Some(RETRY_DELAY),
+        Verdict::Answer => None,
     };
     let Flight::Attempt { .. } = flight else {
         let Flight::Other { renewal_of, .. } = flight else { return };
@@ -419,8 +409,8 @@ fn on_reply(h: &Handles, st: &mut State, rtx: &mpsc::UnboundedSender<BackendRepl
         let p = &mut q[pos];
         p.trying = false;
         p.failures += 1;
-        if p.failures == 50 {
-            warn!(key = %String::from_utf8_lossy(&key), "lock acquire keeps failing (50 tries); still retrying until the WAIT ends");
+        if p.failures == u32::from(retry::MAX_RETRIES) {
+            warn!(key = %String::from_utf8_lossy(&key), tries = p.failures, "lock acquire keeps failing; still retrying until the WAIT ends");
         }
         let at = (Instant::now() + d).min(p.w.deadline);
         st.try_at(&key, at);

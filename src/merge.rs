@@ -1,0 +1,258 @@
+//! Merge: how the replies of a request's parts become the one reply a single Redis would
+//! give (split MGET in request order, sums, KEYS, SCAN cursors across masters, ...).
+//! Pure functions of reply bytes; no I/O and no shared state.
+
+use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
+
+use crate::protocol::reply::{Value, reply_len};
+use crate::protocol::request::parse_i64;
+use crate::protocol::{Proto, Writer};
+
+/// Bits of a proxy SCAN cursor that name the master.
+pub const SCAN_NODE_BITS: u32 = 10;
+
+/// How the parts' replies become one.
+pub enum Merge {
+    /// One part; its reply is the reply.
+    Pass,
+    /// Split MGET: for each part, the positions of its keys in the request.
+    Mget {
+        positions: Vec<SmallVec<[u32; 4]>>,
+        total: usize,
+        /// Keys answered from the hot-key cache: position and `GET` reply.
+        cached: Vec<(u32, Bytes)>,
+    },
+    Mset,
+    Sum,
+    Keys,
+    Scan {
+        node: usize,
+        nodes: usize,
+    },
+    RandomKey,
+    Dbsize,
+    AllSame,
+    ScriptExists,
+}
+
+/// A client's SCAN cursor: which master (by index) and that master's own cursor; `None`
+/// when it names no master of `masters`.
+pub fn scan_cursor(arg: &[u8], masters: usize) -> Option<(usize, u64)> {
+    let cursor = std::str::from_utf8(arg).ok()?.parse::<u64>().ok()?;
+    let node = (cursor & ((1 << SCAN_NODE_BITS) - 1)) as usize;
+    (node < masters).then_some((node, cursor >> SCAN_NODE_BITS))
+}
+
+/// Merges the array replies of a split MGET (one per [`SlotGroup`], in group order) and
+/// the values answered from the cache into one array in request order. Elements are
+/// copied as the bytes Redis sent.
+pub fn merge_mget(
+    replies: &[Bytes],
+    groups: &[SmallVec<[u32; 4]>],
+    total: usize,
+    cached: &[(u32, Bytes)],
+    out: &mut BytesMut,
+) -> Result<(), &'static str> {
+    let mut slots: Vec<&[u8]> = vec![&[]; total];
+    for (p, v) in cached {
+        slots[*p as usize] = v;
+    }
+    for (r, pos) in replies.iter().zip(groups) {
+        let (n, elems) = array_elements(r)?;
+        if n != pos.len() {
+            return Err("MGET part returned the wrong number of values");
+        }
+        for (e, &p) in elems.into_iter().zip(pos.iter()) {
+            slots[p as usize] = e;
+        }
+    }
+    crate::protocol::request::write_array_header(out, total);
+    for e in slots {
+        out.extend_from_slice(e);
+    }
+    Ok(())
+}
+
+/// The elements of an array reply, as raw byte slices.
+fn array_elements(r: &[u8]) -> Result<(usize, Vec<&[u8]>), &'static str> {
+    let nl = memchr::memchr(b'\n', r).ok_or("truncated")?;
+    if !matches!(r.first(), Some(b'*' | b'~')) {
+        return Err("expected an array");
+    }
+    let n = parse_i64(&r[1..nl - 1]).ok_or("bad array length")?;
+    let mut pos = nl + 1;
+    let mut out = Vec::with_capacity(n.max(0) as usize);
+    for _ in 0..n.max(0) {
+        let len = reply_len(&r[pos..]).map_err(|e| e.0)?.ok_or("truncated element")?;
+        out.push(&r[pos..pos + len]);
+        pos += len;
+    }
+    Ok((n.max(0) as usize, out))
+}
+
+fn int_of(r: &[u8]) -> Result<i64, &'static str> {
+    Value::parse(r).map_err(|e| e.0)?.0.as_int().ok_or("expected an integer")
+}
+
+/// Merges part replies (none of which is an error) into the reply for the client.
+pub fn merge_replies(
+    merge: &Merge,
+    replies: &[Bytes],
+    proto: Proto,
+    scratch: &mut BytesMut,
+) -> Result<Bytes, &'static str> {
+    let mut w = Writer::new(scratch, proto);
+    match merge {
+        Merge::Pass => w.raw(&replies[0]),
+        Merge::Mget { positions, total, cached } => merge_mget(replies, positions, *total, cached, w.buf)?,
+        Merge::Mset => w.ok(),
+        Merge::Sum | Merge::Dbsize => {
+            let mut sum = 0i64;
+            for r in replies {
+                sum += int_of(r)?;
+            }
+            w.int(sum);
+        }
+        Merge::Keys => {
+            let mut all = Vec::new();
+            for r in replies {
+                all.extend(array_elements(r)?.1);
+            }
+            w.array(all.len());
+            for e in all {
+                w.raw(e);
+            }
+        }
+        Merge::Scan { node, nodes } => {
+            let (v, _) = Value::parse(&replies[0]).map_err(|e| e.0)?;
+            let Value::Array(items) = v else {
+                return Err("SCAN reply is not an array");
+            };
+            let (Some(c), Some(Value::Array(keys))) = (items.first().and_then(|c| c.as_bytes()), items.get(1)) else {
+                return Err("SCAN reply has an unexpected shape");
+            };
+            let backend: u64 = std::str::from_utf8(c).ok().and_then(|s| s.parse().ok()).ok_or("bad SCAN cursor")?;
+            let next = if backend != 0 {
+                if backend >= 1 << (64 - SCAN_NODE_BITS) {
+                    return Err("backend SCAN cursor too large");
+                }
+                (backend << SCAN_NODE_BITS) | *node as u64
+            } else if node + 1 < *nodes {
+                (node + 1) as u64
+            } else {
+                0
+            };
+            w.array(2);
+            w.bulk(itoa::Buffer::new().format(next).as_bytes());
+            w.array(keys.len());
+            for k in keys {
+                w.bulk(k.as_bytes().unwrap_or_default());
+            }
+        }
+        Merge::RandomKey => {
+            let found: Vec<&Bytes> =
+                replies.iter().filter(|r| !matches!(Value::parse(r), Ok((Value::Nil, _)))).collect();
+            if found.is_empty() {
+                w.nil();
+            } else {
+                let pick = (std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .subsec_nanos() as usize)
+                    % found.len();
+                w.raw(found[pick]);
+            }
+        }
+        Merge::AllSame => w.raw(&replies[0]),
+        Merge::ScriptExists => {
+            let mut acc: Vec<i64> = Vec::new();
+            for (i, r) in replies.iter().enumerate() {
+                let (v, _) = Value::parse(r).map_err(|e| e.0)?;
+                let Value::Array(items) = v else {
+                    return Err("SCRIPT EXISTS reply is not an array");
+                };
+                let vals: Vec<i64> = items.iter().map(|x| x.as_int().unwrap_or(0)).collect();
+                if i == 0 {
+                    acc = vals;
+                } else {
+                    for (a, b) in acc.iter_mut().zip(vals) {
+                        *a = (*a != 0 && b != 0) as i64;
+                    }
+                }
+            }
+            w.array(acc.len());
+            for a in acc {
+                w.int(a);
+            }
+        }
+    }
+    Ok(scratch.split().freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use smallvec::smallvec;
+
+    use super::*;
+
+    fn b(s: &[u8]) -> Bytes {
+        Bytes::copy_from_slice(s)
+    }
+
+    #[test]
+    fn mget_merge_restores_order() {
+        let m = Merge::Mget { positions: vec![smallvec![0, 2], smallvec![1]], total: 3, cached: vec![] };
+        let replies = vec![b(b"*2\r\n$1\r\na\r\n$-1\r\n"), b(b"*1\r\n$1\r\nb\r\n")];
+        let mut s = BytesMut::new();
+        let out = merge_replies(&m, &replies, Proto::Resp2, &mut s).unwrap();
+        assert_eq!(&out[..], b"*3\r\n$1\r\na\r\n$1\r\nb\r\n$-1\r\n");
+        let replies3 = vec![b(b"*2\r\n$1\r\na\r\n_\r\n"), b(b"*1\r\n$1\r\nb\r\n")];
+        let out = merge_replies(&m, &replies3, Proto::Resp3, &mut s).unwrap();
+        assert_eq!(&out[..], b"*3\r\n$1\r\na\r\n$1\r\nb\r\n_\r\n");
+    }
+
+    #[test]
+    fn sums_and_keys() {
+        let mut s = BytesMut::new();
+        let out = merge_replies(&Merge::Sum, &[b(b":2\r\n"), b(b":3\r\n")], Proto::Resp2, &mut s).unwrap();
+        assert_eq!(&out[..], b":5\r\n");
+        let out = merge_replies(
+            &Merge::Keys,
+            &[b(b"*1\r\n$1\r\na\r\n"), b(b"*0\r\n"), b(b"*1\r\n$1\r\nb\r\n")],
+            Proto::Resp2,
+            &mut s,
+        )
+        .unwrap();
+        assert_eq!(&out[..], b"*2\r\n$1\r\na\r\n$1\r\nb\r\n");
+        let out = merge_replies(
+            &Merge::ScriptExists,
+            &[b(b"*2\r\n:1\r\n:1\r\n"), b(b"*2\r\n:1\r\n:0\r\n")],
+            Proto::Resp2,
+            &mut s,
+        )
+        .unwrap();
+        assert_eq!(&out[..], b"*2\r\n:1\r\n:0\r\n");
+    }
+
+    #[test]
+    fn scan_cursor_walks_nodes() {
+        let mut s = BytesMut::new();
+        let page = |node, nodes, r: &[u8], s: &mut BytesMut| {
+            merge_replies(&Merge::Scan { node, nodes }, &[b(r)], Proto::Resp2, s).unwrap()
+        };
+        // backend has more: cursor keeps the node
+        let out = page(1, 3, b"*2\r\n$2\r\n17\r\n*1\r\n$1\r\nk\r\n", &mut s);
+        assert_eq!(
+            &out[..],
+            format!("*2\r\n${}\r\n{}\r\n*1\r\n$1\r\nk\r\n", ((17u64 << 10) | 1).to_string().len(), (17u64 << 10) | 1)
+                .as_bytes()
+        );
+        // backend done: next node
+        let out = page(1, 3, b"*2\r\n$1\r\n0\r\n*0\r\n", &mut s);
+        assert_eq!(&out[..], b"*2\r\n$1\r\n2\r\n*0\r\n");
+        // last node done: 0
+        let out = page(2, 3, b"*2\r\n$1\r\n0\r\n*0\r\n", &mut s);
+        assert_eq!(&out[..], b"*2\r\n$1\r\n0\r\n*0\r\n");
+    }
+}

@@ -1,0 +1,545 @@
+//! Pending: one request from dispatch until its reply.
+//!
+//! [`Ctx`] is the request's context, built once by the session and carried through
+//! dispatch, the reply path and observation: the client, the request itself (its bytes
+//! and where each argument is), the command, the time it was read, and what admission
+//! decided about the cache. [`Outcome`] is what dispatch produced: a reply now, or a
+//! [`Pending`] request waiting for backend replies.
+//!
+//! A [`Pending`] holds its parts (what goes where), sends them, and acts on each backend
+//! reply as [`crate::retry`] classifies it: follow a redirection the cluster announced,
+//! hold one it did not until a refresh confirms it, retry after a failover, or pass the
+//! reply on. When every part is in, the write's cache invalidation is applied (before the
+//! client can see the reply) and the replies are merged ([`crate::merge`]). It lives in
+//! the session's reply queue: nothing here spawns a task per request (only a retry's
+//! delay and a redirection's recheck).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
+
+use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
+use crate::client::ClientState;
+use crate::cluster::{Cluster, NodePool};
+use crate::command::keys_of;
+use crate::errors;
+use crate::locks::LockRequest;
+use crate::merge::{Merge, merge_replies};
+use crate::protocol::reply::{Redirect, Value, error_text, parse_redirect};
+use crate::protocol::{Request, Writer};
+use crate::proxy::Proxy;
+use crate::retry::{self, MAX_REDIRECTS, MAX_RETRIES, RETRY_DELAY, Verdict};
+
+/// Builds the INFO reply from the requested sections and the masters' INFO texts.
+pub type InfoBuilder = fn(&Proxy, &mut Ctx, &[String], &[&[u8]]) -> Bytes;
+
+/// One request's context (see the module comment).
+pub struct Ctx<'a> {
+    pub client: &'a mut ClientState,
+    /// The request's place in the client's reply order.
+    pub seq: u64,
+    pub reply_to: &'a ReplyTx,
+    pub scratch: &'a mut BytesMut,
+    /// The request: its bytes and where each argument is (nothing is parsed twice).
+    pub req: &'a Request,
+    /// Set by dispatch: the command's id (statistics).
+    pub cmd: usize,
+    /// When the request had been read (saves clock reads on the request path).
+    pub now: Instant,
+    /// Set by admission: the argument that is the first key (0: none), for the big-key log.
+    pub first_key: u32,
+    /// Set by admission: the reply came from the hot-key cache.
+    pub cached: bool,
+    /// Set by admission: hot keys a write will change (see [`Pending`]).
+    pub invalidate: Vec<Bytes>,
+    /// Set by admission: the request empties the databases.
+    pub flush: bool,
+    /// Set by admission for writes while the cache is on (see [`Pending`]).
+    pub write_hot_generation: Option<u64>,
+    /// Set by admission: milliseconds the request may wait on purpose (LOCK.ACQUIRE ...
+    /// WAIT), on top of [`Proxy::reply_deadline`].
+    pub wait_ms: u32,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(
+        client: &'a mut ClientState,
+        seq: u64,
+        reply_to: &'a ReplyTx,
+        scratch: &'a mut BytesMut,
+        req: &'a Request,
+        now: Instant,
+    ) -> Ctx<'a> {
+        Ctx {
+            client,
+            seq,
+            reply_to,
+            scratch,
+            req,
+            cmd: 0,
+            now,
+            first_key: 0,
+            cached: false,
+            invalidate: Vec::new(),
+            flush: false,
+            write_hot_generation: None,
+            wait_ms: 0,
+        }
+    }
+
+    /// Builds a reply with a [`Writer`] in the client's protocol.
+    pub fn reply(&mut self, f: impl FnOnce(&mut Writer)) -> Outcome {
+        let mut w = Writer::new(self.scratch, self.client.proto);
+        f(&mut w);
+        Outcome::Ready(self.scratch.split().freeze())
+    }
+
+    pub fn error(&mut self, e: &str) -> Outcome {
+        self.reply(|w| w.error(e))
+    }
+}
+
+/// What dispatching a request produced.
+pub enum Outcome {
+    /// The reply is known now.
+    Ready(Bytes),
+    /// Parts were sent; replies will come through the session's channel.
+    Waiting(Pending),
+}
+
+/// Where a part goes.
+#[derive(Clone)]
+pub enum Target {
+    /// Whichever master owns the slot now.
+    Slot(u16),
+    /// This node (fan-out parts).
+    Node(Arc<NodePool>),
+    /// After an ASK: this node, with ASKING first.
+    Ask(Arc<NodePool>),
+}
+
+/// One command sent for a request (a split command has one per slot).
+pub struct Part {
+    data: Bytes,
+    target: Target,
+    /// MOVED / ASK / NOSCRIPT followed so far (at most [`MAX_REDIRECTS`]).
+    redirects: u16,
+    /// Sends retried after an unreachable node, TRYAGAIN or CLUSTERDOWN (at most
+    /// [`MAX_RETRIES`]): counted apart, so a request that waited out a failover may still
+    /// follow the redirections that come after it.
+    retries: u16,
+    reply: Option<Bytes>,
+    /// A redirection to an address the topology does not announce, held while a refresh
+    /// confirms or refutes it (see [`on_reply`]).
+    held: Option<Box<Bytes>>,
+}
+
+impl Part {
+    pub fn new(data: Bytes, target: Target) -> Part {
+        Part { data, target, redirects: 0, retries: 0, reply: None, held: None }
+    }
+}
+
+/// How a finished request's replies become the client's reply.
+pub enum Finish {
+    Merge(Merge),
+    /// INFO: the caller's builder turns the masters' INFO texts into the proxy's.
+    Info {
+        sections: Vec<String>,
+        build: InfoBuilder,
+    },
+    /// A lock script: its reply becomes the command's.
+    Lock(Box<LockRequest>),
+}
+
+/// A request waiting for backend replies.
+pub struct Pending {
+    finish: Finish,
+    parts: SmallVec<[Part; 1]>,
+    remaining: u32,
+    /// A MOVED or ASK was followed for some part.
+    pub redirected: bool,
+    /// Keys of a write whose cached replies are dropped (again) before its reply is passed on.
+    invalidate: Vec<Bytes>,
+    /// FLUSHALL / FLUSHDB: empty the cache before the reply is passed on.
+    flush: bool,
+    /// A write: the cache's hot generation when it was sent (see [`crate::cache::HotCache::hot_generation`]).
+    write_hot_generation: Option<u64>,
+}
+
+impl Pending {
+    /// A request whose parts are sent by someone else (a cache fill, the lock task); it
+    /// takes the write's invalidation plan from `ctx`.
+    pub fn new(ctx: &mut Ctx, finish: Finish, parts: SmallVec<[Part; 1]>) -> Pending {
+        Pending {
+            remaining: parts.len() as u32,
+            finish,
+            parts,
+            redirected: false,
+            invalidate: std::mem::take(&mut ctx.invalidate),
+            flush: std::mem::take(&mut ctx.flush),
+            write_hot_generation: ctx.write_hot_generation.take(),
+        }
+    }
+
+    /// The node serving the first part now (for the slow log; computed only when needed).
+    pub fn node(&self, cluster: &Cluster) -> Option<Arc<str>> {
+        match &self.parts.first()?.target {
+            Target::Slot(s) => cluster.topology().master_for_slot(*s).map(|n| n.addr.clone()),
+            Target::Node(n) | Target::Ask(n) => Some(n.addr.clone()),
+        }
+    }
+}
+
+/// Sends a request's parts; the reply now if none could be sent (no slot map, say).
+pub fn start(proxy: &Proxy, ctx: &mut Ctx, finish: Finish, parts: SmallVec<[Part; 1]>) -> Outcome {
+    start_in(proxy, ctx, finish, parts, None)
+}
+
+/// [`start`] for parts that are slices, in order, of `buffer` (a split command).
+pub fn start_in(
+    proxy: &Proxy,
+    ctx: &mut Ctx,
+    finish: Finish,
+    parts: SmallVec<[Part; 1]>,
+    buffer: Option<Bytes>,
+) -> Outcome {
+    let mut p = Pending::new(ctx, finish, parts);
+    let n = p.parts.len();
+    let mut i = 0;
+    while i < n {
+        let (node, asking) = match resolve(proxy, &p.parts[i].target) {
+            Ok(t) => t,
+            Err(e) => {
+                // not routable now (slot unserved): answer that part with the error at once
+                p.parts[i].reply = Some(e);
+                p.remaining -= 1;
+                i += 1;
+                continue;
+            }
+        };
+        // Consecutive parts for the same node (a split command's slots of one master)
+        // travel as one message; their replies still come back one per part.
+        let mut j = i + 1;
+        while j < n && !asking && resolve(proxy, &p.parts[j].target).is_ok_and(|(m, a)| !a && Arc::ptr_eq(&m, &node)) {
+            j += 1;
+        }
+        let data = if j - i == 1 { p.parts[i].data.clone() } else { joined(buffer.as_ref(), &p.parts[i..j]) };
+        node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
+            data,
+            count: (j - i) as u32,
+            prefix: if asking { Prefix::Asking } else { Prefix::None },
+            tag: Tag { seq: ctx.seq, part: i as u32 },
+            reply_to: ctx.reply_to.clone(),
+        });
+        i = j;
+    }
+    if p.remaining == 0 {
+        return Outcome::Ready(assemble(proxy, ctx, &mut p));
+    }
+    Outcome::Waiting(p)
+}
+
+/// The commands of consecutive parts as one message. A split command's parts are slices,
+/// in order, of one buffer (`buffer`, see [`crate::route::split_by_slot`]), so this is
+/// one more slice of it, not a copy; other parts are copied together.
+fn joined(buffer: Option<&Bytes>, parts: &[Part]) -> Bytes {
+    let len: usize = parts.iter().map(|x| x.data.len()).sum();
+    if let Some(buf) = buffer {
+        let base = buf.as_ptr() as usize;
+        let at = parts[0].data.as_ptr() as usize;
+        let mut end = at;
+        let adjacent = parts.iter().all(|x| {
+            let next = x.data.as_ptr() as usize == end;
+            end += x.data.len();
+            next
+        });
+        if adjacent && at >= base && end <= base + buf.len() {
+            return buf.slice(at - base..end - base);
+        }
+    }
+    let mut b = BytesMut::with_capacity(len);
+    for x in parts {
+        b.extend_from_slice(&x.data);
+    }
+    b.freeze()
+}
+
+/// The node a part goes to now, and whether ASKING must precede it; an error reply
+/// when its slot is not served.
+fn resolve(proxy: &Proxy, target: &Target) -> Result<(Arc<NodePool>, bool), Bytes> {
+    match target {
+        Target::Slot(s) => match proxy.cluster.topology().master_for_slot(*s) {
+            Some(n) => Ok((n.clone(), false)),
+            None => Err(errors::resp(&errors::slot_not_served(*s))),
+        },
+        Target::Node(n) => Ok((n.clone(), false)),
+        Target::Ask(n) => Ok((n.clone(), true)),
+    }
+}
+
+/// Sends part `idx` again now; completes it with the error if its slot is not served.
+fn resend(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize) -> Option<Bytes> {
+    let part = &p.parts[idx];
+    let (node, asking) = match resolve(proxy, &part.target) {
+        Ok(t) => t,
+        Err(e) => return complete(proxy, ctx, p, idx, e),
+    };
+    node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
+        data: part.data.clone(),
+        count: 1,
+        prefix: if asking { Prefix::Asking } else { Prefix::None },
+        tag: Tag { seq: ctx.seq, part: idx as u32 },
+        reply_to: ctx.reply_to.clone(),
+    });
+    None
+}
+
+/// Sends one part again after [`RETRY_DELAY`], to whichever node owns its slot by then.
+fn send_later(proxy: &Proxy, ctx: &Ctx, part: &Part, idx: u32) {
+    let cluster = proxy.cluster.clone();
+    let target = part.target.clone();
+    let data = part.data.clone();
+    let reply_to = ctx.reply_to.clone();
+    let (proto, affinity) = (ctx.client.proto, ctx.client.id);
+    let tag = Tag { seq: ctx.seq, part: idx };
+    tokio::spawn(async move {
+        tokio::time::sleep(RETRY_DELAY).await;
+        let node = match &target {
+            Target::Slot(s) => cluster.topology().master_for_slot(*s).cloned(),
+            Target::Node(n) | Target::Ask(n) => Some(n.clone()),
+        };
+        match node {
+            Some(n) => n.conn(proto, affinity).send(BackendRequest {
+                data,
+                count: 1,
+                prefix: if matches!(target, Target::Ask(_)) { Prefix::Asking } else { Prefix::None },
+                tag,
+                reply_to,
+            }),
+            None => {
+                let _ =
+                    reply_to.send(BackendReply { tag, result: Err(BackendError::NotSent(Arc::from("unserved slot"))) });
+            }
+        }
+    });
+}
+
+/// Points `part` at a redirection's target if the cluster announced that node (see
+/// [`retry::follow`]); false, changing nothing, otherwise.
+fn follow(proxy: &Proxy, part: &mut Part, r: &Redirect) -> bool {
+    let Some(pool) = retry::follow(&proxy.cluster, r) else { return false };
+    match r {
+        Redirect::Moved { .. } => {
+            // a slot's part follows the slot map, which the MOVED patched
+            if !matches!(part.target, Target::Slot(_)) {
+                part.target = Target::Node(pool);
+            }
+            crate::metrics::global().moved.increment(1);
+        }
+        Redirect::Ask { .. } => {
+            part.target = Target::Ask(pool);
+            crate::metrics::global().ask.increment(1);
+        }
+    }
+    true
+}
+
+/// Answers part `idx` with [`BackendError::Recheck`] once the topology has been
+/// refreshed (see [`Cluster::fresh_topology`]).
+fn recheck_later(proxy: &Proxy, ctx: &Ctx, idx: u32) {
+    let cluster = proxy.cluster.clone();
+    let reply_to = ctx.reply_to.clone();
+    let tag = Tag { seq: ctx.seq, part: idx };
+    tokio::spawn(async move {
+        cluster.fresh_topology().await;
+        let _ = reply_to.send(BackendReply { tag, result: Err(BackendError::Recheck) });
+    });
+}
+
+/// A backend reply for part `idx` of `p`. Returns the final reply once every part is in.
+pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
+    let idx = reply.tag.part as usize;
+    let part = p.parts.get_mut(idx)?;
+    if part.reply.is_some() {
+        return None;
+    }
+    let verdict = retry::classify(&reply.result, proxy.cluster.is_cluster());
+    let data = match (verdict, reply.result) {
+        (Verdict::NoScript, Ok(data)) => {
+            // one of heatshield's lock scripts is not loaded there (yet): send it whole
+            match proxy.locks.eval_form(&part.data) {
+                Some(eval) if part.redirects < MAX_REDIRECTS => {
+                    part.redirects += 1;
+                    part.data = eval;
+                    return resend(proxy, ctx, p, idx);
+                }
+                _ => data,
+            }
+        }
+        (Verdict::Redirect(r), Ok(data)) if part.redirects < MAX_REDIRECTS => {
+            part.redirects += 1;
+            if !follow(proxy, part, &r) {
+                // The address is not one the cluster announced (a script can return any
+                // error text): refresh the topology, then look again.
+                part.held = Some(Box::new(data));
+                recheck_later(proxy, ctx, idx as u32);
+                return None;
+            }
+            p.redirected = true;
+            return resend(proxy, ctx, p, idx);
+        }
+        (Verdict::Busy, Ok(_)) if part.retries < MAX_RETRIES => {
+            part.retries += 1;
+            proxy.cluster.request_refresh();
+            send_later(proxy, ctx, part, idx as u32);
+            return None;
+        }
+        (Verdict::Recheck, _) => {
+            let held = *part.held.take()?;
+            let redirect = error_text(&held).and_then(parse_redirect);
+            if redirect.is_some_and(|r| follow(proxy, part, &r)) {
+                p.redirected = true;
+                return resend(proxy, ctx, p, idx);
+            }
+            // Not confirmed: the client gets the reply as Redis sent it, and nothing else
+            // changes.
+            crate::metrics::global().redirect_refused.increment(1);
+            tracing::warn!(
+                reply = %String::from_utf8_lossy(&held).trim_end(),
+                client = ctx.client.id,
+                "redirection to an address the cluster does not announce; passed to the client as it is"
+            );
+            held
+        }
+        // a shared cache fill could not answer for this request: send it ourselves
+        (Verdict::Resend, _) => return resend(proxy, ctx, p, idx),
+        (Verdict::Unsent, Err(e)) => {
+            proxy.cluster.request_refresh();
+            if matches!(part.target, Target::Slot(_)) && part.retries < MAX_RETRIES {
+                part.retries += 1;
+                send_later(proxy, ctx, part, idx as u32);
+                return None;
+            }
+            let addr = match &e {
+                BackendError::NotSent(a) => a.clone(),
+                _ => Arc::from(""),
+            };
+            tracing::warn!(node = %addr, command = proxy.command_name(ctx.cmd), client = ctx.client.id, "node unreachable; request failed");
+            errors::resp(&errors::node_unreachable(&addr))
+        }
+        (_, Err(e)) => {
+            proxy.cluster.request_refresh();
+            tracing::warn!(error = %e, command = proxy.command_name(ctx.cmd), client = ctx.client.id, "backend request failed");
+            errors::resp(&errors::backend_failed(&e))
+        }
+        // an answer, or a redirection or retry past its limit: passed on as it is
+        (_, Ok(data)) => data,
+    };
+    complete(proxy, ctx, p, idx, data)
+}
+
+fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Bytes) -> Option<Bytes> {
+    p.parts[idx].reply = Some(data);
+    p.remaining -= 1;
+    if p.remaining > 0 {
+        return None;
+    }
+    // The write has happened: whatever was filled meanwhile must not outlive this moment,
+    // which comes before its reply reaches the client.
+    for k in p.invalidate.drain(..) {
+        proxy.cache.invalidate(&k, crate::cache::Cause::Write);
+    }
+    if p.flush {
+        proxy.cache.flush(crate::cache::Cause::Flush);
+    }
+    if let Some(g) = p.write_hot_generation
+        && g != proxy.cache.hot_generation()
+    {
+        // keys turned hot while the write was out: it may have raced their first fill
+        invalidate_keys(proxy, ctx.req);
+    }
+    Some(assemble(proxy, ctx, p))
+}
+
+/// Drops the cached replies of the request's hot keys (the rare path of
+/// [`Pending::write_hot_generation`]).
+fn invalidate_keys(proxy: &Proxy, req: &Request) {
+    let Ok(cmd) = proxy.commands.lookup(req) else { return };
+    let Ok(keys) = keys_of(cmd, req) else { return };
+    for k in keys {
+        let key = req.arg(k as usize);
+        if proxy.cache.tracked(key) {
+            proxy.cache.invalidate(key, crate::cache::Cause::Write);
+        }
+    }
+}
+
+/// Merges the replies of a finished request.
+fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
+    match &p.finish {
+        Finish::Merge(Merge::Pass) => p.parts[0].reply.take().unwrap_or_default(),
+        Finish::Lock(r) => {
+            use crate::locks::LockCmd;
+            let reply = p.parts[0].reply.take().unwrap_or_default();
+            match (r.cmd, Value::parse(&reply)) {
+                (LockCmd::Acquire, Ok((Value::Int(t), _))) if t > 0 && r.keepalive => {
+                    ctx.client.used_locks = true;
+                    ctx.client.keepalive_locks = true;
+                    proxy.locks.acquired(ctx.client.id, r);
+                }
+                (LockCmd::Release, Ok((Value::Int(1), _))) => {
+                    proxy.locks.released(ctx.client.id, &r.key, ctx.client.keepalive_locks)
+                }
+                _ => {}
+            }
+            crate::locks::client_reply(r, &reply, ctx.client.proto, ctx.scratch)
+        }
+        Finish::Info { sections, build } => {
+            let replies: Vec<Bytes> = p.parts.iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
+            let texts: Vec<&[u8]> =
+                replies.iter().filter_map(|r| Value::parse(r).ok()).filter_map(|(v, _)| v.as_bytes()).collect();
+            build(proxy, ctx, sections, &texts)
+        }
+        Finish::Merge(merge) => {
+            let replies: Vec<Bytes> = p.parts.iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
+            // Any error among the parts is the answer (Redis would have failed the whole command).
+            if let Some(e) = replies.iter().find(|r| r.first() == Some(&b'-')) {
+                return e.clone();
+            }
+            match merge_replies(merge, &replies, ctx.client.proto, ctx.scratch) {
+                Ok(b) => b,
+                Err(what) => {
+                    let mut w = Writer::new(ctx.scratch, ctx.client.proto);
+                    w.error(&errors::merge_failed(what));
+                    ctx.scratch.split().freeze()
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adjacent_parts_travel_as_one_slice() {
+        let buf = Bytes::from_static(b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n*2\r\n$3\r\nGET\r\n$1\r\nb\r\n");
+        let part = |r: std::ops::Range<usize>| Part::new(buf.slice(r), Target::Slot(0));
+        let (a, b) = (part(0..20), part(20..40));
+        let one = joined(Some(&buf), &[a, b]);
+        assert_eq!(one, buf);
+        assert_eq!(one.as_ptr(), buf.as_ptr(), "a slice of the buffer, not a copy");
+        // not in order: copied together
+        let (a, b) = (part(0..20), part(20..40));
+        let two = joined(Some(&buf), &[b, a]);
+        assert_eq!(&two[..20], &buf[20..40]);
+        assert_eq!(&two[20..], &buf[..20]);
+        // no buffer: copied together
+        let (a, b) = (part(0..20), part(20..40));
+        assert_eq!(joined(None, &[a, b]), buf);
+    }
+}

@@ -1,0 +1,162 @@
+//! Policy: the one admission step every request bound for Redis passes, whatever its
+//! route, always in this order:
+//!
+//! 1. **keys**: found once, as argument positions (a lock command is parsed here);
+//! 2. **cache lookup**: for a read while keys are hot, which of its keys the hot-key cache
+//!    answers (it must be known before charging: a key answered from the cache draws only
+//!    on rules with `count_cached`);
+//! 3. **rate limits**: every key checked, then all charged or none (`-THROTTLED`);
+//! 4. **cache plan**: the answer from the cache, or a write's invalidation plan (hot keys
+//!    dropped now and again when its reply comes), or a flush's;
+//!
+//! then the request goes to its [`crate::route`].
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use smallvec::SmallVec;
+
+use crate::cluster::slot;
+use crate::command::{Command, FanOut, Route, Split, keys_of};
+use crate::errors;
+use crate::pending::{Ctx, Outcome};
+use crate::proxy::Proxy;
+use crate::route;
+
+/// What the cache lookup found for a read.
+enum Lookup {
+    /// Not a cacheable read of hot keys: Redis answers.
+    None,
+    /// One hot key, not in the cache: Redis answers, as the cache's fill.
+    Fill(std::sync::Arc<crate::cluster::NodePool>),
+    /// One hot key, answered from the cache.
+    Hit(Bytes),
+    /// MGET: these keys (by position among the keys) are answered from the cache.
+    Some(Vec<(u32, Bytes)>),
+}
+
+/// Admits a request with a `Forward`, `Split`, `FanOut`, `AnyMaster` or `Lock` route, and
+/// routes it.
+pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outcome {
+    let req = ctx.req;
+    // 1. keys
+    let mut lock = None;
+    let keys: SmallVec<[u32; 4]> = match route {
+        Route::FanOut(_) | Route::AnyMaster => SmallVec::new(),
+        Route::Split(Split::Mset) if !(req.argc() - 1).is_multiple_of(2) => {
+            return ctx.error(&errors::wrong_arity(&cmd.lower));
+        }
+        Route::Lock(kind) => match crate::locks::parse(kind, &cmd.lower, req) {
+            Ok(r) => {
+                lock = Some(r);
+                SmallVec::from_slice(&[1])
+            }
+            Err(e) => return ctx.error(&e),
+        },
+        _ => match keys_of(cmd, req) {
+            Ok(k) => k,
+            Err(e) => return ctx.error(e),
+        },
+    };
+    ctx.first_key = keys.first().copied().unwrap_or(0);
+    let key = |k: u32| req.arg(k as usize);
+
+    // 2. cache lookup
+    let cache = &proxy.cache;
+    let mget = route == Route::Split(Split::Mget);
+    let mut found = Lookup::None;
+    if cache.enabled && !keys.is_empty() && cmd.is_readonly() && lock.is_none() {
+        if mget {
+            for &k in &keys {
+                cache.sample(key(k));
+            }
+        } else {
+            cache.sample(key(keys[0]));
+        }
+        // Only a client with nothing in flight may be answered out of band: its earlier
+        // commands (a write to this key, say) must have been applied.
+        if ctx.client.inflight == 0 && cache.active() {
+            if mget {
+                found = Lookup::Some(hits(proxy, ctx, &keys));
+            } else if keys.len() == 1 && cache.is_cacheable(cmd) && cache.tracked(key(keys[0])) {
+                let s = slot(key(keys[0]));
+                let Some(owner) = proxy.cluster.topology().master_for_slot(s).cloned() else {
+                    return ctx.error(&errors::slot_not_served(s));
+                };
+                found = match cache.lookup(cmd.id, ctx.client.proto, req, key(keys[0]), &owner) {
+                    Some(reply) => Lookup::Hit(reply),
+                    None => Lookup::Fill(owner),
+                };
+            }
+        }
+    }
+
+    // 3. rate limits: all keys charged, or none
+    let charged = match &found {
+        Lookup::Some(cached) => {
+            let is_cached = |i: usize| cached.iter().any(|(p, _)| *p as usize == i);
+            let keys = keys.iter().enumerate().map(|(i, &k)| (key(k), is_cached(i)));
+            proxy.ratelimit.check_mixed(&mut ctx.client.rl, cmd, keys, ctx.now)
+        }
+        _ => {
+            let cached = matches!(found, Lookup::Hit(_));
+            proxy.ratelimit.check_in(&mut ctx.client.rl, cmd, keys.iter().map(|&k| key(k)), ctx.now, cached)
+        }
+    };
+    if let Err(t) = charged {
+        return ctx.error(&t.message());
+    }
+
+    // 4. cache plan
+    if cache.enabled && cmd.is_write() && !keys.is_empty() {
+        ctx.write_hot_generation = Some(cache.hot_generation());
+        if cache.active() {
+            // dropped now, so no fill started from here on is kept, and again when the
+            // write's reply comes (see crate::pending::Pending)
+            for &k in &keys {
+                if cache.tracked(key(k)) {
+                    cache.invalidate(key(k), crate::cache::Cause::Write);
+                    ctx.invalidate.push(req.arg_bytes(k as usize));
+                }
+            }
+        }
+    }
+    if route == Route::FanOut(FanOut::Flush) {
+        if !proxy.live.allow_flush.load(Ordering::Relaxed) {
+            return ctx.error(&errors::flush_disabled(&cmd.name));
+        }
+        ctx.flush = true;
+    }
+
+    if let Some(r) = lock {
+        return route::lock(proxy, ctx, r);
+    }
+    match (route, found) {
+        (_, Lookup::Hit(reply)) => {
+            ctx.cached = true;
+            Outcome::Ready(reply)
+        }
+        (_, Lookup::Fill(owner)) => route::fill(proxy, ctx, cmd, keys[0], owner),
+        (Route::Split(kind), Lookup::Some(cached)) => route::split(proxy, ctx, kind, cached),
+        (Route::Split(kind), Lookup::None) => route::split(proxy, ctx, kind, Vec::new()),
+        (Route::FanOut(kind), _) => route::fan_out(proxy, ctx, kind),
+        (Route::AnyMaster, _) => route::any_master(proxy, ctx),
+        _ => route::forward(proxy, ctx, &keys),
+    }
+}
+
+/// MGET while keys are hot: the keys (by position among `keys`) the cache answers.
+fn hits(proxy: &Proxy, ctx: &Ctx, keys: &[u32]) -> Vec<(u32, Bytes)> {
+    let mut cached = Vec::new();
+    let topo = proxy.cluster.topology();
+    for (i, &k) in keys.iter().enumerate() {
+        let key = ctx.req.arg(k as usize);
+        if proxy.cache.tracked(key)
+            && let Some(owner) = topo.master_for_slot(slot(key))
+            && let Some(r) = proxy.cache.lookup_get(ctx.client.proto, key, owner)
+        {
+            cached.push((i as u32, r));
+        }
+    }
+    cached
+}

@@ -1,0 +1,263 @@
+//! Route: where an admitted request's parts go, as [`Part`]s for [`crate::pending`] to
+//! send. One part to the master owning the keys' slot (keyless: the master the client's
+//! id picks); a multi-key command whose keys span slots as one part per slot; a fan-out
+//! command as one part per master (SCAN: the master its cursor names); a lock command as
+//! its script, or parked with the lock task.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use smallvec::{SmallVec, smallvec};
+
+use crate::backend::Tag;
+use crate::cluster::{NodePool, slot};
+use crate::command::{Command, FanOut, Split};
+use crate::errors;
+use crate::locks::{LockCmd, LockRequest, Waiter};
+use crate::merge::{Merge, scan_cursor};
+use crate::pending::{Ctx, Finish, InfoBuilder, Outcome, Part, Pending, Target, start, start_in};
+use crate::protocol::Request;
+use crate::protocol::request::{write_array_header, write_bulk};
+use crate::proxy::Proxy;
+
+/// The whole request to one node.
+fn pass(proxy: &Proxy, ctx: &mut Ctx, target: Target) -> Outcome {
+    start(proxy, ctx, Finish::Merge(Merge::Pass), smallvec![Part::new(ctx.req.raw().clone(), target)])
+}
+
+/// A keyless command for any master: the one the client's id picks, so one client's
+/// keyless commands go to one master.
+pub fn any_master(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
+    let topo = proxy.cluster.topology();
+    let Some(node) = topo.masters.get((ctx.client.id % topo.masters.len().max(1) as u64) as usize) else {
+        return ctx.error(errors::NO_SLOT_MAP);
+    };
+    let node = node.clone();
+    drop(topo);
+    pass(proxy, ctx, Target::Node(node))
+}
+
+/// A command whose keys (`keys`: argument positions) all hash to one slot: to the master
+/// owning it. CROSSSLOT, as Redis Cluster says, when they do not.
+pub fn forward(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
+    let Some(&k0) = keys.first() else { return any_master(proxy, ctx) };
+    let req = ctx.req;
+    let s = slot(req.arg(k0 as usize));
+    if proxy.cluster.is_cluster() && keys[1..].iter().any(|&k| slot(req.arg(k as usize)) != s) {
+        return ctx.error(errors::CROSSSLOT);
+    }
+    pass(proxy, ctx, Target::Slot(s))
+}
+
+/// A read of one hot key the cache could not answer: sent as the cache's fill (whose
+/// reply the cache keeps), or, when the node's invalidations are not flowing, as usual.
+pub fn fill(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, k: u32, owner: std::sync::Arc<NodePool>) -> Outcome {
+    let req = ctx.req;
+    let key = req.arg(k as usize);
+    let part = Part::new(req.raw().clone(), Target::Slot(slot(key)));
+    let tag = Tag { seq: ctx.seq, part: 0 };
+    let (proto, id) = (ctx.client.proto, ctx.client.id);
+    let conn = owner.conn(proto, id);
+    if proxy.cache.fill(cmd.id, proto, req, key, &owner, conn, ctx.reply_to, tag) {
+        return Outcome::Waiting(Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec![part]));
+    }
+    start(proxy, ctx, Finish::Merge(Merge::Pass), smallvec![part])
+}
+
+/// MGET / MSET / DEL-like (keys at 1, 1 + step, ...): forwarded whole when one slot holds
+/// every key, else one part per slot. `cached`: MGET keys (by position among the keys)
+/// answered from the hot-key cache, which are not asked of Redis.
+pub fn split(proxy: &Proxy, ctx: &mut Ctx, kind: Split, cached: Vec<(u32, Bytes)>) -> Outcome {
+    let req = ctx.req;
+    let step = if kind == Split::Mset { 2 } else { 1 };
+    let nkeys = (req.argc() - 1) / step;
+    if cached.is_empty() {
+        let s0 = slot(req.arg(1));
+        if !proxy.cluster.is_cluster() || (1..nkeys).all(|i| slot(req.arg(1 + i * step)) == s0) {
+            return pass(proxy, ctx, Target::Slot(s0));
+        }
+    }
+    ctx.cached = cached.len() == nkeys;
+    let is_cached = |i: u32| cached.iter().any(|(p, _)| *p == i);
+    let wanted = (0..nkeys as u32).filter(|&i| cached.is_empty() || !is_cached(i));
+    let mut parts: SmallVec<[Part; 1]> = SmallVec::new();
+    let mut positions: Vec<SmallVec<[u32; 4]>> = Vec::new();
+    let (buffer, groups) = groups(req, step, wanted);
+    for group in groups {
+        parts.push(Part::new(group.data, Target::Slot(group.slot)));
+        positions.push(group.positions);
+    }
+    let merge = match kind {
+        Split::Mget => Merge::Mget { positions, total: nkeys, cached },
+        Split::Mset => Merge::Mset,
+        Split::Sum => Merge::Sum,
+    };
+    start_in(proxy, ctx, Finish::Merge(merge), parts, Some(buffer))
+}
+
+/// Commands that go to every master (or, for SCAN, the master the cursor names).
+pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
+    let req = ctx.req;
+    let topo = proxy.cluster.topology();
+    if topo.masters.is_empty() {
+        return ctx.error(errors::NO_SLOT_MAP);
+    }
+    let all = |data: &Bytes| -> SmallVec<[Part; 1]> {
+        topo.masters.iter().map(|n| Part::new(data.clone(), Target::Node(n.clone()))).collect()
+    };
+    let (merge, parts) = match kind {
+        FanOut::Keys => (Merge::Keys, all(req.raw())),
+        FanOut::RandomKey => (Merge::RandomKey, all(req.raw())),
+        FanOut::Dbsize => (Merge::Dbsize, all(req.raw())),
+        FanOut::AllSame | FanOut::Flush => (Merge::AllSame, all(req.raw())),
+        FanOut::ScriptExists => (Merge::ScriptExists, all(req.raw())),
+        FanOut::Scan => {
+            let Some((node, backend_cursor)) = scan_cursor(req.arg(1), topo.masters.len()) else {
+                return ctx.error(errors::INVALID_CURSOR);
+            };
+            let backend_cursor = backend_cursor.to_string();
+            let mut args: Vec<&[u8]> = req.args().collect();
+            args[1] = backend_cursor.as_bytes();
+            let data = Request::from_args(&args).raw().clone();
+            let nodes = topo.masters.len();
+            (Merge::Scan { node, nodes }, smallvec![Part::new(data, Target::Node(topo.masters[node].clone()))])
+        }
+    };
+    drop(topo);
+    start(proxy, ctx, Finish::Merge(merge), parts)
+}
+
+/// Sends INFO to every master and builds the proxy's INFO from the replies.
+pub fn info(proxy: &Proxy, ctx: &mut Ctx, sections: Vec<String>, build: InfoBuilder) -> Outcome {
+    let topo = proxy.cluster.topology();
+    let data = Request::from_args(&["INFO", "server", "keyspace"]).raw().clone();
+    let parts: SmallVec<[Part; 1]> =
+        topo.masters.iter().map(|n| Part::new(data.clone(), Target::Node(n.clone()))).collect();
+    drop(topo);
+    if parts.is_empty() {
+        return Outcome::Ready(build(proxy, ctx, &sections, &[]));
+    }
+    start(proxy, ctx, Finish::Info { sections, build }, parts)
+}
+
+/// LOCK.ACQUIRE / RELEASE / EXTEND / INFO ([`crate::locks`]): the lock's script to the
+/// master owning the key, or, for an ACQUIRE that may wait, parked with the lock task
+/// (which answers it).
+pub fn lock(proxy: &Proxy, ctx: &mut Ctx, r: LockRequest) -> Outcome {
+    let s = slot(&r.key);
+    if r.cmd == LockCmd::Acquire && r.wait_ms > 0 {
+        ctx.wait_ms = r.wait_ms.min(u32::MAX as u64) as u32;
+        let deadline = ctx.now + Duration::from_millis(r.wait_ms);
+        let w = Waiter {
+            req: r,
+            client: ctx.client.id,
+            proto: ctx.client.proto,
+            reply_to: ctx.reply_to.clone(),
+            tag: Tag { seq: ctx.seq, part: 0 },
+            deadline,
+        };
+        ctx.client.used_locks = true;
+        ctx.client.keepalive_locks |= w.req.keepalive;
+        if !proxy.locks.park(w) {
+            return ctx.error(errors::LOCK_SERVICE_DOWN);
+        }
+        let part = Part::new(ctx.req.raw().clone(), Target::Slot(s));
+        return Outcome::Waiting(Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec![part]));
+    }
+    let data = proxy.locks.command(&r, false, false).raw().clone();
+    start(proxy, ctx, Finish::Lock(Box::new(r)), smallvec![Part::new(data, Target::Slot(s))])
+}
+
+/// One slot's share of a split multi-key command.
+pub struct SlotGroup {
+    pub slot: u16,
+    /// The command for this slot's keys (and values), in request order.
+    pub data: Bytes,
+    /// Positions (0-based, in keys) of this group's keys in the original request.
+    pub positions: SmallVec<[u32; 4]>,
+}
+
+/// Splits a MGET/MSET/DEL-like request (`step` 2 for key/value pairs) into one command per
+/// slot, keeping request order inside each.
+pub fn split_by_slot(req: &Request, step: usize) -> Vec<SlotGroup> {
+    groups(req, step, 0..((req.argc() - 1) / step) as u32).1
+}
+
+/// [`split_by_slot`] for the keys at positions `wanted` (0-based, in keys) only. Every
+/// group's command is written into one buffer, in group order, so groups that travel
+/// together to one node are one slice of it (see [`crate::pending::start`]): the
+/// arguments are copied once.
+fn groups(req: &Request, step: usize, wanted: impl Iterator<Item = u32>) -> (Bytes, Vec<SlotGroup>) {
+    let mut order: Vec<(u16, u32)> = wanted.map(|i| (slot(req.arg(1 + i as usize * step)), i)).collect();
+    order.sort_by_key(|&(s, _)| s);
+    let name = req.arg(0);
+    let size = order.len() * (16 + name.len()) + req.raw().len();
+    let mut buf = BytesMut::with_capacity(size);
+    let mut bounds: Vec<(u16, usize, SmallVec<[u32; 4]>)> = Vec::new();
+    let mut i = 0;
+    while i < order.len() {
+        let s = order[i].0;
+        let j = i + order[i..].iter().take_while(|(x, _)| *x == s).count();
+        write_array_header(&mut buf, 1 + (j - i) * step);
+        write_bulk(&mut buf, name);
+        let mut positions = SmallVec::new();
+        for &(_, k) in &order[i..j] {
+            let a = 1 + k as usize * step;
+            for arg in a..a + step {
+                write_bulk(&mut buf, req.arg(arg));
+            }
+            positions.push(k);
+        }
+        bounds.push((s, buf.len(), positions));
+        i = j;
+    }
+    let all = buf.freeze();
+    let mut start = 0;
+    let groups = bounds
+        .into_iter()
+        .map(|(slot, end, positions)| {
+            let data = all.slice(start..end);
+            start = end;
+            SlotGroup { slot, data, positions }
+        })
+        .collect();
+    (all, groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_groups_are_commands_in_one_buffer() {
+        let keys = ["a", "b", "c", "{a}x", "d"];
+        let mut args: Vec<&[u8]> = vec![b"MSET"];
+        for k in &keys {
+            args.push(k.as_bytes());
+            args.push(b"v");
+        }
+        let req = Request::from_args(&args);
+        let (all, groups) = groups(&req, 2, 0..keys.len() as u32);
+        let mut end = all.as_ptr() as usize;
+        let mut seen = 0;
+        for g in &groups {
+            // each group is the next slice of the one buffer (no copy of its own) ...
+            assert_eq!(g.data.as_ptr() as usize, end);
+            end += g.data.len();
+            // ... and a whole command: MSET with this slot's pairs, in request order
+            let sub = Request::parse(&g.data).expect("a whole command");
+            assert_eq!(sub.arg(0), b"MSET");
+            assert_eq!(sub.argc(), 1 + 2 * g.positions.len());
+            for (n, &p) in g.positions.iter().enumerate() {
+                assert_eq!(sub.arg(1 + 2 * n), keys[p as usize].as_bytes());
+                assert_eq!(slot(sub.arg(1 + 2 * n)), g.slot);
+            }
+            assert!(g.positions.windows(2).all(|w| w[0] < w[1]));
+            seen += g.positions.len();
+        }
+        assert_eq!(end, all.as_ptr() as usize + all.len());
+        assert_eq!(seen, keys.len());
+        // "a" and "{a}x" share a slot
+        assert!(groups.iter().any(|g| g.positions.as_slice() == [0, 3]));
+    }
+}
