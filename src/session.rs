@@ -1,5 +1,7 @@
 //! One client connection: read requests, hand each to the request path, and write the
-//! replies back strictly in request order.
+//! replies back strictly in request order. Each request's context
+//! ([`crate::pending::Ctx`]) is built here once, and the parsed request stays with its
+//! place in the reply queue, so the reply path and the statistics never parse it again.
 //!
 //! The session is one task. While a per-key rate-limit rule exists, what a client
 //! pipelined is parsed as one batch (up to 32 requests), the rate limiter prefetches the
@@ -35,7 +37,7 @@ use tokio::net::tcp::WriteHalf;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
-use crate::backend::BackendReply;
+use crate::backend::{BackendReply, ReplyTx};
 use crate::client::{ClientState, Mode};
 use crate::pending::{Ctx, Outcome, Pending};
 use crate::protocol::request::{Limits, Request};
@@ -43,8 +45,14 @@ use crate::protocol::{Next, Proto, RequestReader, Writer};
 use crate::proxy::{Answered, Proxy, ReplySummary};
 
 enum Reply {
-    Ready(Bytes),
     Waiting(Pending),
+    Ready(Bytes),
+    /// Moved to the output; kept (as a summary) until its bytes are written, to record it.
+    Sent {
+        summary: ReplySummary,
+        /// When it moved to the output.
+        at: Instant,
+    },
 }
 
 /// One request's place in the reply queue.
@@ -98,11 +106,13 @@ impl Meta {
     }
 }
 
-/// The in-order reply queue.
+/// The in-order reply queue. Its front `sent` entries have moved to the output
+/// ([`Reply::Sent`]); they leave the queue once their bytes are written.
 struct Queue {
     entries: VecDeque<Entry>,
     /// Sequence number of `entries[0]`.
     head: u64,
+    sent: usize,
 }
 
 impl Queue {
@@ -113,15 +123,6 @@ impl Queue {
         let i = seq.checked_sub(self.head)?;
         self.entries.get_mut(i as usize)
     }
-}
-
-/// A reply moved to the output, kept (as a summary) until its bytes are written, to
-/// record it.
-struct Done {
-    reply: ReplySummary,
-    meta: Meta,
-    /// When it moved to the output.
-    write_start: Instant,
 }
 
 /// Replies on their way to the client: large ones as they are (no copy), small ones
@@ -245,117 +246,74 @@ impl Held {
     }
 }
 
+/// One client connection's state between socket events; [`run`] owns the sockets and
+/// the timer, and calls the steps below.
+struct Session {
+    proxy: Arc<Proxy>,
+    client: ClientState,
+    /// Where backend replies for this client's requests are sent.
+    tx: ReplyTx,
+    scratch: BytesMut,
+    reader: RequestReader,
+    queue: Queue,
+    out: Output,
+    held: Held,
+    /// Requests parsed together (see [`Session::dispatch_buffered`]).
+    batch: Vec<Request>,
+    /// The hash of each batched request's first key (see `Limiter::prefetch`).
+    hashes: [u64; BATCH],
+    /// When the last read completed (the read time of what it brought).
+    read_at: Instant,
+    /// The size of the request being read, when the reader knows it.
+    read_hint: usize,
+    /// False after EOF, QUIT, a protocol error, or shutdown.
+    reading: bool,
+    /// The connection's last reply has moved to the output.
+    closing: bool,
+    /// The last write found the socket full.
+    blocked: bool,
+    /// When something may expire next (a request's deadline, the soft limit's duration);
+    /// `None`: nothing can, so idle clients cost no timer.
+    armed: Option<Instant>,
+    soft: usize,
+    hard: usize,
+    max_pipeline: usize,
+    request_budget: usize,
+    reply_deadline: Duration,
+}
+
 /// Serves one client until it disconnects, sends QUIT, breaks the protocol, exceeds its
 /// limits, or the proxy shuts down.
 pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::Receiver<bool>) {
-    let id = proxy.stats.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
-    let addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let laddr = stream.local_addr().map(|a| a.to_string()).unwrap_or_default();
     let _ = stream.set_nodelay(true);
-    info!(client = id, %addr, "client connected");
-    let mut client = ClientState {
-        id,
-        proto: Proto::Resp2,
-        authed: proxy.config.server.password.is_none(),
-        name: None,
-        lib_name: String::new(),
-        lib_ver: String::new(),
-        addr,
-        laddr,
-        created: Instant::now(),
-        quit: false,
-        mode: Mode::Normal,
-        admin: false,
-        inflight: 0,
-        used_locks: false,
-        keepalive_locks: false,
-        rl: proxy.ratelimit.view(),
-    };
     let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
-    let limits = &proxy.config.limits;
-    let mut reader = RequestReader::new(Limits { max_request_bytes: limits.max_request_bytes as usize });
+    let mut s = Session::new(proxy, &stream, tx);
+    let id = s.client.id;
     // Buffers start small, so idle clients cost little, and grow with the traffic.
     let mut rbuf = BytesMut::new();
-    let mut out = Output::default();
-    let mut scratch = BytesMut::with_capacity(1024);
     // How much room each read gets: doubles (up to 64 KiB) whenever a read fills it.
     let mut read_room = 4 * 1024;
-    let mut queue = Queue { entries: VecDeque::with_capacity(64), head: 0 };
-    let max_pipeline = limits.max_pipeline;
-    let soft = limits.output_soft_bytes as usize;
-    let hard = limits.output_hard_bytes as usize;
-    let request_budget = limits.max_inflight_request_bytes as usize;
-    let reply_deadline = proxy.reply_deadline();
-    // Until replies say otherwise, assume each may be 1/32 of the soft limit.
-    let mut held = Held {
-        replies: 0,
-        requests: 0,
-        avg_reply: soft / 32,
-        window: 32.min(max_pipeline),
-        over_soft_since: None,
-        counted_over_soft: 0,
-    };
-    let mut reading = true; // false after EOF, QUIT, a protocol error, or shutdown
-    let mut closing = false; // the connection's last reply has moved to the output
-    let mut blocked = false; // the last write found the socket full
-    let mut read_hint = 0usize;
-    let (mut rd, mut wr) = stream.split();
-
-    let mut done: Vec<Done> = Vec::with_capacity(64);
-    let mut batch: Vec<Request> = Vec::with_capacity(BATCH);
-    // the hash of each batched request's first key (see Limiter::prefetch)
-    let mut hashes = [0u64; BATCH];
-    let mut read_at = Instant::now();
+    let (mut rd, wr) = stream.split();
     let gm = crate::metrics::global();
-    // One timer for the request deadlines and the soft limit's duration; armed only while
-    // something may expire, so idle clients cost no timer.
+    // One timer for the request deadlines and the soft limit's duration, set to
+    // `Session::armed` whenever that changes.
     let timer = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(timer);
-    let mut armed: Option<Instant> = None;
+    let mut timer_at: Option<Instant> = None;
 
     let cut = 'session: loop {
-        let room = |queue: &Queue, done: &Vec<Done>, held: &Held| {
-            queue.entries.len() + done.len() < held.window && held.replies <= soft && held.requests <= request_budget
-        };
-        let can_read = reading && room(&queue, &done, &held);
+        let can_read = s.reading && s.room();
+        let want = s.read_hint.clamp(read_room, 4 * 1024 * 1024);
         tokio::select! {
             biased;
-            Some(r) = rx.recv() => {
-                let mut next = Some(r);
-                // one clock read for every reply that completes in this batch
-                let mut now: Option<Instant> = None;
-                while let Some(r) = next.take() {
-                    let seq = r.tag.seq;
-                    if let Some(e) = queue.get_mut(seq)
-                        && let Reply::Waiting(p) = &mut e.reply
-                        && let Some(req) = &e.meta.req
-                    {
-                        let mut ctx = Ctx::new(&mut client, seq, &tx, &mut scratch, req, e.meta.started);
-                        ctx.cmd = e.meta.cmd;
-                        if let Some(reply) = crate::pending::on_reply(&proxy, &mut ctx, p, r) {
-                            client.inflight -= 1;
-                            let m = &mut e.meta;
-                            m.ready_at = *now.get_or_insert_with(Instant::now);
-                            m.redirected = p.redirected;
-                            let slow_us = proxy.live.slowlog_slower_than_us.load(Ordering::Relaxed);
-                            if (m.ready_at - m.started).as_micros() as u64 >= slow_us / 4 {
-                                m.node = p.node(&proxy.cluster);
-                            }
-                            held.reply_ready(reply.len(), soft, max_pipeline);
-                            e.reply = Reply::Ready(reply);
-                        }
-                    }
-                    next = rx.try_recv().ok();
-                }
-            }
-            res = wr.writable(), if blocked => {
+            Some(r) = rx.recv() => s.take_replies(r, &mut rx),
+            res = wr.writable(), if s.blocked => {
                 if res.is_err() {
                     break None;
                 }
-                blocked = false;
+                s.blocked = false;
             }
             res = async {
-                let want = read_hint.clamp(read_room, 4 * 1024 * 1024);
                 if rbuf.capacity() - rbuf.len() < want {
                     rbuf.reserve(want);
                 }
@@ -369,28 +327,21 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                 match res {
                     Ok(n) if n > 0 => {
                         gm.bytes_in.increment(n as u64);
-                        read_at = Instant::now();
+                        s.read_at = Instant::now();
                     }
                     _ => {
                         debug!(client = id, "client closed its side");
-                        reading = false;
+                        s.reading = false;
                     }
                 }
             }
-            _ = shutdown.changed(), if reading => {
-                reading = false;
+            _ = shutdown.changed(), if s.reading => {
+                s.reading = false;
             }
-            _ = &mut timer, if armed.is_some() => {
-                let now = Instant::now();
-                if let Some(since) = held.over_soft_since
-                    && limits.output_soft_seconds > 0
-                    && now >= since + Duration::from_secs(limits.output_soft_seconds)
-                {
-                    break Some(Cut::Soft);
-                }
-                armed = expire(&proxy, &mut queue, &mut client, &mut held, &mut scratch, now, reply_deadline, soft, max_pipeline);
-                if let Some(t) = armed {
-                    timer.as_mut().reset(t.into());
+            _ = &mut timer, if timer_at.is_some() => {
+                timer_at = None;
+                if let Some(c) = s.on_timer(Instant::now()) {
+                    break Some(c);
                 }
             }
         }
@@ -398,195 +349,415 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
         // Dispatch what is buffered (while the client has room) and write every complete
         // reply at the front of the queue; repeat while that makes progress.
         loop {
-            let mut parsed = 0;
-            while reading && room(&queue, &done, &held) && !rbuf.is_empty() {
-                // Parse what a pipelining client sent as one batch (up to BATCH), let the
-                // rate limiter bring the batch's budgets into the cache together, then
-                // dispatch the requests in order, each one's check reusing the key hash the
-                // prefetch computed. (One at a time without a per-key rule: nothing to
-                // prefetch.)
-                let batch_max = if proxy.ratelimit.prefetching() { BATCH } else { 1 };
-                let space = (held.window - (queue.entries.len() + done.len()).min(held.window)).min(batch_max);
-                let mut failed = None;
-                while batch.len() < space && !rbuf.is_empty() {
-                    match reader.next(&mut rbuf) {
-                        Ok(Next::Incomplete { hint }) => {
-                            read_hint = hint;
-                            break;
-                        }
-                        Ok(Next::Request(req)) => batch.push(req),
-                        Err(e) => {
-                            failed = Some(e);
-                            break;
-                        }
-                    }
-                }
-                let more = batch.len() == space && failed.is_none();
-                let hashed = if batch.len() > 1 {
-                    let first = batch.iter().map(|r| if r.argc() > 1 { r.arg(1) } else { &[][..] });
-                    proxy.ratelimit.prefetch(first, &mut hashes)
-                } else {
-                    0
-                };
-                for (i, req) in batch.drain(..).enumerate() {
-                    if !reading {
-                        break; // after QUIT: the rest is never run
-                    }
-                    if i < hashed && req.argc() > 1 {
-                        client.rl.expect(req.arg(1), hashes[i]);
-                    }
-                    let seq = queue.next_seq();
-                    let mut ctx = Ctx::new(&mut client, seq, &tx, &mut scratch, &req, read_at);
-                    let outcome = crate::dispatch::dispatch(&proxy, &mut ctx);
-                    let mut meta = Meta::new(ctx.cmd, read_at, None);
-                    (meta.cached, meta.wait_ms, meta.first_key) = (ctx.cached, ctx.wait_ms, ctx.first_key);
-                    let wait_ms = meta.wait_ms;
-                    client.rl.forget();
-                    let reply = match outcome {
-                        Outcome::Ready(b) => {
-                            held.reply_ready(b.len(), soft, max_pipeline);
-                            Reply::Ready(b)
-                        }
-                        Outcome::Waiting(p) => {
-                            client.inflight += 1;
-                            Reply::Waiting(p)
-                        }
-                    };
-                    if matches!(reply, Reply::Waiting(_)) {
-                        // armed already for an earlier request (deadlines grow with the
-                        // read time), unless this one waits less than a LOCK.ACQUIRE WAIT
-                        let deadline = read_at + reply_deadline + Duration::from_millis(wait_ms as u64);
-                        if armed.is_none_or(|t| deadline < t) {
-                            armed = Some(deadline);
-                            timer.as_mut().reset(deadline.into());
-                        }
-                    }
-                    held.requests += req.raw().len();
-                    meta.req = Some(req);
-                    push(&mut queue, &mut client, &mut reading, reply, meta);
-                    parsed += 1;
-                }
-                if let Some(e) = failed {
-                    if reading {
-                        info!(client = id, error = %e, "protocol error; closing");
-                        Writer::new(&mut scratch, client.proto).error(&crate::errors::protocol(&e));
-                        client.quit = true;
-                        let b = scratch.split().freeze();
-                        held.reply_ready(b.len(), soft, max_pipeline);
-                        let reply = Reply::Ready(b);
-                        let meta = Meta::new(proxy.unknown_id(), read_at, None);
-                        push(&mut queue, &mut client, &mut reading, reply, meta);
-                        parsed += 1;
-                    }
-                    break;
-                }
-                if !more {
-                    break;
-                }
-            }
-            // complete replies at the front of the queue move to the output
-            // (the clock is read only when something moves)
-            let mut now: Option<Instant> = None;
-            let mut moved = 0;
-            while !closing && matches!(queue.entries.front(), Some(Entry { reply: Reply::Ready(_), .. })) {
-                let e = queue.entries.pop_front().expect("front exists");
-                queue.head += 1;
-                let Reply::Ready(b) = e.reply else { unreachable!("checked above") };
-                let write_start = *now.get_or_insert_with(Instant::now);
-                done.push(Done { reply: ReplySummary::of(&b), meta: e.meta, write_start });
-                out.push(b);
-                closing = e.last;
-                moved += 1;
-            }
-            let mut wrote = 0;
-            if !blocked && !out.is_empty() {
-                match out.write(&wr) {
-                    Ok((n, would_block)) => {
-                        wrote = n;
-                        blocked = would_block;
-                        held.replies -= n;
-                        if n > 0 {
-                            gm.bytes_out.increment(n as u64);
-                        }
-                    }
-                    Err(_) => break 'session None,
-                }
-            }
-            if out.is_empty() && !done.is_empty() {
-                let written = Instant::now();
-                for Done { reply, meta: m, write_start } in done.drain(..) {
-                    held.requests -= m.req.as_ref().map_or(0, |r| r.raw().len());
-                    let stages = crate::stats::Stages {
-                        backend: m.ready_at - m.started,
-                        queued: write_start.saturating_duration_since(m.ready_at),
-                        write: written - write_start,
-                    };
-                    proxy.observe(
-                        &client,
-                        Answered {
-                            cmd: m.cmd,
-                            took: written - m.started,
-                            reply,
-                            redirected: m.redirected,
-                            cached: m.cached,
-                            req: m.req.as_ref(),
-                            first_key: m.first_key,
-                            node: m.node.as_deref(),
-                            stages,
-                        },
-                    );
-                }
-            }
+            let parsed = s.dispatch_buffered(&mut rbuf);
+            let moved = s.move_ready();
+            let wrote = match s.write(&wr) {
+                Ok(n) => n,
+                Err(_) => break 'session None,
+            };
+            s.record_written();
             // Stop when nothing moved; writing replies frees room in the queue, so after a
             // write, requests already buffered are parsed even if none were this round.
-            if closing || (parsed == 0 && moved == 0 && wrote == 0) || !room(&queue, &done, &held) {
+            if s.closing || (parsed == 0 && moved == 0 && wrote == 0) || !s.room() {
                 break;
             }
         }
-
-        // the limits
-        // A single reply is always delivered, however large (the client asked for it and it
-        // is in memory already); the hard limit and the soft limit's duration apply once a
-        // client holds more than one. The process-wide total applies to every byte.
-        let several = done.len() + queue.entries.len() - client.inflight as usize > 1;
-        if held.replies > hard && several {
-            break Some(Cut::Hard);
-        }
-        if let Some(c) = over_soft(&proxy, &mut held, soft, several, limits.output_total_over_soft_bytes) {
+        if let Some(c) = s.check_limits() {
             break Some(c);
         }
-        if let Some(since) = held.over_soft_since
-            && limits.output_soft_seconds > 0
-        {
-            let at = since + Duration::from_secs(limits.output_soft_seconds);
-            if armed.is_none_or(|t| at < t) {
-                armed = Some(at);
-                timer.as_mut().reset(at.into());
+        if s.armed != timer_at {
+            if let Some(t) = s.armed {
+                timer.as_mut().reset(t.into());
             }
+            timer_at = s.armed;
         }
-        if (closing && out.is_empty()) || (!reading && queue.entries.is_empty() && out.is_empty()) {
+        if (s.closing && s.out.is_empty()) || (!s.reading && s.queue.entries.is_empty() && s.out.is_empty()) {
             break None;
         }
     };
-    if held.counted_over_soft > 0 {
-        proxy.stats.output_over_soft.fetch_sub(held.counted_over_soft, Ordering::Relaxed);
+    s.end(cut);
+    if cut.is_none() {
+        let _ = stream.shutdown().await;
     }
-    match cut {
-        Some(c) => {
+}
+
+impl Session {
+    fn new(proxy: Arc<Proxy>, stream: &TcpStream, tx: ReplyTx) -> Session {
+        let id = proxy.stats.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        let laddr = stream.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        info!(client = id, %addr, "client connected");
+        let client = ClientState {
+            id,
+            proto: Proto::Resp2,
+            authed: proxy.config.server.password.is_none(),
+            name: None,
+            lib_name: String::new(),
+            lib_ver: String::new(),
+            addr,
+            laddr,
+            created: Instant::now(),
+            quit: false,
+            mode: Mode::Normal,
+            admin: false,
+            inflight: 0,
+            used_locks: false,
+            keepalive_locks: false,
+            rl: proxy.ratelimit.view(),
+        };
+        let limits = &proxy.config.limits;
+        let soft = limits.output_soft_bytes as usize;
+        let max_pipeline = limits.max_pipeline;
+        Session {
+            client,
+            tx,
+            scratch: BytesMut::with_capacity(1024),
+            reader: RequestReader::new(Limits { max_request_bytes: limits.max_request_bytes as usize }),
+            queue: Queue { entries: VecDeque::with_capacity(64), head: 0, sent: 0 },
+            out: Output::default(),
+            // Until replies say otherwise, assume each may be 1/32 of the soft limit.
+            held: Held {
+                replies: 0,
+                requests: 0,
+                avg_reply: soft / 32,
+                window: 32.min(max_pipeline),
+                over_soft_since: None,
+                counted_over_soft: 0,
+            },
+            batch: Vec::with_capacity(BATCH),
+            hashes: [0u64; BATCH],
+            read_at: Instant::now(),
+            read_hint: 0,
+            reading: true,
+            closing: false,
+            blocked: false,
+            armed: None,
+            soft,
+            hard: limits.output_hard_bytes as usize,
+            max_pipeline,
+            request_budget: limits.max_inflight_request_bytes as usize,
+            reply_deadline: proxy.reply_deadline(),
+            proxy,
+        }
+    }
+
+    /// The client may send more now: fewer commands unanswered than its window, and its
+    /// reply and request bytes within their limits.
+    fn room(&self) -> bool {
+        self.queue.entries.len() < self.held.window
+            && self.held.replies <= self.soft
+            && self.held.requests <= self.request_budget
+    }
+
+    /// Hands `first` and every backend reply already waiting to their requests; a request
+    /// whose reply is complete becomes ready.
+    fn take_replies(&mut self, first: BackendReply, rx: &mut mpsc::UnboundedReceiver<BackendReply>) {
+        let mut next = Some(first);
+        // one clock read for every reply that completes in this batch
+        let mut now: Option<Instant> = None;
+        while let Some(r) = next.take() {
+            let seq = r.tag.seq;
+            if let Some(e) = self.queue.get_mut(seq)
+                && let Reply::Waiting(p) = &mut e.reply
+                && let Some(req) = &e.meta.req
+            {
+                let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, e.meta.started);
+                ctx.cmd = e.meta.cmd;
+                if let Some(reply) = crate::pending::on_reply(&self.proxy, &mut ctx, p, r) {
+                    self.client.inflight -= 1;
+                    let m = &mut e.meta;
+                    m.ready_at = *now.get_or_insert_with(Instant::now);
+                    m.redirected = p.redirected;
+                    let slow_us = self.proxy.live.slowlog_slower_than_us.load(Ordering::Relaxed);
+                    if (m.ready_at - m.started).as_micros() as u64 >= slow_us / 4 {
+                        m.node = p.node(&self.proxy.cluster);
+                    }
+                    self.held.reply_ready(reply.len(), self.soft, self.max_pipeline);
+                    e.reply = Reply::Ready(reply);
+                }
+            }
+            next = rx.try_recv().ok();
+        }
+    }
+
+    /// Parses and dispatches what `rbuf` holds while the client has room. Returns how many
+    /// requests took a place in the queue.
+    fn dispatch_buffered(&mut self, rbuf: &mut BytesMut) -> usize {
+        let mut parsed = 0;
+        while self.reading && self.room() && !rbuf.is_empty() {
+            // Parse what a pipelining client sent as one batch (up to BATCH), let the rate
+            // limiter bring the batch's budgets into the cache together, then dispatch the
+            // requests in order, each one's check reusing the key hash the prefetch
+            // computed. (One at a time without a per-key rule: nothing to prefetch.)
+            let batch_max = if self.proxy.ratelimit.prefetching() { BATCH } else { 1 };
+            let used = self.queue.entries.len().min(self.held.window);
+            let space = (self.held.window - used).min(batch_max);
+            let mut failed = None;
+            while self.batch.len() < space && !rbuf.is_empty() {
+                match self.reader.next(rbuf) {
+                    Ok(Next::Incomplete { hint }) => {
+                        self.read_hint = hint;
+                        break;
+                    }
+                    Ok(Next::Request(req)) => self.batch.push(req),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            let more = self.batch.len() == space && failed.is_none();
+            let hashed = if self.batch.len() > 1 {
+                let first = self.batch.iter().map(|r| if r.argc() > 1 { r.arg(1) } else { &[][..] });
+                self.proxy.ratelimit.prefetch(first, &mut self.hashes)
+            } else {
+                0
+            };
+            let mut batch = std::mem::take(&mut self.batch);
+            for (i, req) in batch.drain(..).enumerate() {
+                if !self.reading {
+                    break; // after QUIT: the rest is never run
+                }
+                if i < hashed && req.argc() > 1 {
+                    self.client.rl.expect(req.arg(1), self.hashes[i]);
+                }
+                self.dispatch(req);
+                parsed += 1;
+            }
+            self.batch = batch;
+            if let Some(e) = failed {
+                if self.reading {
+                    info!(client = self.client.id, error = %e, "protocol error; closing");
+                    Writer::new(&mut self.scratch, self.client.proto).error(&crate::errors::protocol(&e));
+                    self.client.quit = true;
+                    let b = self.scratch.split().freeze();
+                    self.held.reply_ready(b.len(), self.soft, self.max_pipeline);
+                    let meta = Meta::new(self.proxy.unknown_id(), self.read_at, None);
+                    self.push(Reply::Ready(b), meta);
+                    parsed += 1;
+                }
+                break;
+            }
+            if !more {
+                break;
+            }
+        }
+        parsed
+    }
+
+    /// Dispatches one request in its place in the reply queue (it is moved there first
+    /// and dispatched where it lies, so the request and its entry are not copied again).
+    fn dispatch(&mut self, req: Request) {
+        let (seq, read_at) = (self.queue.next_seq(), self.read_at);
+        self.held.requests += req.raw().len();
+        self.queue.entries.push_back(Entry {
+            reply: Reply::Ready(Bytes::new()),
+            last: false,
+            meta: Meta::new(0, read_at, Some(req)),
+        });
+        let Some(Entry { reply, last, meta }) = self.queue.entries.back_mut() else { return };
+        let Some(req) = meta.req.as_ref() else { return };
+        let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, read_at);
+        let outcome = crate::dispatch::dispatch(&self.proxy, &mut ctx);
+        (meta.cmd, meta.cached, meta.wait_ms, meta.first_key) = (ctx.cmd, ctx.cached, ctx.wait_ms, ctx.first_key);
+        self.client.rl.forget();
+        *reply = match outcome {
+            Outcome::Ready(b) => {
+                self.held.reply_ready(b.len(), self.soft, self.max_pipeline);
+                Reply::Ready(b)
+            }
+            Outcome::Waiting(p) => {
+                self.client.inflight += 1;
+                // armed already for an earlier request (deadlines grow with the read
+                // time), unless this one waits less than a LOCK.ACQUIRE WAIT
+                let deadline = meta.deadline(self.reply_deadline);
+                if self.armed.is_none_or(|t| deadline < t) {
+                    self.armed = Some(deadline);
+                }
+                Reply::Waiting(p)
+            }
+        };
+        // a reply that ends the connection stops the reading
+        *last = self.client.quit;
+        if *last {
+            self.reading = false;
+        }
+    }
+
+    /// Queues a request's reply (or its place for one); a reply that ends the connection
+    /// stops the reading.
+    fn push(&mut self, reply: Reply, meta: Meta) {
+        let last = self.client.quit;
+        if last {
+            self.reading = false;
+        }
+        self.queue.entries.push_back(Entry { reply, last, meta });
+    }
+
+    /// Moves the complete replies at the front of the queue to the output (the clock is
+    /// read only when something moves). Returns how many moved.
+    fn move_ready(&mut self) -> usize {
+        let mut now: Option<Instant> = None;
+        let mut moved = 0;
+        let q = &mut self.queue;
+        while !self.closing
+            && let Some(e) = q.entries.get_mut(q.sent)
+            && matches!(e.reply, Reply::Ready(_))
+        {
+            let at = *now.get_or_insert_with(Instant::now);
+            let Reply::Ready(b) = std::mem::replace(&mut e.reply, Reply::Sent { summary: ReplySummary::of(&[]), at })
+            else {
+                break;
+            };
+            e.reply = Reply::Sent { summary: ReplySummary::of(&b), at };
+            self.out.push(b);
+            self.closing = e.last;
+            q.sent += 1;
+            moved += 1;
+        }
+        moved
+    }
+
+    /// Writes what the socket takes now, never waiting. Returns the bytes written.
+    fn write(&mut self, wr: &WriteHalf<'_>) -> std::io::Result<usize> {
+        if self.blocked || self.out.is_empty() {
+            return Ok(0);
+        }
+        let (n, would_block) = self.out.write(wr)?;
+        self.blocked = would_block;
+        self.held.replies -= n;
+        if n > 0 {
+            crate::metrics::global().bytes_out.increment(n as u64);
+        }
+        Ok(n)
+    }
+
+    /// Once the output is empty, records every reply written (statistics, slow log) and
+    /// lets it leave the queue.
+    fn record_written(&mut self) {
+        if !self.out.is_empty() || self.queue.sent == 0 {
+            return;
+        }
+        let written = Instant::now();
+        let n = std::mem::take(&mut self.queue.sent);
+        for e in self.queue.entries.range(..n) {
+            let Reply::Sent { summary, at } = e.reply else { continue };
+            let m = &e.meta;
+            self.held.requests -= m.req.as_ref().map_or(0, |r| r.raw().len());
+            let stages = crate::stats::Stages {
+                backend: m.ready_at - m.started,
+                queued: at.saturating_duration_since(m.ready_at),
+                write: written - at,
+            };
+            self.proxy.observe(
+                &self.client,
+                Answered {
+                    cmd: m.cmd,
+                    took: written - m.started,
+                    reply: summary,
+                    redirected: m.redirected,
+                    cached: m.cached,
+                    req: m.req.as_ref(),
+                    first_key: m.first_key,
+                    node: m.node.as_deref(),
+                    stages,
+                },
+            );
+        }
+        // dropped where they are, not moved out first
+        self.queue.entries.drain(..n);
+        self.queue.head += n as u64;
+    }
+
+    /// The client's byte limits: why it must go, if it must. A single reply is always
+    /// delivered, however large (the client asked for it and it is in memory already); the
+    /// hard limit and the soft limit's duration apply once a client holds more than one.
+    /// The process-wide total applies to every byte.
+    fn check_limits(&mut self) -> Option<Cut> {
+        let several = self.queue.entries.len() - self.client.inflight as usize > 1;
+        if self.held.replies > self.hard && several {
+            return Some(Cut::Hard);
+        }
+        let limits = &self.proxy.config.limits;
+        let total_limit = limits.output_total_over_soft_bytes;
+        if let Some(c) = over_soft(&self.proxy, &mut self.held, self.soft, several, total_limit) {
+            return Some(c);
+        }
+        if let Some(since) = self.held.over_soft_since
+            && limits.output_soft_seconds > 0
+        {
+            let at = since + Duration::from_secs(limits.output_soft_seconds);
+            if self.armed.is_none_or(|t| at < t) {
+                self.armed = Some(at);
+            }
+        }
+        None
+    }
+
+    /// The timer fired: the soft limit's duration may be over, and requests past their
+    /// deadline are answered with an error.
+    fn on_timer(&mut self, now: Instant) -> Option<Cut> {
+        let limits = &self.proxy.config.limits;
+        if let Some(since) = self.held.over_soft_since
+            && limits.output_soft_seconds > 0
+            && now >= since + Duration::from_secs(limits.output_soft_seconds)
+        {
+            return Some(Cut::Soft);
+        }
+        self.armed = self.expire(now);
+        None
+    }
+
+    /// Answers every request whose deadline has passed with an error; returns the next
+    /// deadline of a request still waiting.
+    fn expire(&mut self, now: Instant) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        for e in self.queue.entries.iter_mut() {
+            let Reply::Waiting(_) = e.reply else { continue };
+            let deadline = e.meta.deadline(self.reply_deadline);
+            if now < deadline {
+                next = Some(next.map_or(deadline, |t| t.min(deadline)));
+            } else {
+                let ms = (deadline - e.meta.started).as_millis();
+                Writer::new(&mut self.scratch, self.client.proto).error(&crate::errors::expired(ms));
+                let b = self.scratch.split().freeze();
+                warn!(
+                    client = self.client.id,
+                    command = self.proxy.command_name(e.meta.cmd),
+                    "no reply within the deadline; answered with an error"
+                );
+                crate::metrics::global().expired.increment(1);
+                self.held.reply_ready(b.len(), self.soft, self.max_pipeline);
+                self.client.inflight -= 1;
+                e.meta.ready_at = now;
+                e.reply = Reply::Ready(b);
+            }
+        }
+        next
+    }
+
+    /// The connection ends (`cut`: disconnected by its limits).
+    fn end(&mut self, cut: Option<Cut>) {
+        let held = &self.held;
+        if held.counted_over_soft > 0 {
+            self.proxy.stats.output_over_soft.fetch_sub(held.counted_over_soft, Ordering::Relaxed);
+        }
+        let id = self.client.id;
+        if let Some(c) = cut {
             warn!(
                 client = id,
-                addr = %client.addr,
+                addr = %self.client.addr,
                 reason = c.reason(),
                 reply_bytes = held.replies,
                 "client disconnected: over its output limit"
             );
             crate::metrics::global().disconnect(c.reason());
         }
-        None => {
-            let _ = wr.shutdown().await;
+        if self.client.used_locks {
+            self.proxy.locks.closed(id);
         }
+        info!(client = id, "client disconnected");
     }
-    finish(&proxy, &client);
 }
 
 /// Keeps the client's share of the process-wide bytes above soft limits current; says
@@ -617,62 +788,5 @@ fn over_soft(proxy: &Proxy, held: &mut Held, soft: usize, several: bool, total_l
     (total > total_limit).then_some(Cut::Total)
 }
 
-/// Answers every request whose deadline has passed with an error; returns the next
-/// deadline of a request still waiting.
-#[allow(clippy::too_many_arguments)]
-fn expire(
-    proxy: &Proxy,
-    queue: &mut Queue,
-    client: &mut ClientState,
-    held: &mut Held,
-    scratch: &mut BytesMut,
-    now: Instant,
-    reply_deadline: Duration,
-    soft: usize,
-    max_pipeline: usize,
-) -> Option<Instant> {
-    let mut next: Option<Instant> = None;
-    for e in queue.entries.iter_mut() {
-        let Reply::Waiting(_) = e.reply else { continue };
-        let deadline = e.meta.deadline(reply_deadline);
-        if now < deadline {
-            next = Some(next.map_or(deadline, |t| t.min(deadline)));
-        } else {
-            let ms = (deadline - e.meta.started).as_millis();
-            Writer::new(scratch, client.proto).error(&crate::errors::expired(ms));
-            let b = scratch.split().freeze();
-            warn!(
-                client = client.id,
-                command = proxy.command_name(e.meta.cmd),
-                "no reply within the deadline; answered with an error"
-            );
-            crate::metrics::global().expired.increment(1);
-            held.reply_ready(b.len(), soft, max_pipeline);
-            client.inflight -= 1;
-            e.meta.ready_at = now;
-            e.reply = Reply::Ready(b);
-        }
-    }
-    next
-}
-
 /// How many pipelined requests are parsed before they are dispatched.
 const BATCH: usize = 32;
-
-/// Queues a request's reply (or its place for one); a reply that ends the connection stops
-/// the reading.
-fn push(queue: &mut Queue, client: &mut ClientState, reading: &mut bool, reply: Reply, meta: Meta) {
-    let last = client.quit;
-    if last {
-        *reading = false;
-    }
-    queue.entries.push_back(Entry { reply, last, meta });
-}
-
-fn finish(proxy: &Proxy, client: &ClientState) {
-    let id = client.id;
-    if client.used_locks {
-        proxy.locks.closed(id);
-    }
-    info!(client = id, "client disconnected");
-}
