@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, Shared, V};
-use common::{ClusterEnv, Proxy, cli, cmdstat_calls, config_file, exclusive_traffic, shared_traffic};
+use common::client::{Conn, Proto, V};
+use common::{ClusterEnv, Proxy, Shared, cli, cmdstat_calls, config_file, exclusive_traffic, shared_traffic};
 
 const CONFIG: &str = r#"
 [cache]

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use yaml_rust2::{Yaml, YamlLoader};
 
-use common::client::{Conn, SlotOwners, V};
-use common::{Proxy, RedisCluster, cli, free_port, key_slot};
+use common::client::{Conn, V};
+use common::{Proxy, RedisCluster, SlotOwners, cli, free_port, key_slot};
 
 // ---------------------------------------------------------------------------
 // Files

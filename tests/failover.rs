@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, SlotOwners, V};
-use common::{Proxy, RedisCluster, cli, info_field, wait_until};
+use common::client::{Conn, Proto, V};
+use common::{Proxy, RedisCluster, SlotOwners, cli, info_field, wait_until};
 
 const KEYS: usize = 60;
 
@@ -20,7 +20,7 @@ fn key(i: usize) -> String {
 }
 
 fn role(port: u16) -> Option<String> {
-    common::try_cmd(port, &["INFO", "replication"]).ok().and_then(|r| r.text()).and_then(|t| info_field(&t, "role"))
+    common::try_cmd(port, &["INFO", "replication"]).ok().and_then(|r| r.as_text()).and_then(|t| info_field(&t, "role"))
 }
 
 /// Writes KEYS keys through the proxy and checks they cover all masters.
@@ -44,7 +44,7 @@ fn wait_replica_known(cluster: &RedisCluster, master: u16, replica: u16) {
         cluster.live_ports().iter().all(|&p| {
             common::try_cmd(p, &["CLUSTER", "NODES"])
                 .ok()
-                .and_then(|r| r.text())
+                .and_then(|r| r.as_text())
                 .is_some_and(|t| t.lines().any(|l| l.starts_with(&rid) && l.contains("slave") && l.contains(&mid)))
         })
     });

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, SlotOwners, V};
-use common::{Proxy, RedisCluster, cli, info_field};
+use common::client::{Conn, V};
+use common::{Proxy, RedisCluster, SlotOwners, cli, info_field};
 
 const WRITERS: usize = 20;
 const KILLS: usize = 10;

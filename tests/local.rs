@@ -9,13 +9,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::client::{ClusterEnv, Conn, Kind, Proto, Shared, V};
-use common::{Proxy, RedisCluster, cli, info_field};
+use common::client::{Conn, Kind, Proto, V};
+use common::{ClusterEnv, Proxy, RedisCluster, Shared, cli, info_field};
 
 static ENV: Shared<ClusterEnv> = Shared::new();
 
 fn env() -> Arc<ClusterEnv> {
-    ENV.get(ClusterEnv::start)
+    ENV.get(|| ClusterEnv::start(None))
 }
 
 /// The FLUSHALL test empties the shared cluster; tests that count or keep keys take the

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, Shared, V};
-use common::{ClusterEnv, cli, key_slot};
+use common::client::{Conn, Proto, V};
+use common::{ClusterEnv, Shared, cli, key_slot};
 
 static ENV: Shared<ClusterEnv> = Shared::new();
 

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread;
 
-use common::client::{Conn, Kind, Proto, Reply, Shared, V, args};
-use common::{Proxy, RedisCluster, cli};
+use common::client::{Conn, Kind, Proto, Reply, V, args};
+use common::{Proxy, RedisCluster, Shared, cli};
 
 struct Env {
     cluster: RedisCluster,

@@ -14,9 +14,10 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, Shared, V, args, encode};
+use common::client::{Conn, Proto, V, args, encode};
 use common::{
-    ClusterEnv, Proxy, cli, cmdstat_calls, config_file, exclusive_traffic, free_port, shared_traffic, wait_until,
+    ClusterEnv, Proxy, Shared, cli, cmdstat_calls, config_file, exclusive_traffic, free_port, shared_traffic,
+    wait_until,
 };
 
 /// Rules for the shared proxy, in this order.

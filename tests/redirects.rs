@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use common::client::{Conn, Proto, SlotOwners, V};
-use common::{Proxy, RedisCluster, cli, key_slot};
+use common::client::{Conn, Proto, V};
+use common::{Proxy, RedisCluster, SlotOwners, cli, key_slot};
 
 fn is_redirect(v: &V) -> bool {
     v.err().is_some_and(|e| e.starts_with("MOVED") || e.starts_with("ASK") || e.starts_with("TRYAGAIN"))

@@ -7,13 +7,13 @@ mod common;
 
 use std::sync::Arc;
 
-use common::client::{ClusterEnv, Conn, Kind, Proto, Shared, V};
-use common::{cli, key_slot};
+use common::client::{Conn, Kind, Proto, V};
+use common::{ClusterEnv, Shared, cli, key_slot};
 
 static ENV: Shared<ClusterEnv> = Shared::new();
 
 fn env() -> Arc<ClusterEnv> {
-    ENV.get(ClusterEnv::start)
+    ENV.get(|| ClusterEnv::start(None))
 }
 
 const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";
