@@ -8,7 +8,9 @@
 //!   into [`V`]. [`Reply`] additionally keeps the exact bytes and the frame kinds
 //!   ([`Shape`] / [`Kind`]), so tests can assert RESP3 types (a map, a double, `_` null)
 //!   and compare replies byte for byte. [`encode`] is the one command encoder.
-//! * One-shot commands on a fresh connection: [`cmd`] / [`try_cmd`] return a [`V`].
+//! * One-shot commands on a fresh connection: [`cmd`] / [`try_cmd`] return a [`V`];
+//!   [`cmd_text`] returns the reply as text the way `redis-cli` prints it when piped
+//!   (what the tests compared against when they shelled out to it).
 //! * [`Resp`] is a strict RESP2 view of a [`Reply`] (simple vs bulk string, null bulk vs
 //!   null array) for tests that assert those, and [`parse_resp`] decodes one from bytes.
 
@@ -782,6 +784,27 @@ pub fn try_cmd<A: AsRef<[u8]>>(port: u16, a: &[A]) -> io::Result<V> {
 /// [`try_cmd`] that panics on I/O errors.
 pub fn cmd<A: AsRef<[u8]>>(port: u16, a: &[A]) -> V {
     try_cmd(port, a).unwrap_or_else(|e| panic!("{:?} on port {port} failed: {e}", lossy_args(a)))
+}
+
+/// Sends one command over a fresh connection and returns the reply as the text
+/// `redis-cli` prints for it when its output is not a terminal, trimmed: a string as it
+/// is, an integer in decimal, an error's text, nil as nothing, an array's elements one a
+/// line. Panics on I/O errors.
+pub fn cmd_text<A: AsRef<[u8]>>(port: u16, a: &[A]) -> String {
+    cli_text(&cmd(port, a)).trim().to_string()
+}
+
+/// `redis-cli`'s piped ("raw") rendering of a reply, untrimmed.
+fn cli_text(v: &V) -> String {
+    match v {
+        V::Nil => String::new(),
+        V::Int(i) => i.to_string(),
+        V::Str(s) => String::from_utf8_lossy(s).into_owned(),
+        V::Err(e) => e.clone(),
+        V::Arr(items) | V::Set(items) => items.iter().map(cli_text).collect::<Vec<_>>().join("\n"),
+        V::Map(pairs) => pairs.iter().flat_map(|(k, v)| [cli_text(k), cli_text(v)]).collect::<Vec<_>>().join("\n"),
+        V::Double(_) | V::Bool(_) | V::Big(_) => unreachable!("RESP2 (what cmd_text speaks) has no {v:?}"),
+    }
 }
 
 /// The exact bytes of the reply to `PING` on a fresh connection, with 1 s timeouts;

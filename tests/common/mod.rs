@@ -6,12 +6,11 @@
 //! * [`ports`] – [`free_port`]: ports in `20000..=29999` on `127.0.0.1`, never twice per
 //!   process, with the cluster-bus port `P + 10000` free too.
 //! * [`redis`] – [`RedisServer`], [`RedisStandalone`], [`RedisCluster`] (3 masters, 3
-//!   replicas, topology queries, `kill`, `wait_ok`), the `INFO` helpers, and
-//!   [`cli`], which shells out to `redis-cli`.
+//!   replicas, topology queries, `kill`, `wait_ok`), and the `INFO` helpers.
 //! * [`proxy`] – [`Proxy`], the `heatshield` binary built by cargo (with its own metrics
 //!   port), [`run_bin`], [`config_file`].
 //! * [`client`] – the RESP2/RESP3 client: [`Conn`](client::Conn), replies as
-//!   [`V`](client::V) / [`Reply`](client::Reply), one-shot [`cmd`] / [`try_cmd`].
+//!   [`V`](client::V) / [`Reply`](client::Reply), one-shot [`cmd`] / [`cmd_text`].
 //! * [`http`] – [`http_get`] for `/metrics` and the Prometheus API.
 //! * [`slots`] – [`crc16`] / [`key_slot`], `CLUSTER SLOTS`, [`SlotOwners`].
 //! * [`fixtures`] – [`Shared`], [`ClusterEnv`], [`shared_traffic`] / [`exclusive_traffic`].
@@ -35,12 +34,12 @@ pub mod slots;
 // Not every test binary uses every name.
 #[allow(unused_imports)]
 pub use self::{
-    client::{Resp, cmd, parse_resp, try_cmd},
+    client::{Resp, cmd, cmd_text, parse_resp, try_cmd},
     fixtures::{ClusterEnv, Shared, exclusive_traffic, shared_traffic},
     http::{http_get, try_http_get},
     ports::free_port,
     process::wait_until,
     proxy::{Proxy, config_file, run_bin},
-    redis::{RedisCluster, RedisServer, RedisStandalone, cli, cmdstat_calls, info_field},
+    redis::{RedisCluster, RedisServer, RedisStandalone, cmdstat_calls, info_field},
     slots::{SLOTS, SlotOwners, crc16, key_slot},
 };

@@ -6,7 +6,8 @@
 //! ([`info_field`], [`cmdstat_calls`]).
 //!
 //! The binaries can be overridden with the `REDIS_SERVER` and `REDIS_CLI` environment
-//! variables (defaults: `redis-server`, `redis-cli`); [`cli`] shells out to `redis-cli`.
+//! variables (defaults: `redis-server`, `redis-cli`); `redis-cli` is run only for
+//! `--cluster create`.
 
 use std::fs::{self, File};
 use std::path::Path;
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::client::{cmd, ping_raw, try_cmd};
+use super::client::{cmd, cmd_text, ping_raw, try_cmd};
 use super::ports::{free_port, local};
 use super::process::{LOG_TAIL_LINES, kill_child, lock, poll, read_lossy, tail};
 use super::slots::{SLOTS, SlotRange, check_coverage, key_slot, slot_view};
@@ -30,17 +31,8 @@ fn redis_cli_bin() -> String {
     std::env::var("REDIS_CLI").unwrap_or_else(|_| "redis-cli".into())
 }
 
-/// Runs `redis-cli -h 127.0.0.1 -p PORT args...` and returns its trimmed
-/// stdout. Panics (showing stderr) if redis-cli fails. Note that redis-cli
-/// exits 0 on error *replies*; those come back as text on stdout.
-pub fn cli(port: u16, args: &[&str]) -> String {
-    let port = port.to_string();
-    let mut full = vec!["-h", "127.0.0.1", "-p", port.as_str()];
-    full.extend_from_slice(args);
-    redis_cli(&full)
-}
-
-/// Runs `redis-cli` with exactly `args`; trimmed stdout, panics on failure.
+/// Runs `redis-cli` with exactly `args`; trimmed stdout, panics on failure. Used only to
+/// build the cluster (`--cluster create`); commands go through [`super::client`].
 fn redis_cli(args: &[&str]) -> String {
     let out = Command::new(redis_cli_bin())
         .args(args)
@@ -60,7 +52,7 @@ fn redis_cli(args: &[&str]) -> String {
 
 /// `calls=` of `cmdstat_<name>` on a Redis node (0 if the command never ran there).
 pub fn cmdstat_calls(port: u16, name: &str) -> u64 {
-    let info = cli(port, &["INFO", "commandstats"]);
+    let info = cmd_text(port, &["INFO", "commandstats"]);
     match info_field(&info, &format!("cmdstat_{name}")) {
         None => 0,
         Some(line) => line
