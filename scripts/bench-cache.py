@@ -7,7 +7,7 @@ with it, on a single hot key and on a Zipf(1.1) read mix over 100,000 keys.
 Starts (127.0.0.1 only, with ../shared/bench/cluster.sh): a plain redis on 7100 (the
 baseline), a 3-master cluster on 7000-7002, and two release heatshield in front of the
 cluster with --threads 1 and metrics off: 7410 with the cache (defaults), 7411 with
-[cache] enabled = false. The load comes from benches/cache_load.rs (50 clients, GETs of
+[cache] enabled = false. The load comes from benches/load/cache_load.rs (50 clients, GETs of
 100-byte values). Targets run round-robin, `--rounds` times; the table shows medians.
 
 Columns: ops/s; the proxy's CPU per second of run; the owning shard's CPU per second

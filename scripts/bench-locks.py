@@ -8,7 +8,7 @@ for one lock.
 Starts (127.0.0.1 only, with ../shared/bench/cluster.sh): a plain redis-server on 7100, a
 3-master cluster on 7000-7002, and two release heatshield with --threads 1 and metrics
 off: 7440 in front of the plain redis (the same backend as the direct run) and 7441 in
-front of the cluster. The load comes from benches/lock_load.rs: 50 clients for the
+front of the cluster. The load comes from benches/load/lock_load.rs: 50 clients for the
 uncontended pairs (each on its own key), 32 on one key for contention. Runs alternate
 over `--rounds`; the table shows medians, with CPU-seconds per second of run.
 """

@@ -1,6 +1,7 @@
 """Helpers shared by scripts/bench-cache.py and scripts/bench-locks.py: running commands,
 reading a process's CPU time, finding Redis's pid, waiting for a port, and building a
-load generator from benches/."""
+load generator from benches/load/."""
+import json
 import os
 import re
 import subprocess
@@ -38,9 +39,12 @@ def wait_ping(port):
 
 
 def build(load):
-    """Builds heatshield (release) and the load generator benches/<load>.rs; returns the
-    generator's path."""
-    sh("cargo", "build", "--release", "--quiet", cwd=ROOT)
-    out = subprocess.run(["cargo", "bench", "--bench", load, "--no-run"], cwd=ROOT, text=True,
-                         capture_output=True, check=True).stderr
-    return os.path.join(ROOT, re.search(rf"Executable .*\((.*{load}-[^)]*)\)", out).group(1))
+    """Builds heatshield (release) and the load generator benches/load/<load>.rs, a cargo
+    example; returns the generator's path (as cargo reports it, so CARGO_TARGET_DIR is
+    honoured)."""
+    out = sh("cargo", "build", "--release", "--bins", "--example", load, "--message-format=json", cwd=ROOT)
+    for line in out.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == load and msg.get("executable"):
+            return msg["executable"]
+    raise SystemExit(f"cargo built no executable for the example {load}")

@@ -6,8 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::client::{Conn, Proto, SlotOwners, V};
-use common::{Proxy, RedisCluster, config_file, http_get};
+use common::client::{Conn, Proto, V};
+use common::{Proxy, RedisCluster, SlotOwners, config_file, http_get};
 
 fn field(text: &str, name: &str) -> Option<String> {
     text.lines().find_map(|l| l.strip_prefix(&format!("{name}:")).map(|v| v.trim().to_string()))

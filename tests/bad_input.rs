@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, Shared, V, decode_reply};
-use common::{Proxy, RedisCluster};
+use common::client::{Conn, Proto, V, decode_reply};
+use common::{Proxy, RedisCluster, Shared};
 
 static CLUSTER: Shared<RedisCluster> = Shared::new();
 

@@ -13,7 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::client::{Conn, V};
-use common::{ClusterEnv, cli, http_get};
+use common::{ClusterEnv, cmd_text, http_get};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -170,7 +170,7 @@ fn requests_parked_on_a_stalled_backend_are_bounded_by_the_request_budget() {
     let base = rss_kib(pid);
     // writes stall on every master for a few seconds
     for m in env.owners.masters() {
-        assert_eq!(cli(m, &["CLIENT", "PAUSE", "4000", "WRITE"]).trim(), "OK");
+        assert_eq!(cmd_text(m, &["CLIENT", "PAUSE", "4000", "WRITE"]).trim(), "OK");
     }
     let value = "v".repeat(4 * MIB as usize);
     let stop = Arc::new(AtomicBool::new(false));
@@ -266,7 +266,7 @@ scope = "per-key"
 "#,
     ));
     for (k, v) in [("mx:p", "pv"), ("mx:q", "qv")] {
-        assert_eq!(cli(env.owners.of_key(k.as_bytes()), &["SET", k, v]).trim(), "OK");
+        assert_eq!(cmd_text(env.owners.of_key(k.as_bytes()), &["SET", k, v]).trim(), "OK");
     }
     let mut c = Conn::connect(env.proxy.port());
     // until mx:p's reply is in the cache (its budget refills at 1/s meanwhile)

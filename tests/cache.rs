@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, Shared, V};
-use common::{ClusterEnv, Proxy, cli, cmdstat_calls, config_file, exclusive_traffic, shared_traffic};
+use common::client::{Conn, Proto, V};
+use common::{ClusterEnv, Proxy, Shared, cmd_text, cmdstat_calls, config_file, exclusive_traffic, shared_traffic};
 
 const CONFIG: &str = r#"
 [cache]
@@ -359,7 +359,7 @@ fn flushall_on_the_master_empties_the_cache() {
     let mut c = Conn::connect(e.proxy.port());
     assert_eq!(c.cmd(&["SET", key, "v"]), V::ok());
     make_hot(&mut c, key, &["GET", key]);
-    assert_eq!(cli(master, &["FLUSHALL"]).trim(), "OK");
+    assert_eq!(cmd_text(master, &["FLUSHALL"]).trim(), "OK");
     let t = Instant::now();
     while !c.cmd(&["GET", key]).is_nil() {
         assert!(t.elapsed() < Duration::from_secs(1), "FLUSHALL on the master not seen");
@@ -463,20 +463,20 @@ fn slot_migration_drops_entries_of_the_moved_slot() {
     assert_eq!(c.cmd(&["SET", key, "on-source"]), V::ok());
     make_hot(&mut c, key, &["GET", key]);
 
-    assert_eq!(cli(dst, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]), "OK");
-    assert_eq!(cli(src, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]), "OK");
+    assert_eq!(cmd_text(dst, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]), "OK");
+    assert_eq!(cmd_text(src, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]), "OK");
     let dst_port = dst.to_string();
-    assert_eq!(cli(src, &["MIGRATE", "127.0.0.1", &dst_port, "", "0", "5000", "KEYS", key]), "OK");
+    assert_eq!(cmd_text(src, &["MIGRATE", "127.0.0.1", &dst_port, "", "0", "5000", "KEYS", key]), "OK");
     for m in e.owners.masters() {
-        assert_eq!(cli(m, &["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]), "OK");
+        assert_eq!(cmd_text(m, &["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]), "OK");
     }
-    assert_eq!(cli(dst, &["SET", key, "on-target"]), "OK");
+    assert_eq!(cmd_text(dst, &["SET", key, "on-target"]), "OK");
     for _ in 0..500 {
         assert_eq!(c.cmd(&["GET", key]), V::s("on-target"), "stale read after the slot moved");
     }
     // and it is cached again from its new owner, still invalidated by direct writes there
     make_hot(&mut c, key, &["GET", key]);
-    assert_eq!(cli(dst, &["SET", key, "again"]), "OK");
+    assert_eq!(cmd_text(dst, &["SET", key, "again"]), "OK");
     let t = Instant::now();
     while c.cmd(&["GET", key]) != V::s("again") {
         assert!(t.elapsed() < Duration::from_secs(1), "direct write on the new owner not seen");

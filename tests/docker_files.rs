@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use yaml_rust2::{Yaml, YamlLoader};
 
-use common::client::{Conn, SlotOwners, V};
-use common::{Proxy, RedisCluster, cli, free_port, key_slot};
+use common::client::{Conn, V};
+use common::{Proxy, RedisCluster, SlotOwners, cmd_text, free_port, key_slot};
 
 // ---------------------------------------------------------------------------
 // Files
@@ -773,9 +773,9 @@ fn dashboard_metrics_exist_in_a_live_exposition() {
     let dst = *owners.masters().iter().find(|&&m| m != src).unwrap();
     let dst_id = cluster.node_id(dst);
     for m in [dst, src].into_iter().chain(owners.masters().into_iter().filter(|&m| m != src && m != dst)) {
-        assert_eq!(cli(m, &["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &dst_id]), "OK", "SETSLOT on {m}");
+        assert_eq!(cmd_text(m, &["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &dst_id]), "OK", "SETSLOT on {m}");
     }
-    assert!(cli(src, &["GET", moved_key]).starts_with("MOVED"), "the old owner answers MOVED");
+    assert!(cmd_text(src, &["GET", moved_key]).starts_with("MOVED"), "the old owner answers MOVED");
     assert_eq!(c.cmd(&["SET", moved_key, "v"]), V::ok());
     assert_eq!(c.cmd(&["GET", moved_key]), V::s("v"));
 

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, SlotOwners, V};
-use common::{Proxy, RedisCluster, cli, info_field, wait_until};
+use common::client::{Conn, Proto, V};
+use common::{Proxy, RedisCluster, SlotOwners, cmd_text, info_field, wait_until};
 
 const KEYS: usize = 60;
 
@@ -20,7 +20,7 @@ fn key(i: usize) -> String {
 }
 
 fn role(port: u16) -> Option<String> {
-    common::try_cmd(port, &["INFO", "replication"]).ok().and_then(|r| r.text()).and_then(|t| info_field(&t, "role"))
+    common::try_cmd(port, &["INFO", "replication"]).ok().and_then(|r| r.as_text()).and_then(|t| info_field(&t, "role"))
 }
 
 /// Writes KEYS keys through the proxy and checks they cover all masters.
@@ -44,7 +44,7 @@ fn wait_replica_known(cluster: &RedisCluster, master: u16, replica: u16) {
         cluster.live_ports().iter().all(|&p| {
             common::try_cmd(p, &["CLUSTER", "NODES"])
                 .ok()
-                .and_then(|r| r.text())
+                .and_then(|r| r.as_text())
                 .is_some_and(|t| t.lines().any(|l| l.starts_with(&rid) && l.contains("slave") && l.contains(&mid)))
         })
     });
@@ -183,7 +183,7 @@ fn manual_cluster_failover() {
     thread::sleep(Duration::from_millis(200));
 
     let started = Instant::now();
-    assert_eq!(cli(new, &["CLUSTER", "FAILOVER"]), "OK");
+    assert_eq!(cmd_text(new, &["CLUSTER", "FAILOVER"]), "OK");
     wait_until(Duration::from_secs(15), "replica to become master", || {
         role(new).as_deref() == Some("master") && role(old).as_deref() == Some("slave")
     });
@@ -215,7 +215,7 @@ fn manual_cluster_failover() {
     check_all_keys(proxy.port(), &k0);
     let mut c = Conn::connect(proxy.port());
     assert_eq!(c.cmd(&["SET", &k0, "after-failover"]), V::ok());
-    assert_eq!(cli(new, &["GET", &k0]), "after-failover");
+    assert_eq!(cmd_text(new, &["GET", &k0]), "after-failover");
     cluster.wait_ok(Duration::from_secs(30));
     assert_eq!(cluster.master_for_key(k0.as_bytes()), new);
     assert!(proxy.is_alive());
@@ -245,7 +245,7 @@ fn master_killed_with_sigkill() {
     check_all_keys(proxy.port(), &k0);
     let mut c = Conn::connect(proxy.port());
     assert_eq!(c.cmd(&["SET", &k0, "after-kill"]), V::ok());
-    assert_eq!(cli(new, &["GET", &k0]), "after-kill");
+    assert_eq!(cmd_text(new, &["GET", &k0]), "after-kill");
     // keys of the other masters were never affected
     for i in 0..KEYS {
         if owners.of_key(key(i).as_bytes()) != old {

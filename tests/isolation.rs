@@ -10,8 +10,8 @@ mod common;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, SlotOwners, V};
-use common::{Proxy, RedisCluster};
+use common::client::{Conn, Proto, V};
+use common::{Proxy, RedisCluster, SlotOwners};
 
 fn stall(port: u16, seconds: &str) -> thread::JoinHandle<()> {
     let seconds = seconds.to_string();

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, SlotOwners, V};
-use common::{Proxy, RedisCluster, cli, info_field};
+use common::client::{Conn, V};
+use common::{Proxy, RedisCluster, SlotOwners, cmd_text, info_field};
 
 const WRITERS: usize = 20;
 const KILLS: usize = 10;
@@ -75,7 +75,7 @@ fn writer(port: u16, key: String, stop: Arc<AtomicBool>) -> thread::JoinHandle<O
 }
 
 fn role(port: u16) -> Option<String> {
-    info_field(&cli(port, &["INFO", "replication"]), "role")
+    info_field(&cmd_text(port, &["INFO", "replication"]), "role")
 }
 
 #[test]
@@ -97,7 +97,7 @@ fn kill_9_of_masters_under_write_load_leaves_no_request_unanswered() {
         let replica = cluster.replica_of(victim);
         // the replica has caught up on the link before the kill
         common::wait_until(Duration::from_secs(15), "replica link up", || {
-            info_field(&cli(replica, &["INFO", "replication"]), "master_link_status").as_deref() == Some("up")
+            info_field(&cmd_text(replica, &["INFO", "replication"]), "master_link_status").as_deref() == Some("up")
         });
         let t = Instant::now();
         cluster.kill(victim);
@@ -106,7 +106,8 @@ fn kill_9_of_masters_under_write_load_leaves_no_request_unanswered() {
         cluster.restart(victim);
         common::wait_until(Duration::from_secs(30), "killed master to rejoin as a replica", || {
             role(victim).as_deref() == Some("slave")
-                && info_field(&cli(victim, &["INFO", "replication"]), "master_link_status").as_deref() == Some("up")
+                && info_field(&cmd_text(victim, &["INFO", "replication"]), "master_link_status").as_deref()
+                    == Some("up")
         });
         eprintln!(
             "round {round}: killed {victim}, {replica} promoted after {failed_over:?}, {victim} back as a replica"

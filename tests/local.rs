@@ -9,13 +9,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::client::{ClusterEnv, Conn, Kind, Proto, Shared, V};
-use common::{Proxy, RedisCluster, cli, info_field};
+use common::client::{Conn, Kind, Proto, V};
+use common::{ClusterEnv, Proxy, RedisCluster, Shared, cmd_text, info_field};
 
 static ENV: Shared<ClusterEnv> = Shared::new();
 
 fn env() -> Arc<ClusterEnv> {
-    ENV.get(ClusterEnv::start)
+    ENV.get(|| ClusterEnv::start(None))
 }
 
 /// The FLUSHALL test empties the shared cluster; tests that count or keep keys take the
@@ -50,7 +50,7 @@ fn err(text: &str) -> V {
 }
 
 fn sum_dbsize(env: &ClusterEnv) -> i64 {
-    env.owners.masters().iter().map(|&m| cli(m, &["DBSIZE"]).parse::<i64>().expect("DBSIZE")).sum()
+    env.owners.masters().iter().map(|&m| cmd_text(m, &["DBSIZE"]).parse::<i64>().expect("DBSIZE")).sum()
 }
 
 #[test]
@@ -81,7 +81,7 @@ fn ping_echo_select() {
 fn hello_negotiates_the_protocol() {
     let env = env();
     let master = env.owners.masters()[0];
-    let redis_version = info_field(&cli(master, &["INFO", "server"]), "redis_version").expect("redis_version");
+    let redis_version = info_field(&cmd_text(master, &["INFO", "server"]), "redis_version").expect("redis_version");
 
     let mut c = Conn::connect(env.proxy.port());
     let r = {
@@ -195,7 +195,7 @@ fn info_sections_and_keyspace_sums_over_masters() {
     let env = env();
     let _guard = keys_stable();
     let master = env.owners.masters()[0];
-    let redis_version = info_field(&cli(master, &["INFO", "server"]), "redis_version").unwrap();
+    let redis_version = info_field(&cmd_text(master, &["INFO", "server"]), "redis_version").unwrap();
     for proto in Proto::BOTH {
         let t = proto.tag();
         let mut c = Conn::connect_proto(env.proxy.port(), proto);
@@ -259,7 +259,7 @@ fn info_sections_and_keyspace_sums_over_masters() {
 fn time_and_command_introspection() {
     let env = env();
     let master = env.owners.masters()[0];
-    let master_count: i64 = cli(master, &["COMMAND", "COUNT"]).parse().unwrap();
+    let master_count: i64 = cmd_text(master, &["COMMAND", "COUNT"]).parse().unwrap();
     for proto in Proto::BOTH {
         let mut c = Conn::connect_proto(env.proxy.port(), proto);
         let time = c.cmd_full(&["TIME"]);
@@ -461,7 +461,7 @@ fn flushall_is_refused_unless_allowed() {
             );
         }
         for (m, k) in &keys {
-            assert_eq!(cli(*m, &["GET", k]), "1", "refused FLUSHALL deleted {k}");
+            assert_eq!(cmd_text(*m, &["GET", k]), "1", "refused FLUSHALL deleted {k}");
         }
     }
 
@@ -473,12 +473,12 @@ fn flushall_is_refused_unless_allowed() {
             c.cmd(&["SET", &format!("local:flush:{}:{i}", proto.tag()), "x"]);
         }
         for m in env.owners.masters() {
-            assert_ne!(cli(m, &["DBSIZE"]), "0", "test keys should be on every master");
+            assert_ne!(cmd_text(m, &["DBSIZE"]), "0", "test keys should be on every master");
         }
         let cmd: &[&str] = if proto == Proto::Resp2 { &["FLUSHALL"] } else { &["FLUSHDB"] };
         assert_eq!(c.cmd(cmd), V::ok(), "{cmd:?}");
         for m in env.owners.masters() {
-            assert_eq!(cli(m, &["DBSIZE"]), "0", "{cmd:?} left keys on master {m}");
+            assert_eq!(cmd_text(m, &["DBSIZE"]), "0", "{cmd:?} left keys on master {m}");
         }
         assert_eq!(c.cmd(&["DBSIZE"]), V::Int(0));
         assert_eq!(c.cmd(&["RANDOMKEY"]), V::Nil);

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, Shared, V};
-use common::{ClusterEnv, cli, key_slot};
+use common::client::{Conn, Proto, V};
+use common::{ClusterEnv, Shared, cmd_text, key_slot};
 
 static ENV: Shared<ClusterEnv> = Shared::new();
 
@@ -225,7 +225,7 @@ fn noscript_recovery_and_locks_on_every_master() {
         token(&c.cmd(&["LOCK.ACQUIRE", k, "o", "10000"]));
     }
     for m in e.owners.masters() {
-        assert_eq!(cli(m, &["SCRIPT", "FLUSH"]), "OK");
+        assert_eq!(cmd_text(m, &["SCRIPT", "FLUSH"]), "OK");
     }
     for k in &keys {
         assert_eq!(c.cmd(&["LOCK.INFO", k]).get("owner"), Some(V::s("o")), "INFO after SCRIPT FLUSH");
@@ -248,12 +248,12 @@ fn a_lock_survives_a_slot_migration() {
     let (src_id, dst_id) = (e.cluster.node_id(src), e.cluster.node_id(dst));
     let mut c = Conn::connect(e.proxy.port());
     let t = token(&c.cmd(&["LOCK.ACQUIRE", k, "before", "30000"]));
-    assert_eq!(cli(dst, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]), "OK");
-    assert_eq!(cli(src, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]), "OK");
+    assert_eq!(cmd_text(dst, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]), "OK");
+    assert_eq!(cmd_text(src, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]), "OK");
     let dst_port = dst.to_string();
-    assert_eq!(cli(src, &["MIGRATE", "127.0.0.1", &dst_port, "", "0", "5000", "KEYS", k, fence]), "OK");
+    assert_eq!(cmd_text(src, &["MIGRATE", "127.0.0.1", &dst_port, "", "0", "5000", "KEYS", k, fence]), "OK");
     for m in e.owners.masters() {
-        assert_eq!(cli(m, &["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]), "OK");
+        assert_eq!(cmd_text(m, &["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]), "OK");
     }
     assert!(c.cmd(&["LOCK.ACQUIRE", k, "after", "1000"]).is_nil(), "the lock was lost in the migration");
     assert_eq!(c.cmd(&["LOCK.INFO", k]).get("token"), Some(V::Int(t)));

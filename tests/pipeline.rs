@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread;
 
-use common::client::{Conn, Kind, Proto, Reply, Shared, V, args};
-use common::{Proxy, RedisCluster, cli};
+use common::client::{Conn, Kind, Proto, Reply, V, args};
+use common::{Proxy, RedisCluster, Shared, cmd_text};
 
 struct Env {
     cluster: RedisCluster,
@@ -253,7 +253,7 @@ fn hundred_mib_value_round_trip() {
     assert_eq!(c.read_reply(), V::ok());
     assert_eq!(c.cmd(&["STRLEN", key]), V::Int(len as i64));
     let owner = env.cluster.master_for_key(key.as_bytes());
-    assert_eq!(cli(owner, &["STRLEN", key]), len.to_string());
+    assert_eq!(cmd_text(owner, &["STRLEN", key]), len.to_string());
 
     for proto in Proto::BOTH {
         let mut c = Conn::connect_proto(env.proxy.port(), proto);

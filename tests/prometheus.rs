@@ -22,8 +22,8 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::client::SlotOwners;
-use common::{Proxy, RedisCluster, Resp, encode_cmd, free_port, http_get, parse_resp, try_http_get};
+use common::client::encode;
+use common::{Proxy, RedisCluster, Resp, SlotOwners, free_port, http_get, parse_resp, try_http_get};
 use tempfile::TempDir;
 
 // ---------------------------------------------------------------------------
@@ -115,7 +115,7 @@ fn pipeline(conns: &mut [TcpStream], per_conn: &[Vec<Vec<String>>], moved: &mut 
         let mut out = Vec::new();
         for c in cmds {
             let args: Vec<&[u8]> = c.iter().map(|a| a.as_bytes()).collect();
-            out.extend_from_slice(&encode_cmd(&args));
+            out.extend_from_slice(&encode(&args));
         }
         conn.write_all(&out).expect("write pipeline to proxy");
         moved.sent += out.len() as u64;

@@ -14,9 +14,10 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, Shared, V, args, encode};
+use common::client::{Conn, Proto, V, args, encode};
 use common::{
-    ClusterEnv, Proxy, cli, cmdstat_calls, config_file, exclusive_traffic, free_port, shared_traffic, wait_until,
+    ClusterEnv, Proxy, Shared, cmd_text, cmdstat_calls, config_file, exclusive_traffic, free_port, shared_traffic,
+    wait_until,
 };
 
 /// Rules for the shared proxy, in this order.
@@ -170,7 +171,7 @@ fn rate_and_burst_are_honoured() {
     let key = "rl:one:k";
     let master = env.owners.of_key(key.as_bytes());
     // the value is written directly on the master: no GET, nothing charged
-    assert_eq!(cli(master, &["SET", key, "v"]), "OK");
+    assert_eq!(cmd_text(master, &["SET", key, "v"]), "OK");
     let want = throttled(key, 100, "one");
 
     let mut c = Conn::connect(env.proxy.port());
@@ -311,7 +312,7 @@ fn reads_only_rule_leaves_writes_alone() {
         let r = repeat(&mut c, 5, &["INCR", &format!("{key}:ctr")]);
         assert!(r.iter().all(admitted), "{proto:?}: INCRs under a reads-only rule: {r:?}");
         let master = env.owners.of_key(key.as_bytes());
-        assert_eq!(cli(master, &["GET", &key]), "v19", "{proto:?}: the SETs reached Redis");
+        assert_eq!(cmd_text(master, &["GET", &key]), "v19", "{proto:?}: the SETs reached Redis");
     }
 }
 
@@ -378,8 +379,8 @@ fn multi_key_refused_whole_and_charges_nothing() {
         let (mc, key_c) = owners.key_per_master(&format!("rl:mk:{t}:c"))[0].clone();
         let (md, key_d) = owners.key_per_master(&format!("rl:mk:{t}:d"))[2].clone();
         assert_ne!(mc, md);
-        assert_eq!(cli(mc, &["SET", &key_c, "orig-c"]), "OK");
-        assert_eq!(cli(md, &["SET", &key_d, "orig-d"]), "OK");
+        assert_eq!(cmd_text(mc, &["SET", &key_c, "orig-c"]), "OK");
+        assert_eq!(cmd_text(md, &["SET", &key_d, "orig-d"]), "OK");
         let mut cmds: Vec<Vec<Vec<u8>>> = (0..3).map(|_| args(&["GET", key_c.as_str()])).collect();
         cmds.push(args(&["MSET", key_c.as_str(), "new-c", key_d.as_str(), "new-d"]));
         cmds.push(args(&["DEL", key_d.as_str(), key_c.as_str()]));
@@ -387,8 +388,8 @@ fn multi_key_refused_whole_and_charges_nothing() {
         assert_eq!(r[..3].to_vec(), vec![V::s("orig-c"); 3], "{proto:?}: 3 GETs of {key_c}");
         assert_eq!(r[3], V::Err(throttled(&key_c, 1, "multikey")), "{proto:?}: MSET {key_c} {key_d}");
         assert_eq!(r[4], V::Err(throttled(&key_c, 1, "multikey")), "{proto:?}: DEL {key_d} {key_c}");
-        assert_eq!(cli(mc, &["GET", &key_c]), "orig-c", "{proto:?}: refused MSET/DEL changed {key_c}");
-        assert_eq!(cli(md, &["GET", &key_d]), "orig-d", "{proto:?}: refused MSET/DEL changed {key_d}");
+        assert_eq!(cmd_text(mc, &["GET", &key_c]), "orig-c", "{proto:?}: refused MSET/DEL changed {key_c}");
+        assert_eq!(cmd_text(md, &["GET", &key_d]), "orig-d", "{proto:?}: refused MSET/DEL changed {key_d}");
         let r = repeat(&mut c, 4, &["GET", &key_d]);
         assert_eq!(
             r[..3].to_vec(),

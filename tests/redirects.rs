@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use common::client::{Conn, Proto, SlotOwners, V};
-use common::{Proxy, RedisCluster, cli, key_slot};
+use common::client::{Conn, Proto, V};
+use common::{Proxy, RedisCluster, SlotOwners, cmd_text, key_slot};
 
 fn is_redirect(v: &V) -> bool {
     v.err().is_some_and(|e| e.starts_with("MOVED") || e.starts_with("ASK") || e.starts_with("TRYAGAIN"))
@@ -82,7 +82,7 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
     let hash = format!("{tag}:hash");
     c.cmd(&["SET", &ctr, "10"]);
     c.cmd(&["HSET", &hash, "f", "1", "g", "2"]);
-    assert_eq!(cli(src, &["GET", &key(3)]), "v3", "keys must start on the source");
+    assert_eq!(cmd_text(src, &["GET", &key(3)]), "v3", "keys must start on the source");
 
     // a client working on the slot for the whole migration
     let stop = Arc::new(AtomicBool::new(false));
@@ -94,8 +94,8 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
     let bg = hammer(proxy.port(), bg_keys.clone(), stop.clone(), ops.clone());
 
     // --- start the migration: half of the keys move ---
-    assert_eq!(cli(dst, &["CLUSTER", "SETSLOT", &slot.to_string(), "IMPORTING", &src_id]), "OK");
-    assert_eq!(cli(src, &["CLUSTER", "SETSLOT", &slot.to_string(), "MIGRATING", &dst_id]), "OK");
+    assert_eq!(cmd_text(dst, &["CLUSTER", "SETSLOT", &slot.to_string(), "IMPORTING", &src_id]), "OK");
+    assert_eq!(cmd_text(src, &["CLUSTER", "SETSLOT", &slot.to_string(), "MIGRATING", &dst_id]), "OK");
     let mut first: Vec<String> = (0..n / 2).map(key).collect();
     first.push(ctr.clone());
     first.push(hash.clone());
@@ -103,11 +103,11 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
     let dst_port = dst.to_string();
     let mut migrate = vec!["MIGRATE", "127.0.0.1", dst_port.as_str(), "", "0", "5000", "KEYS"];
     migrate.extend(first.iter().map(String::as_str));
-    assert_eq!(cli(src, &migrate), "OK", "MIGRATE of the first half");
+    assert_eq!(cmd_text(src, &migrate), "OK", "MIGRATE of the first half");
     // the source now redirects for moved keys
-    let direct = cli(src, &["GET", &key(0)]);
+    let direct = cmd_text(src, &["GET", &key(0)]);
     assert!(direct.starts_with("ASK"), "source should answer ASK for a moved key, got {direct:?}");
-    assert_eq!(cli(src, &["GET", &key(15)]), "v15");
+    assert_eq!(cmd_text(src, &["GET", &key(15)]), "v15");
 
     for proto in Proto::BOTH {
         let mut c = Conn::connect_proto(proxy.port(), proto);
@@ -144,22 +144,26 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
         assert_eq!(c.cmd(&["MGET", &key(12), &key(13)]), V::strs(&["v12", "v13"]), "{proto:?} MGET of unmoved keys");
     }
     // the new keys really are on the target
-    let on_dst: usize = cli(dst, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]).parse().unwrap();
+    let on_dst: usize = cmd_text(dst, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]).parse().unwrap();
     assert!(on_dst >= n / 2 + 4, "target holds {on_dst} keys of the slot (moved + new)");
 
     // --- finish: move the rest, assign the slot to the target everywhere ---
     thread::sleep(Duration::from_millis(200));
-    let rest = cli(src, &["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "1000"]);
+    let rest = cmd_text(src, &["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "1000"]);
     let rest: Vec<&str> = rest.lines().collect();
     assert!(rest.len() >= n / 2, "keys left on the source: {rest:?}");
     let mut migrate = vec!["MIGRATE", "127.0.0.1", dst_port.as_str(), "", "0", "5000", "KEYS"];
     migrate.extend(rest.iter().copied());
-    assert_eq!(cli(src, &migrate), "OK");
-    assert_eq!(cli(src, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]), "0");
+    assert_eq!(cmd_text(src, &migrate), "OK");
+    assert_eq!(cmd_text(src, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]), "0");
     for m in [dst, src].into_iter().chain(owners.masters().into_iter().filter(|&m| m != src && m != dst)) {
-        assert_eq!(cli(m, &["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &dst_id]), "OK", "SETSLOT NODE on {m}");
+        assert_eq!(
+            cmd_text(m, &["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &dst_id]),
+            "OK",
+            "SETSLOT NODE on {m}"
+        );
     }
-    let direct = cli(src, &["GET", &key(15)]);
+    let direct = cmd_text(src, &["GET", &key(15)]);
     assert!(direct.starts_with("MOVED"), "source should answer MOVED now, got {direct:?}");
 
     // the proxy still believes the source owns the slot: the MOVED path
@@ -177,7 +181,7 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
         }
         let v = format!("after-{}", proto.tag());
         assert_eq!(c.cmd(&["SET", &key(15), &v]), V::ok());
-        assert_eq!(cli(dst, &["GET", &key(15)]), v, "write after the migration must land on the target");
+        assert_eq!(cmd_text(dst, &["GET", &key(15)]), v, "write after the migration must land on the target");
         assert_eq!(c.cmd(&["INCR", &ctr]), V::Int(if proto == Proto::Resp2 { 13 } else { 14 }));
         assert_eq!(c.cmd(&["GET", &format!("{tag}:new-r2")]), V::s("fresh"));
         assert_eq!(c.cmd(&["MGET", &key(0), &key(19), &format!("{tag}:new-r3")]), V::strs(&["v0", "v19", "fresh"]));

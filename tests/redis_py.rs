@@ -10,12 +10,12 @@ mod common;
 use std::process::Command;
 use std::sync::Arc;
 
-use common::client::{ClusterEnv, Shared};
+use common::{ClusterEnv, Shared};
 
 static ENV: Shared<ClusterEnv> = Shared::new();
 
 fn env() -> Arc<ClusterEnv> {
-    ENV.get(ClusterEnv::start)
+    ENV.get(|| ClusterEnv::start(None))
 }
 
 const SCRIPT: &str = r#"

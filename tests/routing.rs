@@ -7,13 +7,13 @@ mod common;
 
 use std::sync::Arc;
 
-use common::client::{ClusterEnv, Conn, Kind, Proto, Shared, V};
-use common::{cli, key_slot};
+use common::client::{Conn, Kind, Proto, V};
+use common::{ClusterEnv, Shared, cmd_text, key_slot};
 
 static ENV: Shared<ClusterEnv> = Shared::new();
 
 fn env() -> Arc<ClusterEnv> {
-    ENV.get(ClusterEnv::start)
+    ENV.get(|| ClusterEnv::start(None))
 }
 
 const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";
@@ -22,9 +22,9 @@ fn crossslot() -> V {
     V::Err(CROSSSLOT.into())
 }
 
-/// redis-cli output lines of `args` run directly on `port`.
+/// Output lines of `args` run directly on `port`, as redis-cli would print them.
 fn on_master(port: u16, args: &[&str]) -> Vec<String> {
-    let out = cli(port, args);
+    let out = cmd_text(port, args);
     if out.is_empty() { vec![] } else { out.lines().map(str::to_string).collect() }
 }
 
@@ -43,7 +43,7 @@ fn single_key_commands_land_on_the_owning_master() {
             assert_eq!(c.cmd(&["GET", &k]), V::s("hello world"));
             assert_eq!(c.cmd(&["STRLEN", &k]), V::Int(11));
             assert_eq!(c.cmd(&["TYPE", &k]), V::s("string"));
-            assert_eq!(cli(master, &["GET", &k]), "hello world", "{proto:?} {k} not on its master {master}");
+            assert_eq!(cmd_text(master, &["GET", &k]), "hello world", "{proto:?} {k} not on its master {master}");
             assert_eq!(c.cmd(&["EXPIRE", &k, "1000"]), V::Int(1));
             let ttl = c.cmd(&["TTL", &k]).int();
             assert!((990..=1000).contains(&ttl), "TTL {ttl}");
@@ -57,7 +57,7 @@ fn single_key_commands_land_on_the_owning_master() {
             let f = c.cmd_full(&["INCRBYFLOAT", &k, "0.5"]);
             assert_eq!(f.v, V::s("41.5"));
             assert_eq!(f.kind(), Kind::Bulk);
-            assert_eq!(cli(master, &["GET", &k]), "41.5");
+            assert_eq!(cmd_text(master, &["GET", &k]), "41.5");
             assert_eq!(c.cmd(&["INCR", &k]), V::Err("ERR value is not an integer or out of range".into()));
         }
 
@@ -121,7 +121,7 @@ fn single_key_commands_land_on_the_owning_master() {
             let mut got: Vec<String> = m.v.items().iter().map(V::text).collect();
             got.sort();
             assert_eq!(got, ["x", "y"]);
-            assert_eq!(cli(master, &["SCARD", &k]), "2");
+            assert_eq!(cmd_text(master, &["SCARD", &k]), "2");
         }
     }
 }
@@ -145,7 +145,7 @@ fn hash_tags_keep_multi_key_commands_in_one_slot() {
             assert_eq!(c.cmd(&["MSETNX", &a, "x", &d, "y"]), V::Int(0));
             assert_eq!(c.cmd(&["RENAME", &a, &d]), V::ok());
             assert_eq!(c.cmd(&["EXISTS", &a, &d]), V::Int(1));
-            assert_eq!(cli(master, &["GET", &d]), "1");
+            assert_eq!(cmd_text(master, &["GET", &d]), "1");
             assert_eq!(c.cmd(&["COPY", &d, &a]), V::Int(1));
             assert_eq!(c.cmd(&["DEL", &a, &b, &d]), V::Int(3));
 
@@ -162,8 +162,8 @@ fn hash_tags_keep_multi_key_commands_in_one_slot() {
             assert_eq!(sorted(c.cmd(&["SDIFF", &a, &b])), ["1", "2"]);
             assert_eq!(c.cmd(&["SUNIONSTORE", &d, &a, &b]), V::Int(4));
             assert_eq!(c.cmd(&["SMOVE", &a, &b, "1"]), V::Int(1));
-            assert_eq!(cli(master, &["SCARD", &d]), "4");
-            assert_eq!(cli(master, &["SCARD", &b]), "3");
+            assert_eq!(cmd_text(master, &["SCARD", &d]), "4");
+            assert_eq!(cmd_text(master, &["SCARD", &b]), "3");
             c.cmd(&["DEL", &a, &b, &d]);
 
             // lists
@@ -228,7 +228,7 @@ fn cross_slot_commands_are_refused_with_crossslot() {
             }
             // Redis Cluster itself says exactly the same when both keys are on one node.
             if env.owners.of_key(y.as_bytes()) == env.owners.of_key(x.as_bytes()) {
-                assert_eq!(cli(m0, &["SUNION", &x, &y]), CROSSSLOT);
+                assert_eq!(cmd_text(m0, &["SUNION", &x, &y]), CROSSSLOT);
             }
             // nothing happened
             assert_eq!(c.cmd(&["GET", &x]), V::s("vx"));
@@ -248,7 +248,7 @@ fn scripts_are_routed_by_their_keys() {
         for (master, k) in env.owners.key_per_master(&format!("route:{t}:eval:")) {
             let set = c.cmd(&["EVAL", "return redis.call('SET', KEYS[1], ARGV[1])", "1", &k, "from-lua"]);
             assert_eq!(set, V::ok(), "{proto:?} EVAL SET {k}");
-            assert_eq!(cli(master, &["GET", &k]), "from-lua");
+            assert_eq!(cmd_text(master, &["GET", &k]), "from-lua");
             assert_eq!(c.cmd(&["EVAL", "return redis.call('GET', KEYS[1])", "1", &k]), V::s("from-lua"));
             // EVAL_RO is routed the same way
             assert_eq!(c.cmd(&["EVAL_RO", "return redis.call('STRLEN', KEYS[1])", "1", &k]), V::Int(8));
@@ -304,7 +304,7 @@ fn script_load_then_evalsha_on_every_master() {
         assert!(sha.chars().all(|ch| ch.is_ascii_hexdigit()));
         // loaded on every master
         for m in env.owners.masters() {
-            assert_eq!(cli(m, &["SCRIPT", "EXISTS", &sha]), "1", "script not loaded on master {m}");
+            assert_eq!(cmd_text(m, &["SCRIPT", "EXISTS", &sha]), "1", "script not loaded on master {m}");
         }
         let missing = "0000000000000000000000000000000000000000";
         assert_eq!(c.cmd(&["SCRIPT", "EXISTS", &sha, missing]), V::Arr(vec![V::Int(1), V::Int(0)]));
@@ -312,7 +312,7 @@ fn script_load_then_evalsha_on_every_master() {
             c.cmd(&["DEL", &k]);
             assert_eq!(c.cmd(&["EVALSHA", &sha, "1", &k, "5"]), V::Int(5), "{proto:?} EVALSHA on {master}");
             assert_eq!(c.cmd(&["EVALSHA", &sha, "1", &k, "2"]), V::Int(7));
-            assert_eq!(cli(master, &["GET", &k]), "7");
+            assert_eq!(cmd_text(master, &["GET", &k]), "7");
         }
         let e = c.cmd(&["EVALSHA", missing, "0"]);
         assert!(e.err().is_some_and(|e| e.starts_with("NOSCRIPT")), "EVALSHA of an unknown script: {e:?}");
@@ -335,14 +335,14 @@ fn lock_idiom_set_nx_px_and_compare_and_delete() {
             assert_eq!(b.cmd(&["SET", &lock, "token-b", "NX", "PX", "30000"]), V::Nil);
             let pttl = a.cmd(&["PTTL", &lock]).int();
             assert!((1..=30000).contains(&pttl), "PTTL {pttl}");
-            assert_eq!(cli(master, &["GET", &lock]), "token-a");
+            assert_eq!(cmd_text(master, &["GET", &lock]), "token-a");
             // the wrong token does not release it
             assert_eq!(b.cmd(&["EVAL", RELEASE, "1", &lock, "token-b"]), V::Int(0));
             assert_eq!(a.cmd(&["GET", &lock]), V::s("token-a"));
             // the owner releases it
             assert_eq!(a.cmd(&["EVAL", RELEASE, "1", &lock, "token-a"]), V::Int(1));
             assert_eq!(a.cmd(&["GET", &lock]), V::Nil);
-            assert_eq!(cli(master, &["EXISTS", &lock]), "0");
+            assert_eq!(cmd_text(master, &["EXISTS", &lock]), "0");
             // and now the other client gets it
             assert_eq!(b.cmd(&["SET", &lock, "token-b", "NX", "PX", "30000"]), V::ok());
             assert_eq!(a.cmd(&["EVAL", RELEASE, "1", &lock, "token-a"]), V::Int(0));

@@ -7,8 +7,8 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 
-use common::client::{Conn, Kind, Proto, SlotOwners, V, args};
-use common::{Proxy, RedisCluster};
+use common::client::{Conn, Kind, Proto, V, args};
+use common::{Proxy, RedisCluster, SlotOwners};
 
 const N: usize = 10_000;
 

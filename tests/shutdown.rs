@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, Proto, Shared, V, args};
-use common::{Proxy, RedisCluster, RedisStandalone, free_port};
+use common::client::{Conn, Proto, V, args};
+use common::{Proxy, RedisCluster, RedisStandalone, Shared, free_port};
 
 static CLUSTER: Shared<RedisCluster> = Shared::new();
 

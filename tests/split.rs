@@ -7,8 +7,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::client::{Conn, Proto, Reply, Shared, SlotOwners, V};
-use common::{Proxy, RedisCluster, RedisStandalone, key_slot};
+use common::client::{Conn, Proto, Reply, V};
+use common::{Proxy, RedisCluster, RedisStandalone, Shared, SlotOwners, key_slot};
 
 struct Env {
     _cluster: RedisCluster,

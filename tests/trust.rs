@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::client::{Conn, V};
-use common::{ClusterEnv, cli, http_get, key_slot};
+use common::{ClusterEnv, cmd_text, http_get, key_slot};
 
 /// A TCP listener on a free loopback port that stands for "a host of the attacker's
 /// choosing": it accepts whatever connects and counts connections and bytes received.
@@ -141,7 +141,7 @@ fn redirections_returned_by_scripts_never_reach_an_unannounced_address() {
     // The slot map was not patched: the slot's key lands on its real master.
     assert_eq!(c.cmd(&["SET", key, "landed"]), V::ok());
     let owner = env.owners.of_key(key.as_bytes());
-    assert_eq!(cli(owner, &["GET", key]).trim(), "landed");
+    assert_eq!(cmd_text(owner, &["GET", key]).trim(), "landed");
     assert_eq!(c.cmd(&["GET", key]), V::s("landed"));
     assert!(env.proxy.log().contains("redirection to an address the cluster does not announce"));
 }

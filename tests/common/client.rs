@@ -1,5 +1,4 @@
-//! A persistent-connection Redis test client speaking RESP2 or RESP3, plus a few
-//! helpers shared by the integration tests (fixture sharing, key picking).
+//! The tests' one Redis client: RESP2 and RESP3, encoding and decoding.
 //!
 //! * [`Conn`] is one blocking `TcpStream` (10 s read/write timeouts) with its own read
 //!   buffer, so replies can be read one at a time, pipelined, or mixed with raw bytes.
@@ -8,24 +7,23 @@
 //!   `resp2::decode::decode`, RESP3: `resp3::decode::complete::decode`) and normalized
 //!   into [`V`]. [`Reply`] additionally keeps the exact bytes and the frame kinds
 //!   ([`Shape`] / [`Kind`]), so tests can assert RESP3 types (a map, a double, `_` null)
-//!   and compare replies byte for byte.
-//! * [`Shared`] lets the tests of one file share an expensive fixture (a cluster and a
-//!   proxy) while they overlap, and still tears it down when the last user is done
-//!   (a plain `static` would leak the redis-server processes: statics are never dropped).
+//!   and compare replies byte for byte. [`encode`] is the one command encoder.
+//! * One-shot commands on a fresh connection: [`cmd`] / [`try_cmd`] return a [`V`];
+//!   [`cmd_text`] returns the reply as text the way `redis-cli` prints it when piped
+//!   (what the tests compared against when they shelled out to it).
+//! * [`Resp`] is a strict RESP2 view of a [`Reply`] (simple vs bulk string, null bulk vs
+//!   null array) for tests that assert those, and [`parse_resp`] decodes one from bytes.
 
 #![allow(dead_code)]
 
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpStream};
-use std::sync::{Arc, Mutex, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use redis_protocol::resp2::types::OwnedFrame as Frame2;
 use redis_protocol::resp3::types::OwnedFrame as Frame3;
-
-use super::{RedisCluster, Resp, encode_cmd, key_slot};
 
 /// Read/write timeout of a [`Conn`].
 pub const CONN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -170,6 +168,14 @@ impl V {
     /// String payload as UTF-8 text (lossy; panics if not a string).
     pub fn text(&self) -> String {
         String::from_utf8_lossy(self.bytes()).into_owned()
+    }
+
+    /// String payload as UTF-8 text (lossy), or `None` if this is not a string.
+    pub fn as_text(&self) -> Option<String> {
+        match self {
+            V::Str(s) => Some(String::from_utf8_lossy(s).into_owned()),
+            _ => None,
+        }
     }
 
     /// Integer payload (panics otherwise).
@@ -491,10 +497,16 @@ pub fn args<A: AsRef<[u8]>>(a: &[A]) -> Vec<Vec<u8>> {
     a.iter().map(|x| x.as_ref().to_vec()).collect()
 }
 
-/// RESP encoding of one command.
+/// RESP encoding of one command: an array of bulk strings.
 pub fn encode<A: AsRef<[u8]>>(a: &[A]) -> Vec<u8> {
-    let refs: Vec<&[u8]> = a.iter().map(|x| x.as_ref()).collect();
-    encode_cmd(&refs)
+    let mut out = format!("*{}\r\n", a.len()).into_bytes();
+    for arg in a {
+        let arg = arg.as_ref();
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
 }
 
 fn lossy_args<A: AsRef<[u8]>>(a: &[A]) -> Vec<String> {
@@ -528,10 +540,15 @@ impl Conn {
     }
 
     pub fn try_connect(port: u16) -> io::Result<Conn> {
+        Self::try_connect_within(port, CONN_TIMEOUT)
+    }
+
+    /// Connects with `timeout` for the connect and every read and write.
+    pub fn try_connect_within(port: u16, timeout: Duration) -> io::Result<Conn> {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let stream = TcpStream::connect_timeout(&addr, CONN_TIMEOUT)?;
-        stream.set_read_timeout(Some(CONN_TIMEOUT))?;
-        stream.set_write_timeout(Some(CONN_TIMEOUT))?;
+        let stream = TcpStream::connect_timeout(&addr, timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
         stream.set_nodelay(true)?;
         Ok(Conn { stream, buf: Vec::with_capacity(64 * 1024), pos: 0, proto: Proto::Resp2, port })
     }
@@ -755,134 +772,122 @@ impl Conn {
 }
 
 // ---------------------------------------------------------------------------
-// Fixture sharing
+// One-shot commands
 // ---------------------------------------------------------------------------
 
-/// A fixture shared by the tests of one binary while they run concurrently.
+/// Sends one command over a fresh connection to `127.0.0.1:port` (RESP2) and returns
+/// its reply; I/O errors are returned.
+pub fn try_cmd<A: AsRef<[u8]>>(port: u16, a: &[A]) -> io::Result<V> {
+    Conn::try_connect(port)?.try_cmd(a)
+}
+
+/// [`try_cmd`] that panics on I/O errors.
+pub fn cmd<A: AsRef<[u8]>>(port: u16, a: &[A]) -> V {
+    try_cmd(port, a).unwrap_or_else(|e| panic!("{:?} on port {port} failed: {e}", lossy_args(a)))
+}
+
+/// Sends one command over a fresh connection and returns the reply as the text
+/// `redis-cli` prints for it when its output is not a terminal, trimmed: a string as it
+/// is, an integer in decimal, an error's text, nil as nothing, an array's elements one a
+/// line. Panics on I/O errors.
+pub fn cmd_text<A: AsRef<[u8]>>(port: u16, a: &[A]) -> String {
+    cli_text(&cmd(port, a)).trim().to_string()
+}
+
+/// `redis-cli`'s piped ("raw") rendering of a reply, untrimmed.
+fn cli_text(v: &V) -> String {
+    match v {
+        V::Nil => String::new(),
+        V::Int(i) => i.to_string(),
+        V::Str(s) => String::from_utf8_lossy(s).into_owned(),
+        V::Err(e) => e.clone(),
+        V::Arr(items) | V::Set(items) => items.iter().map(cli_text).collect::<Vec<_>>().join("\n"),
+        V::Map(pairs) => pairs.iter().flat_map(|(k, v)| [cli_text(k), cli_text(v)]).collect::<Vec<_>>().join("\n"),
+        V::Double(_) | V::Bool(_) | V::Big(_) => unreachable!("RESP2 (what cmd_text speaks) has no {v:?}"),
+    }
+}
+
+/// The exact bytes of the reply to `PING` on a fresh connection, with 1 s timeouts;
+/// `None` if the connection or the exchange fails (for readiness polls).
+pub fn ping_raw(port: u16) -> Option<Vec<u8>> {
+    let mut c = Conn::try_connect_within(port, Duration::from_secs(1)).ok()?;
+    c.try_send_raw(&encode(&["PING"])).ok()?;
+    c.try_read_full().ok().map(|r| r.raw)
+}
+
+// ---------------------------------------------------------------------------
+// Strict RESP2 view
+// ---------------------------------------------------------------------------
+
+/// A RESP2 reply with the distinctions [`V`] drops: simple vs bulk string, null bulk
+/// string vs null array. Built from a [`Reply`] ([`Resp::from_reply`]) or decoded from
+/// bytes ([`parse_resp`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resp {
+    /// `+...`
+    Simple(String),
+    /// `-...`
+    Error(String),
+    /// `:...`
+    Int(i64),
+    /// `$...`; `None` is the null bulk string `$-1`.
+    Bulk(Option<Vec<u8>>),
+    /// `*...`; `None` is the null array `*-1` (at the top level; the decoder reports a
+    /// nested `*-1` as a null bulk string).
+    Array(Option<Vec<Resp>>),
+}
+
+impl Resp {
+    /// The RESP2 view of a reply decoded as RESP2. Panics on RESP3-only kinds.
+    pub fn from_reply(r: &Reply) -> Resp {
+        Self::from_parts(&r.v, &r.shape)
+    }
+
+    fn from_parts(v: &V, shape: &Shape) -> Resp {
+        match (shape.kind, v) {
+            (Kind::Simple, V::Str(s)) => Resp::Simple(String::from_utf8_lossy(s).into_owned()),
+            (Kind::Bulk, V::Str(b)) => Resp::Bulk(Some(b.clone())),
+            (Kind::Error, V::Err(e)) => Resp::Error(e.clone()),
+            (Kind::Int, V::Int(i)) => Resp::Int(*i),
+            (Kind::NullBulk, V::Nil) => Resp::Bulk(None),
+            (Kind::NullArray, V::Nil) => Resp::Array(None),
+            (Kind::Array, V::Arr(items)) => {
+                Resp::Array(Some(items.iter().zip(&shape.items).map(|(v, s)| Self::from_parts(v, s)).collect()))
+            }
+            (kind, v) => panic!("{kind:?} reply {v:?} has no RESP2 form"),
+        }
+    }
+
+    /// Bulk or simple string payload as UTF-8 (lossy); `None` otherwise.
+    pub fn text(&self) -> Option<String> {
+        match self {
+            Resp::Simple(s) => Some(s.clone()),
+            Resp::Bulk(Some(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        }
+    }
+
+    /// Elements of a non-null array; `None` otherwise.
+    pub fn items(&self) -> Option<&[Resp]> {
+        match self {
+            Resp::Array(Some(v)) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// Decodes one RESP2 reply at the start of `buf` with [`decode_reply`].
 ///
-/// `get` returns the live instance if some test still holds it, else builds a new one.
-/// When the last `Arc` is dropped the fixture (and its processes) is dropped, so nothing
-/// outlives the test binary. With `--test-threads=1` each test simply builds its own.
-pub struct Shared<T> {
-    slot: Mutex<Weak<T>>,
-}
-
-impl<T> Shared<T> {
-    pub const fn new() -> Self {
-        Shared { slot: Mutex::new(Weak::new()) }
+/// Returns the reply and the number of bytes it occupies, or `None` if `buf` does not
+/// yet hold a complete reply. Panics on malformed input, since a test talking to a
+/// broken peer should fail loudly rather than hang until a timeout.
+pub fn parse_resp(buf: &[u8]) -> Option<(Resp, usize)> {
+    if buf.is_empty() {
+        return None;
     }
-
-    pub fn get(&self, init: impl FnOnce() -> T) -> Arc<T> {
-        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(t) = slot.upgrade() {
-            return t;
-        }
-        let t = Arc::new(init());
-        *slot = Arc::downgrade(&t);
-        t
-    }
-}
-
-impl<T> Default for Shared<T> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Keys
-// ---------------------------------------------------------------------------
-
-/// The current slot -> master-port map of a cluster, read once (`CLUSTER SLOTS`).
-pub struct SlotOwners {
-    owner: Vec<u16>,
-}
-
-impl SlotOwners {
-    pub fn read(cluster: &RedisCluster) -> SlotOwners {
-        let mut last = String::new();
-        for port in cluster.live_ports() {
-            let reply = match super::try_cmd(port, &["CLUSTER", "SLOTS"]) {
-                Ok(r) => r,
-                Err(e) => {
-                    last = e.to_string();
-                    continue;
-                }
-            };
-            let mut owner = vec![0u16; super::SLOTS as usize];
-            for entry in reply.items().unwrap_or(&[]) {
-                if let Some([Resp::Int(lo), Resp::Int(hi), master, ..]) = entry.items()
-                    && let Some([_, Resp::Int(p), ..]) = master.items()
-                {
-                    for s in *lo..=*hi {
-                        owner[s as usize] = *p as u16;
-                    }
-                }
-            }
-            if owner.iter().all(|&p| p != 0) {
-                return SlotOwners { owner };
-            }
-            last = format!("{port}: incomplete CLUSTER SLOTS {reply:?}");
-        }
-        panic!("no node gave a complete slot map ({last})");
-    }
-
-    pub fn of_slot(&self, slot: u16) -> u16 {
-        self.owner[slot as usize]
-    }
-
-    pub fn of_key(&self, key: &[u8]) -> u16 {
-        self.owner[key_slot(key) as usize]
-    }
-
-    /// Distinct master ports, sorted.
-    pub fn masters(&self) -> Vec<u16> {
-        let mut m = self.owner.clone();
-        m.sort_unstable();
-        m.dedup();
-        m
-    }
-
-    /// One key `"{prefix}{n}"` owned by each master (sorted by master port).
-    pub fn key_per_master(&self, prefix: &str) -> Vec<(u16, String)> {
-        let masters = self.masters();
-        let mut found: Vec<Option<String>> = vec![None; masters.len()];
-        let mut n = 0u32;
-        while found.iter().any(Option::is_none) {
-            let key = format!("{prefix}{n}");
-            let m = self.of_key(key.as_bytes());
-            let i = masters.binary_search(&m).expect("known master");
-            if found[i].is_none() {
-                found[i] = Some(key);
-            }
-            n += 1;
-            assert!(n < 100_000, "could not find keys on every master");
-        }
-        masters.into_iter().zip(found.into_iter().map(Option::unwrap)).collect()
-    }
-
-    /// A hash tag `{tagN}` (including braces) whose slot is owned by `master`.
-    pub fn tag_on(&self, master: u16, prefix: &str) -> String {
-        (0..100_000)
-            .map(|n| format!("{{{prefix}{n}}}"))
-            .find(|t| self.of_key(t.as_bytes()) == master)
-            .expect("a tag on the master")
-    }
-}
-
-/// A cluster with a proxy in front of it and its slot owners, shared by the tests of one
-/// file through a [`Shared`] (`static ENV: Shared<ClusterEnv>`).
-pub struct ClusterEnv {
-    pub cluster: super::RedisCluster,
-    pub proxy: super::Proxy,
-    pub owners: SlotOwners,
-}
-
-impl ClusterEnv {
-    pub fn start() -> ClusterEnv {
-        let cluster = super::RedisCluster::start();
-        let proxy = super::Proxy::start_cluster(&cluster, &[]);
-        let owners = SlotOwners::read(&cluster);
-        ClusterEnv { cluster, proxy, owners }
+    match decode_reply(buf, Proto::Resp2) {
+        Ok(Some((r, used))) => Some((Resp::from_reply(&r), used)),
+        Ok(None) => None,
+        Err(e) => panic!("malformed RESP reply ({e}): {:?}", String::from_utf8_lossy(&buf[..buf.len().min(200)])),
     }
 }

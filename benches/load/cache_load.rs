@@ -1,9 +1,9 @@
-//! Load generator for the hot-key cache benchmark (scripts/bench-cache.sh): 50 clients
+//! Load generator for the hot-key cache benchmark (scripts/bench-cache.py): 50 clients
 //! (one tokio task each, on one thread) sending GETs as fast as they can, either all of
 //! one key or keys drawn from a Zipf distribution over a keyspace. redis-benchmark has
 //! no Zipf mode, so both workloads use this generator, against every target alike.
 //!
-//! cargo bench --bench cache_load -- --addr 127.0.0.1:7410 [--mode hot|zipf|prefill]
+//! cargo run --release --example cache_load -- --addr 127.0.0.1:7410 [--mode hot|zipf|prefill]
 //!     [--clients 50] [--seconds 5] [--keys 100000] [--zipf 1.1] [--pipeline 1]
 //!
 //! Prints one line: `ops=<n> seconds=<s> ops_per_sec=<r> errors=<e>`.
@@ -35,7 +35,7 @@ fn opts() -> Opts {
         zipf: 1.1,
         pipeline: 1,
     };
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.chunks(2);
     for pair in &mut it {
         let [k, v] = pair else { panic!("flags come in pairs: {args:?}") };
@@ -96,7 +96,7 @@ impl Rng {
 }
 
 fn main() {
-    // `cargo test --all-targets` runs bench targets without arguments: nothing to do then
+    // without --addr (run by hand with no flags) there is nothing to load: say what this is
     if !std::env::args().any(|a| a == "--addr") {
         println!("cache_load: a load generator for scripts/bench-cache.py; see its --help");
         return;
