@@ -47,6 +47,14 @@ pub fn tail(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// When the test thread is panicking, prints the tail of a dropped process's log, so a
+/// failure can be diagnosed from `cargo test` output.
+pub fn report_if_panicking(what: &str, port: u16, pid: u32, log: impl FnOnce() -> String) {
+    if thread::panicking() {
+        eprintln!("----- {what} {port} (pid {pid}) log tail -----\n{}\n-----", tail(&log(), LOG_TAIL_LINES));
+    }
+}
+
 /// A file's contents as lossy UTF-8; empty if it cannot be read.
 pub fn read_lossy(path: &Path) -> String {
     fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()

@@ -16,7 +16,7 @@ use tempfile::TempDir;
 
 use super::client::ping_raw;
 use super::ports::{free_port, local};
-use super::process::{LOG_TAIL_LINES, exit_code, kill_child, lock, read_lossy, tail};
+use super::process::{LOG_TAIL_LINES, exit_code, kill_child, lock, read_lossy, report_if_panicking, tail};
 use super::{RedisCluster, RedisStandalone};
 
 /// Writes `text` as heatshield.toml in a fresh temp dir; keep the dir alive while used.
@@ -221,14 +221,7 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.kill();
-        if thread::panicking() {
-            eprintln!(
-                "----- heatshield proxy {} (pid {}) log tail -----\n{}\n-----",
-                self.port,
-                self.pid,
-                tail(&self.log(), LOG_TAIL_LINES)
-            );
-        }
+        report_if_panicking("heatshield proxy", self.port, self.pid, || self.log());
     }
 }
 

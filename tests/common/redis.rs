@@ -20,7 +20,7 @@ use tempfile::TempDir;
 
 use super::client::{cmd, cmd_text, ping_raw, try_cmd};
 use super::ports::{free_port, local};
-use super::process::{LOG_TAIL_LINES, kill_child, lock, poll, read_lossy, tail};
+use super::process::{LOG_TAIL_LINES, kill_child, lock, poll, read_lossy, report_if_panicking, tail};
 use super::slots::{SLOTS, SlotRange, check_coverage, key_slot, slot_view};
 
 fn redis_server_bin() -> String {
@@ -269,14 +269,7 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
-        if thread::panicking() {
-            eprintln!(
-                "----- redis-server {} (pid {}) log tail -----\n{}\n-----",
-                self.port,
-                self.pid(),
-                tail(&self.log(), LOG_TAIL_LINES)
-            );
-        }
+        report_if_panicking("redis-server", self.port, self.pid(), || self.log());
     }
 }
 
