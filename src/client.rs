@@ -8,17 +8,32 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::protocol::Proto;
+use crate::protocol::{Proto, Request};
 
-/// Which commands a connection may send now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Which commands a connection may send now, and what they mean.
+#[derive(Debug, Default)]
 pub enum Mode {
     /// Any command.
     #[default]
     Normal,
-    /// MULTI was refused: until EXEC, DISCARD or RESET every command is refused too, so
-    /// what the client meant as a transaction never half-runs.
-    RefusedMulti,
+    /// After MULTI: commands are checked and queued (answered `+QUEUED`) until EXEC sends
+    /// them as one transaction, or DISCARD or RESET drops them (crate::transaction).
+    Multi(Box<Queued>),
+}
+
+/// A transaction being queued.
+#[derive(Debug, Default)]
+pub struct Queued {
+    /// The commands, in order, as the client sent them.
+    pub commands: Vec<Request>,
+    /// Their bytes (bounded by `limits.max_inflight_request_bytes`).
+    pub bytes: usize,
+    /// The slot of the keys queued so far (every key of a transaction shares it).
+    pub slot: Option<u16>,
+    /// A command was refused at queue time: EXEC answers EXECABORT.
+    pub failed: bool,
+    /// Keys of the queued writes (the hot-key cache drops them when EXEC runs).
+    pub write_keys: Vec<Bytes>,
 }
 
 /// What the proxy knows about a client connection.

@@ -124,6 +124,9 @@ pub struct ServerConfig {
     pub allow_flush: bool,
     /// On shutdown, how long in-flight replies may take before connections are closed.
     pub shutdown_timeout_ms: u64,
+    /// `HOST:PORT` heatshield gives cluster-aware clients as the one node of its cluster
+    /// (`CLUSTER SLOTS`, ...); unset: the address each client connected to.
+    pub announce: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -135,6 +138,7 @@ impl Default for ServerConfig {
             password: None,
             allow_flush: false,
             shutdown_timeout_ms: 5_000,
+            announce: None,
         }
     }
 }
@@ -275,6 +279,11 @@ impl Config {
     /// Every problem, each naming its key.
     pub fn validate(&self) -> Result<(), Vec<String>> {
         let mut p = Vec::new();
+        if let Some(a) = &self.server.announce
+            && a.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
+            p.push(format!("server.announce: '{a}' is not a HOST:PORT address"));
+        }
         if self.server.listen.parse::<SocketAddr>().is_err() {
             p.push(format!("server.listen: '{}' is not an IP:PORT address", self.server.listen));
         }
@@ -434,14 +443,16 @@ mod tests {
 
     #[test]
     fn every_problem_named() {
-        let mut cfg =
-            Config::parse("[server]\nlisten = 'nope'\n[backend]\nmode = 'cluster'\nconnections_per_node = 0\n")
-                .unwrap();
+        let mut cfg = Config::parse(
+            "[server]\nlisten = 'nope'\nannounce = 'host'\n[backend]\nmode = 'cluster'\nconnections_per_node = 0\n",
+        )
+        .unwrap();
         cfg.apply(&Overrides::default());
         let p = cfg.validate().unwrap_err();
         assert!(p.iter().any(|l| l.starts_with("server.listen:")), "{p:?}");
         assert!(p.iter().any(|l| l.starts_with("backend.seeds:")), "{p:?}");
         assert!(p.iter().any(|l| l.starts_with("backend.connections_per_node:")), "{p:?}");
+        assert!(p.iter().any(|l| l.starts_with("server.announce:")), "{p:?}");
     }
 
     #[test]

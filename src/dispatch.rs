@@ -1,17 +1,19 @@
 //! Dispatch: the first step of every request. Looks the command up, applies the
-//! connection's gates (authentication, the connection's [`Mode`], forms heatshield does
-//! not serve), and hands the request on: answered here by heatshield (`local`, `admin`),
-//! or admitted ([`crate::policy`]) and routed to Redis ([`crate::route`]).
+//! connection's gates (authentication, the connection's [`Mode`]: after MULTI commands
+//! are queued by [`crate::transaction`]; forms heatshield does not serve), and hands the
+//! request on: answered here by heatshield (`local`, `admin`), or admitted
+//! ([`crate::policy`]) and routed to Redis ([`crate::route`]).
 
 use std::sync::atomic::Ordering;
 
 use crate::client::Mode;
-use crate::command::Route;
+use crate::command::{Local, Route};
 use crate::errors;
 use crate::local;
 use crate::pending::{Ctx, Outcome};
 use crate::policy;
 use crate::proxy::Proxy;
+use crate::transaction;
 
 /// Handles one request.
 pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
@@ -25,27 +27,22 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
             if let Some(c) = proxy.commands.get(req.arg(0)) {
                 ctx.cmd = c.id;
             }
-            return ctx.error(e.message());
+            return transaction::refuse(ctx, e.message());
         }
     };
     ctx.cmd = cmd.id;
     if !ctx.client.authed && !matches!(cmd.route, Route::Local(l) if l.auth_free()) {
-        return ctx.error(errors::NOAUTH);
+        return transaction::refuse(ctx, errors::NOAUTH);
     }
-    match (ctx.client.mode, cmd.name.as_str()) {
-        (Mode::Normal, "MULTI") => ctx.client.mode = Mode::RefusedMulti, // and refused below
-        (Mode::Normal, _) => {}
-        (Mode::RefusedMulti, "MULTI") => return ctx.error(errors::NESTED_MULTI),
-        (Mode::RefusedMulti, "EXEC") => {
-            ctx.client.mode = Mode::Normal;
-            return ctx.error(errors::EXECABORT);
-        }
-        (Mode::RefusedMulti, "DISCARD") => {
-            ctx.client.mode = Mode::Normal;
-            return ctx.reply(|w| w.ok());
-        }
-        (Mode::RefusedMulti, "RESET") => {} // leaves every mode (local::run)
-        (Mode::RefusedMulti, _) => return ctx.error(errors::AFTER_REFUSED_MULTI),
+    // the connection's mode
+    let queuing = matches!(ctx.client.mode, Mode::Multi(_));
+    match (queuing, cmd.route) {
+        (_, Route::Transaction(t)) => return transaction::run(proxy, ctx, t),
+        (false, _) => {}
+        // RESET leaves the transaction (local::run) and QUIT ends the connection: both run
+        // at once, as in Redis
+        (true, Route::Local(Local::Reset | Local::Quit)) => {}
+        (true, _) => return transaction::queue(proxy, ctx, cmd),
     }
     match cmd.route {
         Route::Local(l) => local::run(proxy, ctx, l, req),
@@ -58,6 +55,7 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         {
             ctx.error(&errors::blocking_unsupported(&cmd.name))
         }
+        Route::Transaction(t) => transaction::run(proxy, ctx, t),
         route => policy::admit(proxy, ctx, cmd, route),
     }
 }

@@ -7,11 +7,11 @@ pub const NOAUTH: &str = "NOAUTH Authentication required.";
 pub const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";
 pub const NESTED_MULTI: &str = "ERR MULTI calls can not be nested";
 pub const EXECABORT: &str = "EXECABORT Transaction discarded because of previous errors.";
-/// A command sent after a refused MULTI, before EXEC or DISCARD.
-pub const AFTER_REFUSED_MULTI: &str =
-    "ERR heatshield does not support transactions: command not executed (MULTI was refused; send DISCARD or EXEC)";
+pub const EXEC_WITHOUT_MULTI: &str = "ERR EXEC without MULTI";
+pub const DISCARD_WITHOUT_MULTI: &str = "ERR DISCARD without MULTI";
 pub const NO_SLOT_MAP: &str = "CLUSTERDOWN heatshield has no slot map yet";
 pub const INVALID_CURSOR: &str = "ERR invalid cursor";
+pub const INVALID_SLOT: &str = "ERR Invalid slot";
 pub const LOCK_SERVICE_DOWN: &str = "ERR heatshield: the lock service is not running";
 pub const MAX_CLIENTS: &str = "ERR max number of clients reached";
 pub const SYNTAX: &str = "ERR syntax error";
@@ -120,6 +120,16 @@ pub fn lock_invalid(what: &str, name: &str, must: &str) -> String {
 
 pub fn not_owner(key: &[u8], owner: &[u8]) -> String {
     format!("NOTOWNER lock '{}' is not held by '{}'", String::from_utf8_lossy(key), String::from_utf8_lossy(owner))
+}
+
+/// A command that cannot be part of a transaction through heatshield (it is answered by
+/// heatshield itself, or spans every master).
+pub fn not_in_transaction(name: &str) -> String {
+    format!("ERR heatshield cannot run '{name}' inside MULTI")
+}
+
+pub fn transaction_too_large(limit: usize) -> String {
+    format!("ERR heatshield: the transaction is over limits.max_inflight_request_bytes ({limit} bytes)")
 }
 
 /// Redis's arity error (`name` in lower case, as Redis writes it).

@@ -22,8 +22,12 @@
 //! - [`pending`]: a request's context, and a request in flight (sends, redirections, retries);
 //! - [`route`]: where an admitted request's parts go (one node, split by slot, fan-out);
 //! - [`policy`]: admission, in one order: keys → cache lookup → rate limits → cache plan;
+//! - [`transaction`]: MULTI / EXEC / DISCARD: commands checked and queued, sent as one
+//!   native transaction;
 //! - [`info`]: INFO as heatshield answers it (its own sections, the masters' keyspace);
 //! - [`admin`]: `PROXY ...` commands (settings, rate-limit rules, views);
+//! - [`cluster_face`]: CLUSTER INFO / SLOTS / SHARDS / NODES / ...: heatshield as a one-node
+//!   cluster for cluster-aware clients;
 //! - [`local`]: commands the proxy answers itself;
 //! - [`dispatch`]: command lookup, the connection's gates, the route of each request;
 //! - [`session`]: one client connection, replies in order, the client's byte limits;
@@ -35,6 +39,7 @@ pub mod backend;
 pub mod cache;
 pub mod client;
 pub mod cluster;
+pub mod cluster_face;
 pub mod command;
 pub mod config;
 pub mod dispatch;
@@ -55,4 +60,5 @@ pub mod route;
 pub mod server;
 pub mod session;
 pub mod stats;
+pub mod transaction;
 pub mod worker;

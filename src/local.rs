@@ -91,6 +91,7 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             ctx.reply(|w| w.verbatim(line.as_bytes()))
         }
         Local::Proxy => crate::admin::proxy_command(proxy, ctx, req),
+        Local::Cluster => crate::cluster_face::run(proxy, ctx, req),
         Local::Info => {
             let sections: Vec<String> =
                 req.args().skip(1).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase()).collect();

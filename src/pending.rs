@@ -152,6 +152,32 @@ pub enum Finish {
     },
     /// A lock script: its reply becomes the command's.
     Lock(Box<LockRequest>),
+    /// A transaction sent as one message; its reply is EXEC's.
+    Transaction(Box<TxReplies>),
+}
+
+/// What the `queued + 2` replies of a transaction sent as one message (`MULTI`, the
+/// queued commands, `EXEC`) said so far.
+pub struct TxReplies {
+    queued: u32,
+    got: u32,
+    exec: Option<Bytes>,
+    /// The first redirection a queued command met (EXEC then aborts: nothing ran).
+    redirect: Option<Redirect>,
+    /// A queued command met TRYAGAIN or CLUSTERDOWN.
+    busy: bool,
+    /// Never written to the node.
+    unsent: bool,
+    /// The connection failed once it was written: it may have run.
+    failed: Option<String>,
+    /// Keys of its writes (for the rare path of [`Pending::write_hot_generation`]).
+    write_keys: Vec<Bytes>,
+}
+
+impl TxReplies {
+    fn clear(&mut self) {
+        (self.got, self.exec, self.redirect, self.busy, self.unsent) = (0, None, None, false, false);
+    }
 }
 
 /// A request waiting for backend replies.
@@ -298,7 +324,7 @@ fn resend(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize) -> Option<B
 }
 
 /// Sends one part again after [`RETRY_DELAY`], to whichever node owns its slot by then.
-fn send_later(proxy: &Proxy, ctx: &Ctx, part: &Part, idx: u32) {
+fn send_later(proxy: &Proxy, ctx: &Ctx, part: &Part, idx: u32, count: u32) {
     let cluster = proxy.cluster.clone();
     let target = part.target.clone();
     let data = part.data.clone();
@@ -314,14 +340,17 @@ fn send_later(proxy: &Proxy, ctx: &Ctx, part: &Part, idx: u32) {
         match node {
             Some(n) => n.conn(proto, affinity).send(BackendRequest {
                 data,
-                count: 1,
+                count,
                 prefix: if matches!(target, Target::Ask(_)) { Prefix::Asking } else { Prefix::None },
                 tag,
                 reply_to,
             }),
             None => {
-                let _ =
-                    reply_to.send(BackendReply { tag, result: Err(BackendError::NotSent(Arc::from("unserved slot"))) });
+                for k in 0..count {
+                    let tag = Tag { part: tag.part + k, ..tag };
+                    let _ = reply_to
+                        .send(BackendReply { tag, result: Err(BackendError::NotSent(Arc::from("unserved slot"))) });
+                }
             }
         }
     });
@@ -361,6 +390,9 @@ fn recheck_later(proxy: &Proxy, ctx: &Ctx, idx: u32) {
 
 /// A backend reply for part `idx` of `p`. Returns the final reply once every part is in.
 pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
+    if let Finish::Transaction(_) = p.finish {
+        return on_transaction_reply(proxy, ctx, p, reply);
+    }
     let idx = reply.tag.part as usize;
     let part = p.parts.get_mut(idx)?;
     if part.reply.is_some() {
@@ -394,7 +426,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
         (Verdict::Busy, Ok(_)) if part.retries < MAX_RETRIES => {
             part.retries += 1;
             proxy.cluster.request_refresh();
-            send_later(proxy, ctx, part, idx as u32);
+            send_later(proxy, ctx, part, idx as u32, 1);
             return None;
         }
         (Verdict::Recheck, _) => {
@@ -420,7 +452,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             proxy.cluster.request_refresh();
             if matches!(part.target, Target::Slot(_)) && part.retries < MAX_RETRIES {
                 part.retries += 1;
-                send_later(proxy, ctx, part, idx as u32);
+                send_later(proxy, ctx, part, idx as u32, 1);
                 return None;
             }
             let addr = match &e {
@@ -441,6 +473,106 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
     complete(proxy, ctx, p, idx, data)
 }
 
+/// Sends a transaction (`MULTI`, `queued` commands, `EXEC` in `data`) to `target`: EXEC's
+/// reply is the client's. A transaction that met a redirection, TRYAGAIN or CLUSTERDOWN
+/// at queue time ran nothing (EXEC aborts), so it is sent again whole, like a single
+/// command would be.
+pub fn start_transaction(
+    proxy: &Proxy,
+    ctx: &mut Ctx,
+    data: Bytes,
+    queued: u32,
+    target: Target,
+    write_keys: Vec<Bytes>,
+) -> Outcome {
+    let tx =
+        TxReplies { queued, got: 0, exec: None, redirect: None, busy: false, unsent: false, failed: None, write_keys };
+    let p = Pending::new(ctx, Finish::Transaction(Box::new(tx)), smallvec::smallvec![Part::new(data, target)]);
+    match send_transaction(proxy, ctx, &p.parts[0], queued) {
+        Ok(()) => Outcome::Waiting(p),
+        Err(e) => Outcome::Ready(e),
+    }
+}
+
+fn send_transaction(proxy: &Proxy, ctx: &Ctx, part: &Part, queued: u32) -> Result<(), Bytes> {
+    let (node, asking) = resolve(proxy, &part.target)?;
+    node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
+        data: part.data.clone(),
+        count: queued + 2,
+        // ASKING before MULTI holds for the whole transaction
+        prefix: if asking { Prefix::Asking } else { Prefix::None },
+        tag: Tag { seq: ctx.seq, part: 0 },
+        reply_to: ctx.reply_to.clone(),
+    });
+    Ok(())
+}
+
+/// One of a transaction's replies; once all are in, EXEC's reply is the answer, or the
+/// transaction is sent again (see [`start_transaction`]).
+fn on_transaction_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
+    let Pending { finish: Finish::Transaction(tx), parts, .. } = p else { return None };
+    let idx = reply.tag.part;
+    if idx > tx.queued + 1 || parts[0].reply.is_some() {
+        return None;
+    }
+    match (retry::classify(&reply.result, proxy.cluster.is_cluster()), reply.result) {
+        (Verdict::Unsent, _) => tx.unsent = true,
+        (_, Err(e)) if tx.failed.is_none() => {
+            tracing::warn!(error = %e, client = ctx.client.id, "backend request failed during a transaction");
+            tx.failed = Some(errors::backend_failed(&e));
+        }
+        (_, Ok(data)) if idx == tx.queued + 1 => tx.exec = Some(data),
+        (Verdict::Redirect(r), Ok(_)) if idx > 0 => {
+            tx.redirect.get_or_insert(r);
+        }
+        (Verdict::Busy, Ok(_)) if idx > 0 => tx.busy = true,
+        _ => {}
+    }
+    tx.got += 1;
+    if tx.got < tx.queued + 2 {
+        return None;
+    }
+    let part = &mut parts[0];
+    let queued = tx.queued;
+    if let Some(e) = tx.failed.take() {
+        proxy.cluster.request_refresh();
+        return complete(proxy, ctx, p, 0, errors::resp(&e));
+    }
+    if tx.unsent {
+        proxy.cluster.request_refresh();
+        if part.retries < MAX_RETRIES && matches!(part.target, Target::Slot(_)) {
+            part.retries += 1;
+            tx.clear();
+            send_later(proxy, ctx, part, 0, queued + 2);
+            return None;
+        }
+        return complete(proxy, ctx, p, 0, errors::resp(&errors::node_unreachable("the transaction's master")));
+    }
+    let exec = tx.exec.take().unwrap_or_default();
+    if exec.starts_with(b"-EXECABORT") {
+        if let Some(r) = tx.redirect.take()
+            && part.redirects < MAX_REDIRECTS
+        {
+            part.redirects += 1;
+            if follow(proxy, part, &r) {
+                tx.clear();
+                p.redirected = true;
+                if let Err(e) = send_transaction(proxy, ctx, &p.parts[0], queued) {
+                    return complete(proxy, ctx, p, 0, e);
+                }
+                return None;
+            }
+        } else if tx.busy && part.retries < MAX_RETRIES {
+            part.retries += 1;
+            tx.clear();
+            proxy.cluster.request_refresh();
+            send_later(proxy, ctx, part, 0, queued + 2);
+            return None;
+        }
+    }
+    complete(proxy, ctx, p, 0, exec)
+}
+
 fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Bytes) -> Option<Bytes> {
     p.parts[idx].reply = Some(data);
     p.remaining -= 1;
@@ -459,7 +591,16 @@ fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Byt
         && g != proxy.cache.hot_generation()
     {
         // keys turned hot while the write was out: it may have raced their first fill
-        invalidate_keys(proxy, ctx.req);
+        match &p.finish {
+            Finish::Transaction(tx) => {
+                for k in &tx.write_keys {
+                    if proxy.cache.tracked(k) {
+                        proxy.cache.invalidate(k, crate::cache::Cause::Write);
+                    }
+                }
+            }
+            _ => invalidate_keys(proxy, ctx.req),
+        }
     }
     Some(assemble(proxy, ctx, p))
 }
@@ -480,7 +621,7 @@ fn invalidate_keys(proxy: &Proxy, req: &Request) {
 /// Merges the replies of a finished request.
 fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
     match &p.finish {
-        Finish::Merge(Merge::Pass) => p.parts[0].reply.take().unwrap_or_default(),
+        Finish::Merge(Merge::Pass) | Finish::Transaction(_) => p.parts[0].reply.take().unwrap_or_default(),
         Finish::Lock(r) => {
             use crate::locks::LockCmd;
             let reply = p.parts[0].reply.take().unwrap_or_default();

@@ -37,6 +37,11 @@ pub fn any_master(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
     pass(proxy, ctx, Target::Node(node))
 }
 
+/// The whole request to the master owning slot `s` (a command about a slot).
+pub fn to_slot(proxy: &Proxy, ctx: &mut Ctx, s: u16) -> Outcome {
+    pass(proxy, ctx, Target::Slot(s))
+}
+
 /// A command whose keys (`keys`: argument positions) all hash to one slot: to the master
 /// owning it. CROSSSLOT, as Redis Cluster says, when they do not.
 pub fn forward(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {

@@ -51,12 +51,16 @@ p.mget([keys[0], keys[1], keys[2], prefix + "missing"])
 p.hget(prefix + "h", "f2")
 p.exists(*keys)
 out("pipeline", p.execute())
+# redis-py's default pipeline is a transaction (MULTI ... EXEC); its keys share a slot
+t = "{" + prefix + "tx}"
+out("transaction", r.pipeline().set(t + "a", "x").incr(t + "n").get(t + "a").execute())
 try:
-    r.pipeline().set(prefix + "tx", "x").execute()
-    out("transaction", "no error")
-except redis.ResponseError as e:
-    out("transaction", str(e))
-out("tx_applied", r.exists(prefix + "tx"))
+    r.pipeline().set(t + "b", "x").set(prefix + "elsewhere", "y").execute()
+    out("cross_slot", "no error")
+except redis.RedisError as e:
+    out("cross_slot", type(e).__name__)
+out("tx_applied", r.exists(t + "a", t + "n", t + "b", prefix + "elsewhere"))
+r.delete(t + "a", t + "n")
 out("exists", r.exists(*keys))
 out("delete", r.delete(*keys, prefix + "h", prefix + "ctr", prefix + "z", prefix + "p"))
 out("mget_after", r.mget(keys))
@@ -112,18 +116,17 @@ fn run_redis_py(mode: &str) {
             "redis-py ({mode}) line {i}\nfull output:\n{stdout}\nstderr:\n{stderr}"
         );
     }
-    let tx = lines.get(expected.len()).copied().unwrap_or("");
-    assert!(
-        tx.starts_with("transaction=")
-            && (tx.contains("heatshield does not support 'MULTI'")
-                || tx.contains("heatshield does not support 'EXEC'"))
-            && tx.contains("transactions are not supported"),
-        "a MULTI/EXEC pipeline must fail with the proxy's refusal, got {tx:?}"
-    );
     assert_eq!(
-        &lines[expected.len() + 1..],
-        ["tx_applied=0", "exists=3", "delete=7", "mget_after=[None, None, None]"],
-        "redis-py ({mode})\nfull output:\n{stdout}"
+        &lines[expected.len()..],
+        [
+            "transaction=[True, 1, b'x']",
+            "cross_slot='ClusterCrossSlotError'",
+            "tx_applied=2",
+            "exists=3",
+            "delete=7",
+            "mget_after=[None, None, None]"
+        ],
+        "redis-py ({mode})\nfull output:\n{stdout}\nstderr:\n{stderr}"
     );
     assert!(env.proxy.is_alive());
 }

@@ -84,6 +84,9 @@ pub enum Local {
     ClientInfo,
     /// `PROXY ...`: heatshield's admin commands.
     Proxy,
+    /// `CLUSTER INFO | MYID | SLOTS | SHARDS | NODES | KEYSLOT | COUNTKEYSINSLOT |
+    /// GETKEYSINSLOT`: heatshield as a one-node cluster (crate::cluster_face).
+    Cluster,
 }
 
 impl Local {
@@ -91,6 +94,14 @@ impl Local {
     pub fn auth_free(self) -> bool {
         matches!(self, Local::Ping | Local::Auth | Local::Hello | Local::Quit)
     }
+}
+
+/// MULTI / EXEC / DISCARD (crate::transaction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxCmd {
+    Multi,
+    Exec,
+    Discard,
 }
 
 /// What the proxy does with a command.
@@ -107,6 +118,8 @@ pub enum Route {
     /// heatshield's lock commands, run as scripts on the lock key's master (the locks
     /// module carries them out).
     Lock(LockCmd),
+    /// MULTI, EXEC, DISCARD: the connection's transaction (crate::transaction).
+    Transaction(TxCmd),
     /// Refused with `-ERR heatshield does not support '<name>'` (and the reason, if any).
     Unsupported(&'static str),
 }
@@ -141,6 +154,11 @@ impl Command {
     /// A command that changes data (scripts count as writes: they may).
     pub fn is_write(&self) -> bool {
         self.flags & flags::WRITE != 0 || matches!(self.name.as_str(), "EVAL" | "EVALSHA" | "FCALL")
+    }
+
+    /// A command that may block (BLPOP, XREAD ... BLOCK, ...).
+    pub fn is_blocking(&self) -> bool {
+        self.flags & flags::BLOCKING != 0 || matches!(self.name.as_str(), "XREAD" | "XREADGROUP")
     }
 
     pub fn is_readonly(&self) -> bool {
@@ -447,11 +465,22 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "COMMAND" => AnyMaster,
         n if n.starts_with("COMMAND|") => AnyMaster,
         "FUNCTION|LIST" | "FUNCTION|DUMP" | "FUNCTION|STATS" => AnyMaster,
-        "MULTI" | "EXEC" | "DISCARD" | "WATCH" | "UNWATCH" => Unsupported("transactions are not supported yet"),
+        "MULTI" => Transaction(TxCmd::Multi),
+        "EXEC" => Transaction(TxCmd::Exec),
+        "DISCARD" => Transaction(TxCmd::Discard),
+        "WATCH" | "UNWATCH" => Unsupported("WATCH is not supported yet"),
         "MONITOR" => Unsupported(""),
         "MOVE" | "SWAPDB" => Unsupported("only database 0 exists behind the proxy"),
         "WAIT" => Unsupported("backend connections are shared between clients"),
         "MIGRATE" | "ASKING" => Unsupported("cluster administration is not supported"),
+        "CLUSTER|INFO"
+        | "CLUSTER|MYID"
+        | "CLUSTER|SLOTS"
+        | "CLUSTER|SHARDS"
+        | "CLUSTER|NODES"
+        | "CLUSTER|KEYSLOT"
+        | "CLUSTER|COUNTKEYSINSLOT"
+        | "CLUSTER|GETKEYSINSLOT" => Local(self::Local::Cluster),
         n if n.starts_with("CLUSTER") => Unsupported("cluster administration is not supported"),
         n if n.starts_with("CLIENT|") => Unsupported("backend connections are shared between clients"),
         "XREAD" | "XREADGROUP" => Forward, // refused at run time when BLOCK is given
@@ -585,7 +614,8 @@ mod tests {
         assert_eq!(r(&["script", "load", "x"]), Route::FanOut(FanOut::AllSame));
         assert!(matches!(r(&["blpop", "a", "0"]), Route::Unsupported(_)));
         assert!(matches!(r(&["subscribe", "a"]), Route::Unsupported(_)));
-        assert!(matches!(r(&["multi"]), Route::Unsupported(_)));
+        assert_eq!(r(&["multi"]), Route::Transaction(TxCmd::Multi));
+        assert!(matches!(r(&["watch", "k"]), Route::Unsupported(_)));
         assert!(matches!(r(&["config", "get", "x"]), Route::Unsupported(_)));
         assert_eq!(r(&["msetnx", "a", "1"]), Route::Forward);
         assert!(t.lookup(&req(&["eval", "s", "0"])).unwrap().is_write());

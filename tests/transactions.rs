@@ -1,0 +1,235 @@
+//! MULTI / EXEC / DISCARD through heatshield, against a real 3-master cluster: the replies
+//! are Redis's own (compared with the same commands sent straight to the owning master),
+//! queue-time errors abort EXEC, every key shares one slot, the transaction runs on the
+//! slot's master as one native transaction, and one that meets a moved slot is sent again
+//! to the new owner instead of failing.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::client::{Conn, Proto, V};
+use common::{ClusterEnv, Shared, cmd_text, info_field, key_slot, wait_until};
+
+static ENV: Shared<ClusterEnv> = Shared::new();
+
+fn env() -> Arc<ClusterEnv> {
+    ENV.get(|| ClusterEnv::start(None))
+}
+
+fn err(text: &str) -> V {
+    V::Err(text.into())
+}
+
+const EXECABORT: &str = "EXECABORT Transaction discarded because of previous errors.";
+
+/// The same commands through heatshield, then straight to `direct`: the same replies
+/// (the commands leave the keys as they found them).
+fn same_as_redis(proxy: &mut Conn, direct: &mut Conn, cmds: &[&[&str]]) {
+    let got: Vec<V> = cmds.iter().map(|c| proxy.cmd(c)).collect();
+    let want: Vec<V> = cmds.iter().map(|c| direct.cmd(c)).collect();
+    assert_eq!(got, want, "{cmds:?}");
+}
+
+#[test]
+fn a_transaction_answers_as_redis_does() {
+    let env = env();
+    for proto in Proto::BOTH {
+        let tag = format!("{{tx:{proto:?}}}");
+        let (a, b) = (format!("{tag}a"), format!("{tag}b"));
+        let owner = env.owners.of_key(a.as_bytes());
+        let mut c = Conn::connect_proto(env.proxy.port(), proto);
+        let mut d = Conn::connect_proto(owner, proto);
+        for round in 0..2 {
+            let p = if round == 0 { "p" } else { "d" };
+            let (a, b) = (format!("{a}{p}"), format!("{b}{p}"));
+            let conn = if round == 0 { &mut c } else { &mut d };
+            assert_eq!(conn.cmd(&["MULTI"]), V::ok());
+            for cmd in [
+                vec!["SET", &a, "1"],
+                vec!["INCR", &a],
+                vec!["RPUSH", &b, "x", "y"],
+                vec!["LRANGE", &b, "0", "-1"],
+                vec!["GET", &a],
+                vec!["PING"],
+                vec!["ECHO", "hi"],
+            ] {
+                assert_eq!(conn.cmd(&cmd), V::s("QUEUED"), "{proto:?} {cmd:?}");
+            }
+            let got = conn.cmd(&["EXEC"]);
+            assert_eq!(
+                got,
+                V::Arr(vec![V::ok(), V::Int(2), V::Int(2), V::strs(&["x", "y"]), V::s("2"), V::s("PONG"), V::s("hi"),]),
+                "{proto:?} round {round}"
+            );
+            assert_eq!(conn.cmd(&["DEL", &a, &b]), V::Int(2));
+        }
+        // a command that fails when it runs: the others still run (Redis has no rollback)
+        same_as_redis(
+            &mut c,
+            &mut d,
+            &[
+                &["SET", &a, "text"],
+                &["MULTI"],
+                &["INCR", &a],
+                &["SET", &b, "v"],
+                &["EXEC"],
+                &["GET", &b],
+                &["DEL", &a, &b],
+            ],
+        );
+        // the error replies outside and inside a transaction
+        same_as_redis(
+            &mut c,
+            &mut d,
+            &[
+                &["EXEC"],
+                &["DISCARD"],
+                &["MULTI"],
+                &["MULTI"],
+                &["SET", &a, "1"],
+                &["DISCARD"],
+                &["GET", &a],
+                &["MULTI"],
+                &["EXEC"],
+            ],
+        );
+    }
+}
+
+#[test]
+fn queue_time_errors_abort_exec_and_nothing_runs() {
+    let env = env();
+    for proto in Proto::BOTH {
+        let k = format!("{{txerr:{proto:?}}}k");
+        let mut c = Conn::connect_proto(env.proxy.port(), proto);
+        let mut d = Conn::connect_proto(env.owners.of_key(k.as_bytes()), proto);
+        // unknown command and wrong arity: Redis's texts, and EXECABORT
+        for bad in [vec!["NOSUCHCOMMAND", "x"], vec!["GET"], vec!["SET", &k]] {
+            for conn in [&mut c, &mut d] {
+                assert_eq!(conn.cmd(&["MULTI"]), V::ok());
+                assert_eq!(conn.cmd(&["SET", &k, "1"]), V::s("QUEUED"));
+                assert!(conn.cmd(&bad).is_err(), "{bad:?}");
+                assert_eq!(conn.cmd(&["EXEC"]), err(EXECABORT), "{proto:?} {bad:?}");
+                assert!(conn.cmd(&["GET", &k]).is_nil(), "{proto:?} {bad:?}: part of an aborted transaction ran");
+            }
+            let (mut pc, mut dc) = (c.cmd(&["MULTI"]), d.cmd(&["MULTI"]));
+            assert_eq!(pc, dc);
+            (pc, dc) = (c.cmd(&bad), d.cmd(&bad));
+            assert_eq!(pc, dc, "{bad:?}");
+            assert_eq!(c.cmd(&["DISCARD"]), d.cmd(&["DISCARD"]));
+        }
+        // keys in two slots: CROSSSLOT when queued, then EXECABORT
+        let other = (0..)
+            .map(|i| format!("txother:{i}"))
+            .find(|o| key_slot(o.as_bytes()) != key_slot(k.as_bytes()))
+            .unwrap_or_default();
+        assert_eq!(c.cmd(&["MULTI"]), V::ok());
+        assert_eq!(c.cmd(&["SET", &k, "1"]), V::s("QUEUED"));
+        assert_eq!(c.cmd(&["SET", &other, "1"]), err("CROSSSLOT Keys in request don't hash to the same slot"));
+        assert_eq!(c.cmd(&["EXEC"]), err(EXECABORT));
+        assert!(c.cmd(&["GET", &k]).is_nil());
+        assert!(c.cmd(&["GET", &other]).is_nil());
+        // a command that spans every master, or that heatshield answers itself
+        for refused in [vec!["KEYS", "*"], vec!["CLIENT", "SETNAME", "x"], vec!["WATCH", &k]] {
+            assert_eq!(c.cmd(&["MULTI"]), V::ok());
+            assert!(c.cmd(&refused).is_err(), "{refused:?}");
+            assert_eq!(c.cmd(&["EXEC"]), err(EXECABORT), "{refused:?}");
+        }
+        // RESET leaves a transaction; the connection works as before
+        assert_eq!(c.cmd(&["MULTI"]), V::ok());
+        assert_eq!(c.cmd(&["SET", &k, "queued"]), V::s("QUEUED"));
+        assert_eq!(c.cmd(&["RESET"]), V::s("RESET"));
+        // RESET also goes back to RESP2, as in Redis
+        c.set_proto(Proto::Resp2);
+        assert!(c.cmd(&["GET", &k]).is_nil());
+        assert_eq!(c.cmd(&["EXEC"]), err("ERR EXEC without MULTI"));
+    }
+}
+
+#[test]
+fn empty_and_keyless_transactions() {
+    let env = env();
+    for proto in Proto::BOTH {
+        let mut c = Conn::connect_proto(env.proxy.port(), proto);
+        assert_eq!(c.cmd(&["MULTI"]), V::ok());
+        assert_eq!(c.cmd(&["EXEC"]), V::Arr(vec![]), "{proto:?}");
+        assert_eq!(c.cmd(&["MULTI"]), V::ok());
+        assert_eq!(c.cmd(&["PING"]), V::s("QUEUED"));
+        assert_eq!(c.cmd(&["TIME"]), V::s("QUEUED"));
+        assert_eq!(c.cmd(&["ECHO", "e"]), V::s("QUEUED"));
+        let r = c.cmd(&["EXEC"]);
+        let items = r.items();
+        assert_eq!(items.len(), 3, "{proto:?} {r:?}");
+        assert_eq!(items[0], V::s("PONG"));
+        assert_eq!(items[1].items().len(), 2, "TIME is [seconds, microseconds]: {r:?}");
+        assert_eq!(items[2], V::s("e"));
+    }
+}
+
+fn exec_calls(port: u16) -> i64 {
+    let info = cmd_text(port, &["INFO", "commandstats"]);
+    info_field(&info, "cmdstat_exec")
+        .and_then(|v| v.split(',').next().and_then(|c| c.strip_prefix("calls=")).map(|n| n.parse().unwrap_or(0)))
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_transaction_runs_on_the_slots_master_as_one_native_transaction() {
+    let env = env();
+    let k = "{txwhere}k";
+    let owner = env.owners.of_key(k.as_bytes());
+    let before: Vec<(u16, i64)> = env.owners.masters().iter().map(|&m| (m, exec_calls(m))).collect();
+    let mut c = Conn::connect(env.proxy.port());
+    for i in 0..5 {
+        assert_eq!(c.cmd(&["MULTI"]), V::ok());
+        assert_eq!(c.cmd(&["INCR", k]), V::s("QUEUED"));
+        assert_eq!(c.cmd(&["EXEC"]), V::Arr(vec![V::Int(i + 1)]));
+    }
+    assert_eq!(c.cmd(&["DEL", k]), V::Int(1));
+    for (m, n) in before {
+        let grew = exec_calls(m) - n;
+        if m == owner {
+            assert!(grew >= 5, "the owner {m} ran {grew} EXECs");
+        }
+    }
+    // pipelined: a client that sends MULTI ... EXEC in one write gets every reply in order
+    let k2 = "{txwhere}p";
+    let replies = c.pipeline(&[
+        vec![b"MULTI".to_vec()],
+        vec![b"SET".to_vec(), k2.into(), b"1".to_vec()],
+        vec![b"INCRBY".to_vec(), k2.into(), b"9".to_vec()],
+        vec![b"EXEC".to_vec()],
+        vec![b"GET".to_vec(), k2.into()],
+    ]);
+    assert_eq!(replies, vec![V::ok(), V::s("QUEUED"), V::s("QUEUED"), V::Arr(vec![V::ok(), V::Int(10)]), V::s("10")]);
+    assert_eq!(c.cmd(&["DEL", k2]), V::Int(1));
+}
+
+#[test]
+fn a_transaction_whose_slot_moved_is_sent_to_the_new_owner() {
+    // a cluster of its own: this test moves a slot
+    let env = ClusterEnv::start(None);
+    let k = "{txmoved}k";
+    let s = key_slot(k.as_bytes());
+    let old = env.owners.of_slot(s);
+    let new = env.owners.masters().into_iter().find(|&m| m != old).unwrap_or(old);
+    let mut c = Conn::connect(env.proxy.port());
+    // the proxy learns the slot's owner
+    assert!(c.cmd(&["GET", k]).is_nil());
+    // the (empty) slot moves to another master behind the proxy's back
+    let new_id = env.cluster.node_id(new);
+    for m in env.owners.masters() {
+        assert_eq!(cmd_text(m, &["CLUSTER", "SETSLOT", &s.to_string(), "NODE", &new_id]), "OK", "on {m}");
+    }
+    wait_until(Duration::from_secs(10), "the old owner to redirect", || {
+        cmd_text(old, &["GET", k]).starts_with("MOVED")
+    });
+    assert_eq!(c.cmd(&["MULTI"]), V::ok());
+    assert_eq!(c.cmd(&["SET", k, "v"]), V::s("QUEUED"));
+    assert_eq!(c.cmd(&["INCR", "{txmoved}n"]), V::s("QUEUED"));
+    assert_eq!(c.cmd(&["EXEC"]), V::Arr(vec![V::ok(), V::Int(1)]), "the client must not see the move");
+    assert_eq!(cmd_text(new, &["GET", k]), "v");
+    assert!(env.proxy.is_alive());
+}
