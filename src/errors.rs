@@ -8,6 +8,7 @@ pub const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same sl
 pub const NESTED_MULTI: &str = "ERR MULTI calls can not be nested";
 pub const EXECABORT: &str = "EXECABORT Transaction discarded because of previous errors.";
 pub const EXEC_WITHOUT_MULTI: &str = "ERR EXEC without MULTI";
+pub const WATCH_IN_MULTI: &str = "ERR WATCH inside MULTI is not allowed";
 pub const DISCARD_WITHOUT_MULTI: &str = "ERR DISCARD without MULTI";
 pub const NO_SLOT_MAP: &str = "CLUSTERDOWN heatshield has no slot map yet";
 pub const INVALID_CURSOR: &str = "ERR invalid cursor";

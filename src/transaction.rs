@@ -54,6 +54,10 @@ pub fn refuse(ctx: &mut Ctx, text: &str) -> Outcome {
 /// A command sent after MULTI: checked and queued.
 pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
     let req = ctx.req;
+    if cmd.name == "WATCH" {
+        // Redis answers this without failing the transaction
+        return ctx.error(errors::WATCH_IN_MULTI);
+    }
     let allowed = match cmd.route {
         Route::Forward | Route::Split(_) | Route::AnyMaster => true,
         // Redis commands heatshield answers alone; inside a transaction Redis answers them

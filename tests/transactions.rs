@@ -88,6 +88,7 @@ fn a_transaction_answers_as_redis_does() {
                 &["DISCARD"],
                 &["MULTI"],
                 &["MULTI"],
+                &["WATCH", &a],
                 &["SET", &a, "1"],
                 &["DISCARD"],
                 &["GET", &a],
@@ -132,11 +133,17 @@ fn queue_time_errors_abort_exec_and_nothing_runs() {
         assert!(c.cmd(&["GET", &k]).is_nil());
         assert!(c.cmd(&["GET", &other]).is_nil());
         // a command that spans every master, or that heatshield answers itself
-        for refused in [vec!["KEYS", "*"], vec!["CLIENT", "SETNAME", "x"], vec!["WATCH", &k]] {
+        for refused in [vec!["KEYS", "*"], vec!["CLIENT", "SETNAME", "x"]] {
             assert_eq!(c.cmd(&["MULTI"]), V::ok());
             assert!(c.cmd(&refused).is_err(), "{refused:?}");
             assert_eq!(c.cmd(&["EXEC"]), err(EXECABORT), "{refused:?}");
         }
+        // WATCH inside MULTI: Redis's error, and the transaction goes on
+        assert_eq!(c.cmd(&["MULTI"]), V::ok());
+        assert_eq!(c.cmd(&["WATCH", &k]), err("ERR WATCH inside MULTI is not allowed"));
+        assert_eq!(c.cmd(&["SET", &k, "w"]), V::s("QUEUED"));
+        assert_eq!(c.cmd(&["EXEC"]), V::Arr(vec![V::ok()]));
+        assert_eq!(c.cmd(&["DEL", &k]), V::Int(1));
         // RESET leaves a transaction; the connection works as before
         assert_eq!(c.cmd(&["MULTI"]), V::ok());
         assert_eq!(c.cmd(&["SET", &k, "queued"]), V::s("QUEUED"));
