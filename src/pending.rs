@@ -308,19 +308,25 @@ fn resolve(proxy: &Proxy, target: &Target) -> Result<(Arc<NodePool>, bool), Byte
 
 /// Sends part `idx` again now; completes it with the error if its slot is not served.
 fn resend(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize) -> Option<Bytes> {
-    let part = &p.parts[idx];
-    let (node, asking) = match resolve(proxy, &part.target) {
-        Ok(t) => t,
-        Err(e) => return complete(proxy, ctx, p, idx, e),
-    };
+    if let Err(e) = send_part(proxy, ctx, &p.parts[idx], idx as u32, 1) {
+        return complete(proxy, ctx, p, idx, e);
+    }
+    None
+}
+
+/// Sends part `idx` now: `count` commands whose replies are tagged `idx`, `idx + 1`, ...
+/// (a transaction is one part of `queued + 2`). After an ASK, ASKING goes first; before
+/// a transaction's MULTI it holds for the whole transaction.
+fn send_part(proxy: &Proxy, ctx: &Ctx, part: &Part, idx: u32, count: u32) -> Result<(), Bytes> {
+    let (node, asking) = resolve(proxy, &part.target)?;
     node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
         data: part.data.clone(),
-        count: 1,
+        count,
         prefix: if asking { Prefix::Asking } else { Prefix::None },
-        tag: Tag { seq: ctx.seq, part: idx as u32 },
+        tag: Tag { seq: ctx.seq, part: idx },
         reply_to: ctx.reply_to.clone(),
     });
-    None
+    Ok(())
 }
 
 /// Sends one part again after [`RETRY_DELAY`], to whichever node owns its slot by then.
@@ -488,23 +494,10 @@ pub fn start_transaction(
     let tx =
         TxReplies { queued, got: 0, exec: None, redirect: None, busy: false, unsent: false, failed: None, write_keys };
     let p = Pending::new(ctx, Finish::Transaction(Box::new(tx)), smallvec::smallvec![Part::new(data, target)]);
-    match send_transaction(proxy, ctx, &p.parts[0], queued) {
+    match send_part(proxy, ctx, &p.parts[0], 0, queued + 2) {
         Ok(()) => Outcome::Waiting(p),
         Err(e) => Outcome::Ready(e),
     }
-}
-
-fn send_transaction(proxy: &Proxy, ctx: &Ctx, part: &Part, queued: u32) -> Result<(), Bytes> {
-    let (node, asking) = resolve(proxy, &part.target)?;
-    node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
-        data: part.data.clone(),
-        count: queued + 2,
-        // ASKING before MULTI holds for the whole transaction
-        prefix: if asking { Prefix::Asking } else { Prefix::None },
-        tag: Tag { seq: ctx.seq, part: 0 },
-        reply_to: ctx.reply_to.clone(),
-    });
-    Ok(())
 }
 
 /// One of a transaction's replies; once all are in, EXEC's reply is the answer, or the
@@ -557,7 +550,7 @@ fn on_transaction_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: Ba
             if follow(proxy, part, &r) {
                 tx.clear();
                 p.redirected = true;
-                if let Err(e) = send_transaction(proxy, ctx, &p.parts[0], queued) {
+                if let Err(e) = send_part(proxy, ctx, &p.parts[0], 0, queued + 2) {
                     return complete(proxy, ctx, p, 0, e);
                 }
                 return None;
