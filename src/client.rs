@@ -26,8 +26,11 @@ pub enum Mode {
 pub struct Queued {
     /// The commands, in order, as the client sent them.
     pub commands: Vec<Request>,
-    /// Their bytes (bounded by `limits.max_inflight_request_bytes`).
+    /// Their bytes.
     pub bytes: usize,
+    /// The memory they hold: their bytes, their parsed form and the keys of the writes
+    /// (bounded by `limits.max_inflight_request_bytes`).
+    pub held: usize,
     /// The slot of the keys queued so far (every key of a transaction shares it).
     pub slot: Option<u16>,
     /// A command was refused at queue time: EXEC answers EXECABORT.

@@ -18,6 +18,7 @@ use crate::cluster::slot;
 use crate::command::{Command, Local, Route, Split, TxCmd, keys_of};
 use crate::errors;
 use crate::pending::{Ctx, Outcome, Target, start_transaction};
+use crate::protocol::Request;
 use crate::proxy::Proxy;
 
 /// MULTI, EXEC or DISCARD.
@@ -86,8 +87,12 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
             _ => s = Some(ks),
         }
     }
+    // what queuing it holds: its bytes, its parsed form, and the keys of a write
+    let cost = req.raw().len()
+        + std::mem::size_of::<Request>()
+        + if cmd.is_write() { keys.len() * std::mem::size_of::<bytes::Bytes>() } else { 0 };
     let limit = proxy.config.limits.max_inflight_request_bytes as usize;
-    if q.bytes + req.raw().len() > limit {
+    if q.held + cost > limit {
         return refuse(ctx, &errors::transaction_too_large(limit));
     }
     // counted by the rate limits as if sent alone
@@ -102,6 +107,7 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
     }
     q.slot = s;
     q.bytes += req.raw().len();
+    q.held += cost;
     q.commands.push(req.clone());
     ctx.reply(|w| w.simple("QUEUED"))
 }

@@ -35,6 +35,13 @@ rate = 5
 burst = 5
 
 [[ratelimit.rules]]
+name = "tx"
+pattern = "hc:rl:tx"
+commands = "writes"
+rate = 1
+burst = 2
+
+[[ratelimit.rules]]
 name = "counted"
 pattern = "hc:rl:counted"
 commands = "reads"
@@ -140,6 +147,50 @@ fn writes_through_the_proxy_are_seen_at_once() {
     // DEL and EXPIRE
     assert_eq!(w.cmd(&["DEL", key]).int(), 1);
     assert!(r.cmd(&["GET", key]).is_nil());
+}
+
+#[test]
+fn writes_inside_a_transaction_are_seen_at_once() {
+    let e = env();
+    // alone: the write invalidations counted below are this test's
+    let _q = exclusive_traffic();
+    let key = "hc:tx:1";
+    let mut w = Conn::connect(e.proxy.port());
+    let mut r = Conn::connect(e.proxy.port());
+    assert_eq!(w.cmd(&["SET", key, "0"]), V::ok());
+    make_hot(&mut r, key, &["GET", key]);
+    let hits = stat(&mut r, "hits");
+    let dropped = stat(&mut r, "invalidations_write");
+    for i in 1..=100 {
+        // the reader's cached value is current before each transaction
+        assert_eq!(r.cmd(&["GET", key]), V::s((i - 1).to_string()));
+        assert_eq!(w.cmd(&["MULTI"]), V::ok());
+        assert_eq!(w.cmd(&["INCR", key]), V::s("QUEUED"));
+        assert_eq!(w.cmd(&["EXEC"]), V::Arr(vec![V::Int(i)]));
+        // a read that starts after EXEC's reply sees the write, from any connection
+        assert_eq!(r.cmd(&["GET", key]), V::s(i.to_string()), "reader after transaction {i}");
+    }
+    assert!(stat(&mut r, "hits") > hits, "the reads were not served from the cache at all");
+    // heatshield itself dropped the key for each transaction, when EXEC was sent and again
+    // before its reply (not only Redis's tracking message, which comes on another connection)
+    let dropped = stat(&mut r, "invalidations_write") - dropped;
+    assert!(dropped >= 200, "{dropped} write invalidations for 100 transactions");
+    assert_eq!(w.cmd(&["DEL", key]).int(), 1);
+}
+
+#[test]
+fn commands_queued_in_a_transaction_are_rate_limited_as_if_sent_alone() {
+    let e = env();
+    let key = "hc:rl:tx";
+    let mut c = Conn::connect(e.proxy.port());
+    assert_eq!(c.cmd(&["MULTI"]), V::ok());
+    // burst 2: two writes are queued, the third is over the rule's budget
+    assert_eq!(c.cmd(&["SET", key, "a"]), V::s("QUEUED"));
+    assert_eq!(c.cmd(&["SET", key, "b"]), V::s("QUEUED"));
+    let r = c.cmd(&["SET", key, "c"]);
+    assert!(r.err().is_some_and(|t| t.starts_with("THROTTLED key 'hc:rl:tx'")), "{r:?}");
+    assert_eq!(c.cmd(&["EXEC"]), V::Err("EXECABORT Transaction discarded because of previous errors.".into()));
+    assert!(c.cmd(&["GET", key]).is_nil(), "part of an aborted transaction ran");
 }
 
 /// Several readers through the proxy while a writer increments the key every 50 ms,

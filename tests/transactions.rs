@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::client::{Conn, Proto, V};
-use common::{ClusterEnv, Shared, cmd_text, info_field, key_slot, wait_until};
+use common::{ClusterEnv, Proxy, Shared, cmd_text, config_file, info_field, key_slot, wait_until};
 
 static ENV: Shared<ClusterEnv> = Shared::new();
 
@@ -239,4 +239,33 @@ fn a_transaction_whose_slot_moved_is_sent_to_the_new_owner() {
     assert_eq!(c.cmd(&["EXEC"]), V::Arr(vec![V::ok(), V::Int(1)]), "the client must not see the move");
     assert_eq!(cmd_text(new, &["GET", k]), "v");
     assert!(env.proxy.is_alive());
+}
+
+#[test]
+fn a_queued_transaction_is_bounded_in_memory() {
+    let env = env();
+    let (_dir, path) = config_file("[limits]\nmax_inflight_request_bytes = 4096\n");
+    let proxy = Proxy::start_cluster(&env.cluster, &["--config", &path]);
+    let mut c = Conn::connect(proxy.port());
+    let k = "{txbig}k";
+    let value = "x".repeat(1000);
+    assert_eq!(c.cmd(&["MULTI"]), V::ok());
+    let mut queued = 0;
+    let refused = loop {
+        let r = c.cmd(&["APPEND", k, &value]);
+        if r != V::s("QUEUED") {
+            break r;
+        }
+        queued += 1;
+        assert!(queued < 5, "4096 bytes took {queued} commands of 1 KiB");
+    };
+    assert!(queued >= 2, "only {queued} commands of 1 KiB fit in 4096 bytes");
+    assert_eq!(refused, err("ERR heatshield: the transaction is over limits.max_inflight_request_bytes (4096 bytes)"));
+    assert_eq!(c.cmd(&["EXEC"]), err(EXECABORT));
+    assert!(c.cmd(&["GET", k]).is_nil(), "part of an aborted transaction ran");
+    // a transaction within the bound runs
+    assert_eq!(c.cmd(&["MULTI"]), V::ok());
+    assert_eq!(c.cmd(&["APPEND", k, &value]), V::s("QUEUED"));
+    assert_eq!(c.cmd(&["EXEC"]), V::Arr(vec![V::Int(1000)]));
+    assert_eq!(c.cmd(&["DEL", k]), V::Int(1));
 }
