@@ -295,6 +295,9 @@ fn hot_key_cache(c: &mut Criterion) {
         resp3: false,
         latency_sample_every: 8,
         tracking: None,
+        dedicated: false,
+        dedicated_max: 16,
+        dedicated_idle: 4,
     };
     // no connection is made: the pool only names the node that owns the slot
     let cluster = Cluster::new(Mode::Standalone { addr: "127.0.0.1:1".into() }, opts, 1, 1);

@@ -129,6 +129,16 @@ pub struct BackendOptions {
     pub latency_sample_every: u32,
     /// The node's tracking state, when the hot-key cache is on.
     pub tracking: Option<Arc<Tracking>>,
+    /// A dedicated connection (leased to one client at a time, see
+    /// [`crate::cluster::Lease`]): it connects once and never again, has no command
+    /// timeout of its own (its lessee bounds the wait), starts with small buffers (there
+    /// may be thousands), and closes at once when its last handle is dropped, even with
+    /// a request in flight (a blocked command must not outlive its client).
+    pub dedicated: bool,
+    /// Dedicated connections one node may have at once (leased and idle).
+    pub dedicated_max: usize,
+    /// Idle dedicated connections kept per node and protocol for the next lessee.
+    pub dedicated_idle: usize,
 }
 
 /// Connection state, for admin views.
@@ -238,13 +248,22 @@ async fn run(
                 {
                     t.generation.fetch_add(1, Ordering::SeqCst);
                 }
-                if closed {
+                if closed || opts.dedicated {
+                    // a dedicated connection's state (WATCH, a blocked command) died with
+                    // it: requests sent from now on fail at once (NotSent)
                     return;
                 }
             }
             Err(e) => {
                 stats.set(ConnState::Down);
                 warn!(node = %addr, error = %e, "backend connect failed");
+                if opts.dedicated {
+                    if let Some(req) = carry.lock().take() {
+                        metrics.err_connect.increment(req.count.max(1) as u64);
+                        fail_all(req.tag, req.count, &req.reply_to, &BackendError::NotSent(addr.clone()));
+                    }
+                    return;
+                }
                 // Fail what is queued now and whatever arrives while we wait.
                 if let Some(req) = carry.lock().take() {
                     metrics.err_connect.increment(req.count.max(1) as u64);
@@ -356,18 +375,20 @@ async fn serve(
     let (mut rd, mut wr) = stream.split();
     // The writer and reader futures run in this one task, never at the same instant, so
     // the FIFO's lock is never contended (it is there because the task must be Send).
-    let fifo: parking_lot::Mutex<VecDeque<Inflight>> = parking_lot::Mutex::new(VecDeque::with_capacity(256));
+    // A dedicated connection serves one client: small buffers, grown as needed.
+    let (fifo_cap, buf_cap) = if opts.dedicated { (2, 512) } else { (256, 64 * 1024) };
+    let fifo: parking_lot::Mutex<VecDeque<Inflight>> = parking_lot::Mutex::new(VecDeque::with_capacity(fifo_cap));
     let mut closed = false;
 
     let writer = async {
-        let mut wbuf = BytesMut::with_capacity(64 * 1024);
+        let mut wbuf = BytesMut::with_capacity(buf_cap);
         loop {
             if carry.lock().is_none() {
                 let Some(first) = rx.recv().await else {
                     // Every handle is gone (the node left the topology): let the replies
                     // already on their way arrive (the watchdog bounds this), then stop.
                     closed = true;
-                    while !fifo.lock().is_empty() {
+                    while !opts.dedicated && !fifo.lock().is_empty() {
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                     return Ok::<(), std::io::Error>(());
@@ -411,18 +432,18 @@ async fn serve(
                 wr.write_all(&wbuf).await?;
                 wbuf.clear();
                 if wbuf.capacity() > 4 * BATCH_BYTES {
-                    wbuf = BytesMut::with_capacity(64 * 1024);
+                    wbuf = BytesMut::with_capacity(buf_cap);
                 }
             }
         }
     };
 
     let reader = async {
-        let mut rbuf = BytesMut::with_capacity(64 * 1024);
+        let mut rbuf = BytesMut::with_capacity(buf_cap);
         let mut scanner = ReplyScanner::new();
         loop {
-            if rbuf.capacity() - rbuf.len() < 16 * 1024 {
-                rbuf.reserve(64 * 1024);
+            if rbuf.capacity() - rbuf.len() < buf_cap / 4 {
+                rbuf.reserve(buf_cap);
             }
             if rd.read_buf(&mut rbuf).await? == 0 {
                 return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed by peer"));
@@ -469,6 +490,10 @@ async fn serve(
 
     let timeout = opts.command_timeout;
     let watchdog = async {
+        if opts.dedicated {
+            // its lessee bounds the wait (a blocked command may wait for ever)
+            return std::future::pending::<()>().await;
+        }
         let tick = (timeout / 4).max(Duration::from_millis(10));
         loop {
             tokio::time::sleep(tick).await;

@@ -3,11 +3,23 @@
 //! (a queued transaction, a watched key's pinned connection, a blocked command's leased
 //! connection, subscriptions) is a new variant with its rules in dispatch, not a flag
 //! threaded through the request path.
+//!
+//! [`ClientInfo`] is what other connections may see of a client and ask of it (CLIENT
+//! LIST, KILL, UNBLOCK), kept in the proxy's [`Registry`]; a request from another
+//! connection reaches the session as a [`Control`] on its reply channel, so it costs the
+//! session no wake-up source of its own.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 
+use crate::backend::{BackendError, BackendReply, ReplyTx, Tag};
+
+use crate::cluster::Lease;
 use crate::protocol::{Proto, Request};
 
 /// Which commands a connection may send now, and what they mean.
@@ -31,12 +43,164 @@ pub struct Queued {
     /// The memory they hold: their bytes, their parsed form and the keys of the writes
     /// (bounded by `limits.max_inflight_request_bytes`).
     pub held: usize,
-    /// The slot of the keys queued so far (every key of a transaction shares it).
+    /// The slot of the keys queued so far (every key of a transaction shares it, unless
+    /// `transactions.cross_slot = "per-node"`: then it is the first command's).
     pub slot: Option<u16>,
+    /// Each queued command's slot (`None`: keyless).
+    pub slots: Vec<Option<u16>>,
     /// A command was refused at queue time: EXEC answers EXECABORT.
     pub failed: bool,
     /// Keys of the queued writes (the hot-key cache drops them when EXEC runs).
     pub write_keys: Vec<Bytes>,
+}
+
+/// WATCH in effect: from WATCH until EXEC, DISCARD, UNWATCH, RESET or disconnect the
+/// client is pinned to a dedicated connection to the watched keys' master, where its
+/// WATCH ran; commands for the watched slot travel on it.
+pub struct Watch {
+    /// The slot of the watched keys (a transaction's keys must share it).
+    pub slot: u16,
+    /// The pinned connection; `None` once the watch is void (the connection broke, the
+    /// slot moved): EXEC then answers nil, as if a watched key had changed, and the
+    /// client retries.
+    pub lease: Option<Lease>,
+}
+
+impl Watch {
+    /// The watch no longer guards its keys.
+    pub fn void(&self) -> bool {
+        self.lease.as_ref().is_none_or(|l| l.broken())
+    }
+}
+
+/// CLIENT REPLY: whether the client's replies are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplyMode {
+    #[default]
+    On,
+    Off,
+    /// The next command's reply is not written.
+    Skip,
+}
+
+/// Bits of [`ClientInfo::flags`] (CLIENT LIST's `flags=`).
+pub mod flag {
+    pub const MULTI: u8 = 1;
+    pub const BLOCKED: u8 = 2;
+    pub const WATCH: u8 = 4;
+    pub const NO_EVICT: u8 = 8;
+    pub const NO_TOUCH: u8 = 16;
+}
+
+/// What another connection asks of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Control {
+    /// CLIENT KILL: close the connection now.
+    Kill = 0,
+    /// CLIENT UNBLOCK id [TIMEOUT]: end the blocking command as if it timed out.
+    UnblockTimeout = 1,
+    /// CLIENT UNBLOCK id ERROR: end it with `-UNBLOCKED`.
+    UnblockError = 2,
+}
+
+impl Control {
+    /// The [`Tag::seq`] of a control message on a session's reply channel.
+    pub const SEQ: u64 = u64::MAX;
+
+    pub fn of(tag: Tag) -> Option<Control> {
+        if tag.seq != Self::SEQ {
+            return None;
+        }
+        Some(match tag.part {
+            0 => Control::Kill,
+            1 => Control::UnblockTimeout,
+            _ => Control::UnblockError,
+        })
+    }
+}
+
+/// A client's name and library (CLIENT SETNAME, CLIENT SETINFO, HELLO ... SETNAME).
+#[derive(Debug, Default)]
+pub struct Names {
+    pub name: Option<Bytes>,
+    pub lib_name: String,
+    pub lib_ver: String,
+}
+
+/// What other connections may see of a client and ask of it.
+pub struct ClientInfo {
+    pub id: u64,
+    pub addr: String,
+    pub laddr: String,
+    pub created: Instant,
+    pub names: Mutex<Names>,
+    /// The last command's id, and when it was read (ms since the proxy started).
+    pub last_cmd: AtomicUsize,
+    pub last_ms: AtomicU64,
+    /// [`flag`] bits.
+    pub flags: AtomicU8,
+    /// Commands queued after MULTI (-1: not in MULTI).
+    pub multi: AtomicI64,
+    /// The RESP version the client speaks.
+    pub resp: AtomicU8,
+    /// The session's reply channel, for [`Control`] messages.
+    control: ReplyTx,
+}
+
+impl ClientInfo {
+    pub fn new(id: u64, addr: String, laddr: String, control: ReplyTx) -> ClientInfo {
+        ClientInfo {
+            id,
+            addr,
+            laddr,
+            created: Instant::now(),
+            names: Mutex::new(Names::default()),
+            last_cmd: AtomicUsize::new(0),
+            last_ms: AtomicU64::new(0),
+            flags: AtomicU8::new(0),
+            multi: AtomicI64::new(-1),
+            resp: AtomicU8::new(2),
+            control,
+        }
+    }
+
+    /// Asks the session for `c`; false if it is gone.
+    pub fn send(&self, c: Control) -> bool {
+        let tag = Tag { seq: Control::SEQ, part: c as u32 };
+        self.control.send(BackendReply { tag, result: Err(BackendError::Resend) }).is_ok()
+    }
+
+    pub fn has(&self, f: u8) -> bool {
+        self.flags.load(Ordering::Relaxed) & f != 0
+    }
+}
+
+/// Every client connected now, by id.
+#[derive(Default)]
+pub struct Registry {
+    map: Mutex<HashMap<u64, Arc<ClientInfo>>>,
+}
+
+impl Registry {
+    pub fn add(&self, c: Arc<ClientInfo>) {
+        self.map.lock().insert(c.id, c);
+    }
+
+    pub fn remove(&self, id: u64) {
+        self.map.lock().remove(&id);
+    }
+
+    pub fn get(&self, id: u64) -> Option<Arc<ClientInfo>> {
+        self.map.lock().get(&id).cloned()
+    }
+
+    /// Every client, by id.
+    pub fn all(&self) -> Vec<Arc<ClientInfo>> {
+        let mut v: Vec<Arc<ClientInfo>> = self.map.lock().values().cloned().collect();
+        v.sort_by_key(|c| c.id);
+        v
+    }
 }
 
 /// What the proxy knows about a client connection.
@@ -44,12 +208,13 @@ pub struct ClientState {
     pub id: u64,
     pub proto: Proto,
     pub authed: bool,
-    pub name: Option<Bytes>,
-    pub lib_name: String,
-    pub lib_ver: String,
-    pub addr: String,
-    pub laddr: String,
-    pub created: Instant,
+    /// What other connections see of this one.
+    pub info: Arc<ClientInfo>,
+    /// CLIENT REPLY.
+    pub reply: ReplyMode,
+    /// CLIENT NO-EVICT / NO-TOUCH (accepted; heatshield evicts no client).
+    pub no_evict: bool,
+    pub no_touch: bool,
     /// QUIT was received: close once its reply is written.
     pub quit: bool,
     /// The connection's mode: which commands it may send now, and what they mean.
@@ -65,4 +230,39 @@ pub struct ClientState {
     pub keepalive_locks: bool,
     /// This session's handle on the rate limiter.
     pub rl: crate::ratelimit::View,
+    /// WATCH in effect (see [`Watch`]).
+    pub watch: Option<Box<Watch>>,
+}
+
+impl ClientState {
+    /// The [`flag`] bits of this client now (`blocked`: a blocking command waits).
+    pub fn flags(&self, blocked: bool) -> u8 {
+        let mut f = 0;
+        if matches!(self.mode, Mode::Multi(_)) {
+            f |= flag::MULTI;
+        }
+        if blocked {
+            f |= flag::BLOCKED;
+        }
+        if self.watch.is_some() {
+            f |= flag::WATCH;
+        }
+        if self.no_evict {
+            f |= flag::NO_EVICT;
+        }
+        if self.no_touch {
+            f |= flag::NO_TOUCH;
+        }
+        f
+    }
+
+    /// Ends WATCH: the pinned connection goes back to the pool after an UNWATCH, or is
+    /// closed.
+    pub fn unwatch(&mut self) {
+        if let Some(w) = self.watch.take()
+            && let Some(l) = w.lease
+        {
+            l.release(true);
+        }
+    }
 }

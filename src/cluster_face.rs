@@ -19,7 +19,7 @@ use crate::route;
 /// `CLUSTER <subcommand> ...` (the subcommands listed in the module comment).
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     let sub = req.arg(1).to_ascii_uppercase();
-    let addr = proxy.config.server.announce.clone().unwrap_or_else(|| ctx.client.laddr.clone());
+    let addr = proxy.config.server.announce.clone().unwrap_or_else(|| ctx.client.info.laddr.clone());
     let (ip, port) = match addr.rsplit_once(':') {
         Some((ip, port)) => (ip.trim_start_matches('[').trim_end_matches(']').to_string(), port.parse().unwrap_or(0)),
         None => (addr.clone(), 0),

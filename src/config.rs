@@ -19,6 +19,7 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub metrics: MetricsConfig,
     pub admin: AdminConfig,
+    pub transactions: TransactionsConfig,
     pub ratelimit: crate::ratelimit::RateLimitConfig,
     pub cache: crate::cache::CacheConfig,
 }
@@ -73,6 +74,29 @@ pub struct MetricsConfig {
 impl Default for MetricsConfig {
     fn default() -> Self {
         MetricsConfig { listen: "127.0.0.1:9180".into(), latency_sample_every: 8 }
+    }
+}
+
+/// `[transactions]`: MULTI / EXEC through the proxy (docs/transactions.md).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransactionsConfig {
+    /// A transaction whose keys span slots: `"refuse"` (CROSSSLOT at queue time, as Redis
+    /// Cluster does) or `"per-node"` (one native transaction per slot, each atomic, not
+    /// together).
+    pub cross_slot: String,
+}
+
+impl Default for TransactionsConfig {
+    fn default() -> Self {
+        TransactionsConfig { cross_slot: "refuse".into() }
+    }
+}
+
+impl TransactionsConfig {
+    /// `cross_slot = "per-node"`.
+    pub fn per_node(&self) -> bool {
+        self.cross_slot == "per-node"
     }
 }
 
@@ -163,6 +187,11 @@ pub struct BackendConfig {
     /// Credentials for the backend (ACL user and password, or password only).
     pub username: Option<String>,
     pub password: Option<String>,
+    /// Dedicated connections (for WATCH and blocking commands, one client each) one node
+    /// may have at once, leased and idle together.
+    pub dedicated_max_per_node: usize,
+    /// Idle dedicated connections kept per node (and protocol) for the next lessee.
+    pub dedicated_idle_per_node: usize,
 }
 
 impl Default for BackendConfig {
@@ -177,6 +206,8 @@ impl Default for BackendConfig {
             refresh_interval_ms: 5_000,
             username: None,
             password: None,
+            dedicated_max_per_node: 4096,
+            dedicated_idle_per_node: 16,
         }
     }
 }
@@ -318,6 +349,18 @@ impl Config {
         }
         if !(1..=64).contains(&self.backend.connections_per_node) {
             p.push("backend.connections_per_node: must be between 1 and 64".into());
+        }
+        if !(1..=100_000).contains(&self.backend.dedicated_max_per_node) {
+            p.push("backend.dedicated_max_per_node: must be between 1 and 100000".into());
+        }
+        if !matches!(self.transactions.cross_slot.as_str(), "refuse" | "per-node") {
+            p.push(format!(
+                "transactions.cross_slot: '{}' is neither \"refuse\" nor \"per-node\"",
+                self.transactions.cross_slot
+            ));
+        }
+        if self.backend.dedicated_idle_per_node > self.backend.dedicated_max_per_node {
+            p.push("backend.dedicated_idle_per_node: must be at most backend.dedicated_max_per_node".into());
         }
         for (k, v) in [
             ("backend.connect_timeout_ms", self.backend.connect_timeout_ms),

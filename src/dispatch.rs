@@ -37,7 +37,7 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
     // the connection's mode
     let queuing = matches!(ctx.client.mode, Mode::Multi(_));
     match (queuing, cmd.route) {
-        (_, Route::Transaction(t)) => return transaction::run(proxy, ctx, t),
+        (_, Route::Transaction(t)) => return transaction::run(proxy, ctx, cmd, t),
         (false, _) => {}
         // RESET leaves the transaction (local::run) and QUIT ends the connection: both run
         // at once, as in Redis
@@ -50,12 +50,13 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
             let name = if cmd.name.contains('|') { cmd.name.replace('|', " ") } else { cmd.name.clone() };
             ctx.error(&errors::unsupported(&name, why))
         }
-        _ if matches!(cmd.name.as_str(), "XREAD" | "XREADGROUP")
-            && req.args().any(|a| a.eq_ignore_ascii_case(b"BLOCK")) =>
+        Route::Forward
+            if matches!(cmd.name.as_str(), "XREAD" | "XREADGROUP")
+                && req.args().any(|a| a.eq_ignore_ascii_case(b"BLOCK")) =>
         {
-            ctx.error(&errors::blocking_unsupported(&cmd.name))
+            policy::admit(proxy, ctx, cmd, Route::Block)
         }
-        Route::Transaction(t) => transaction::run(proxy, ctx, t),
+        Route::Transaction(t) => transaction::run(proxy, ctx, cmd, t),
         route => policy::admit(proxy, ctx, cmd, route),
     }
 }

@@ -5,6 +5,8 @@
 
 pub const NOAUTH: &str = "NOAUTH Authentication required.";
 pub const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";
+/// A transaction's command in another slot than the transaction's earlier keys.
+pub const CROSSSLOT_TX: &str = "CROSSSLOT Keys in request don't hash to the same slot (a transaction's keys must share one slot; transactions.cross_slot = \"per-node\" runs it as one transaction per slot)";
 pub const NESTED_MULTI: &str = "ERR MULTI calls can not be nested";
 pub const EXECABORT: &str = "EXECABORT Transaction discarded because of previous errors.";
 pub const EXEC_WITHOUT_MULTI: &str = "ERR EXEC without MULTI";
@@ -17,6 +19,11 @@ pub const LOCK_SERVICE_DOWN: &str = "ERR heatshield: the lock service is not run
 pub const MAX_CLIENTS: &str = "ERR max number of clients reached";
 pub const SYNTAX: &str = "ERR syntax error";
 pub const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
+pub const UNBLOCKED: &str = "UNBLOCKED client unblocked via CLIENT UNBLOCK";
+pub const NO_SUCH_CLIENT: &str = "ERR No such client";
+pub const CLIENT_ID_POSITIVE: &str = "ERR client-id should be greater than 0";
+pub const INVALID_CLIENT_ID: &str = "ERR Invalid client ID";
+pub const UNBLOCK_REASON: &str = "ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR";
 
 // Redis's own texts, for the commands heatshield answers itself (local).
 pub const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
@@ -64,10 +71,6 @@ pub fn unsupported(name: &str, why: &str) -> String {
     } else {
         format!("ERR heatshield does not support '{name}': {why}")
     }
-}
-
-pub fn blocking_unsupported(name: &str) -> String {
-    format!("ERR heatshield does not support '{name}' with BLOCK: blocking commands are not supported yet")
 }
 
 /// `ERR <text>`, for problems a parser describes itself (a rule, an option).
@@ -165,4 +168,21 @@ pub fn expired(ms: u128) -> String {
 /// Malformed input from a client (the connection closes after it).
 pub fn protocol(e: &dyn std::fmt::Display) -> String {
     format!("ERR {e}")
+}
+
+/// A node has `backend.dedicated_max_per_node` dedicated connections already.
+pub fn no_dedicated(addr: &str, max: usize) -> String {
+    format!(
+        "ERR heatshield: no dedicated connection free for {addr} (backend.dedicated_max_per_node = {max}); try again later"
+    )
+}
+
+/// CLIENT LIST / KILL with an unknown TYPE.
+pub fn unknown_client_type(t: &str) -> String {
+    format!("ERR Unknown client type '{t}'")
+}
+
+/// CLIENT KILL USER with a user that does not exist (heatshield has only `default`).
+pub fn no_such_user(u: &str) -> String {
+    format!("ERR No such user '{u}'")
 }

@@ -15,7 +15,8 @@
 //! - [`ratelimit`]: per-key rate limits (rules, GCRA budgets, tracked-key cap);
 //! - [`cache`]: hot-key detection and the never-stale hot-key cache;
 //! - [`locks`]: distributed-lock commands (Lua scripts, parked waiters, KEEPALIVE);
-//! - [`client`]: what is known about one client connection, and its mode;
+//! - [`client`]: what is known about one client connection, and its mode; the registry of
+//!   connected clients;
 //! - [`config`]: the TOML configuration, its validation, the live settings;
 //! - [`proxy`]: the state every session shares, and the record of each answered command;
 //! - [`merge`]: how part replies become one (split MGET order, sums, SCAN cursors);
@@ -23,11 +24,13 @@
 //! - [`route`]: where an admitted request's parts go (one node, split by slot, fan-out);
 //! - [`policy`]: admission, in one order: keys → cache lookup → rate limits → cache plan;
 //! - [`transaction`]: MULTI / EXEC / DISCARD: commands checked and queued, sent as one
-//!   native transaction;
+//!   native transaction; WATCH / UNWATCH on a pinned dedicated connection;
 //! - [`info`]: INFO as heatshield answers it (its own sections, the masters' keyspace);
 //! - [`admin`]: `PROXY ...` commands (settings, rate-limit rules, views);
 //! - [`cluster_face`]: CLUSTER INFO / SLOTS / SHARDS / NODES / ...: heatshield as a one-node
 //!   cluster for cluster-aware clients;
+//! - [`clients`]: CLIENT LIST / INFO / KILL / REPLY / UNBLOCK / ... about heatshield's own
+//!   clients;
 //! - [`local`]: commands the proxy answers itself;
 //! - [`dispatch`]: command lookup, the connection's gates, the route of each request;
 //! - [`session`]: one client connection, replies in order, the client's byte limits;
@@ -38,6 +41,7 @@ pub mod admin;
 pub mod backend;
 pub mod cache;
 pub mod client;
+pub mod clients;
 pub mod cluster;
 pub mod cluster_face;
 pub mod command;

@@ -1,8 +1,6 @@
 //! Commands heatshield answers itself, about the client connection or the proxy: PING,
-//! ECHO, QUIT, SELECT, HELLO, AUTH, TIME, RESET, CLIENT SETNAME/GETNAME/ID/SETINFO/INFO and
+//! ECHO, QUIT, SELECT, HELLO, AUTH, TIME, RESET, CLIENT (crate::clients) and
 //! INFO (whose keyspace part is gathered from the masters). Replies follow Redis's texts.
-
-use bytes::Bytes;
 
 use crate::command::Local;
 use crate::errors;
@@ -39,8 +37,11 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
         }
         Local::Reset => {
             ctx.client.mode = crate::client::Mode::Normal;
+            ctx.client.unwatch();
             ctx.client.proto = Proto::Resp2;
-            ctx.client.name = None;
+            ctx.client.info.names.lock().name = None;
+            ctx.client.reply = crate::client::ReplyMode::On;
+            (ctx.client.no_evict, ctx.client.no_touch) = (false, false);
             ctx.client.authed = proxy.config.server.password.is_none();
             ctx.reply(|w| w.simple("RESET"))
         }
@@ -59,37 +60,7 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             }
         }
         Local::Hello => hello(proxy, ctx, req),
-        Local::ClientSetName => match set_name(ctx, req.arg(2)) {
-            Ok(()) => ctx.reply(|w| w.ok()),
-            Err(e) => ctx.error(e),
-        },
-        Local::ClientGetName => match ctx.client.name.clone() {
-            Some(n) => ctx.reply(|w| w.bulk(&n)),
-            None => ctx.reply(|w| w.nil()),
-        },
-        Local::ClientId => {
-            let id = ctx.client.id as i64;
-            ctx.reply(|w| w.int(id))
-        }
-        Local::ClientSetInfo => {
-            let attr = req.arg(2);
-            let val = req.arg(3);
-            if val.iter().any(|&c| !(b'!'..=b'~').contains(&c)) {
-                return ctx.error(errors::LIB_INFO_CHARS);
-            }
-            if attr.eq_ignore_ascii_case(b"LIB-NAME") {
-                ctx.client.lib_name = String::from_utf8_lossy(val).into_owned();
-            } else if attr.eq_ignore_ascii_case(b"LIB-VER") {
-                ctx.client.lib_ver = String::from_utf8_lossy(val).into_owned();
-            } else {
-                return ctx.error(&errors::unrecognized_option(&String::from_utf8_lossy(attr)));
-            }
-            ctx.reply(|w| w.ok())
-        }
-        Local::ClientInfo => {
-            let line = client_info_line(ctx);
-            ctx.reply(|w| w.verbatim(line.as_bytes()))
-        }
+        Local::Client => crate::clients::run(proxy, ctx, req),
         Local::Proxy => crate::admin::proxy_command(proxy, ctx, req),
         Local::Cluster => crate::cluster_face::run(proxy, ctx, req),
         Local::Info => {
@@ -115,14 +86,6 @@ fn check_auth(proxy: &Proxy, user: Option<&[u8]>, pass: &[u8]) -> Result<(), &'s
             Some(_) => Err(errors::WRONGPASS),
         },
     }
-}
-
-fn set_name(ctx: &mut Ctx, name: &[u8]) -> Result<(), &'static str> {
-    if name.iter().any(|&c| !(b'!'..=b'~').contains(&c)) {
-        return Err(errors::CLIENT_NAME_CHARS);
-    }
-    ctx.client.name = if name.is_empty() { None } else { Some(Bytes::copy_from_slice(name)) };
-    Ok(())
 }
 
 fn hello(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
@@ -160,7 +123,7 @@ fn hello(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         return ctx.error(errors::HELLO_NOAUTH);
     }
     if let Some(n) = name
-        && let Err(e) = set_name(ctx, n)
+        && let Err(e) = crate::clients::set_name(ctx, n)
     {
         return ctx.error(e);
     }
@@ -184,19 +147,4 @@ fn hello(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         w.bulk(b"modules");
         w.array(0);
     })
-}
-
-fn client_info_line(ctx: &Ctx) -> String {
-    let c = &*ctx.client;
-    format!(
-        "id={} addr={} laddr={} fd=-1 name={} age={} idle=0 flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 resp={} lib-name={} lib-ver={}\n",
-        c.id,
-        c.addr,
-        c.laddr,
-        c.name.as_deref().map(String::from_utf8_lossy).unwrap_or_default(),
-        c.created.elapsed().as_secs(),
-        c.proto.version(),
-        c.lib_name,
-        c.lib_ver,
-    )
 }

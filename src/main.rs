@@ -98,6 +98,9 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
         resp3: false,
         latency_sample_every: config.metrics.latency_sample_every,
         tracking: None,
+        dedicated: false,
+        dedicated_max: config.backend.dedicated_max_per_node,
+        dedicated_idle: config.backend.dedicated_idle_per_node,
     };
     let workers = heatshield::worker::count(config.server.threads);
     let listeners = match heatshield::server::bind(&config.server.listen, workers) {

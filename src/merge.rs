@@ -74,6 +74,33 @@ pub fn merge_mget(
     Ok(())
 }
 
+/// Merges the EXEC replies of a transaction run as one native transaction per slot
+/// (`transactions.cross_slot = "per-node"`) into one array in the client's order: an
+/// array's elements go to their commands' positions; a part that did not run (or may not
+/// have: EXECABORT, an error) gives each of its commands its reply, so the client sees
+/// which commands ran.
+pub fn merge_exec(replies: &[Bytes], positions: &[Vec<u32>], total: usize, out: &mut BytesMut) {
+    let mut slots: Vec<&[u8]> = vec![&[]; total];
+    for (r, pos) in replies.iter().zip(positions) {
+        match array_elements(r) {
+            Ok((n, elems)) if n == pos.len() => {
+                for (e, &p) in elems.into_iter().zip(pos) {
+                    slots[p as usize] = e;
+                }
+            }
+            _ => {
+                for &p in pos {
+                    slots[p as usize] = r;
+                }
+            }
+        }
+    }
+    crate::protocol::request::write_array_header(out, total);
+    for e in slots {
+        out.extend_from_slice(e);
+    }
+}
+
 /// The elements of an array reply, as raw byte slices.
 fn array_elements(r: &[u8]) -> Result<(usize, Vec<&[u8]>), &'static str> {
     let nl = memchr::memchr(b'\n', r).ok_or("truncated")?;

@@ -65,6 +65,11 @@ fn describe() {
     );
     describe_gauge!("heatshield_backend_connections", "Backend connections by node and state (up, connecting, down).");
     describe_gauge!("heatshield_client_connections", "Client connections open now.");
+    describe_gauge!("heatshield_blocked_clients", "Clients waiting in a blocking command now.");
+    describe_gauge!(
+        "heatshield_backend_dedicated_connections",
+        "Dedicated backend connections (WATCH, blocking commands), leased and idle, by node."
+    );
     describe_counter!("heatshield_client_connections_accepted_total", "Client connections accepted.");
     describe_counter!(
         "heatshield_client_connections_rejected_total",
@@ -218,6 +223,8 @@ pub struct NodeMetrics {
     pub err_connect: Counter,
     pub err_lost: Counter,
     pub err_timeout: Counter,
+    /// Dedicated connections to the node (leased and idle).
+    pub dedicated: Gauge,
 }
 
 impl NodeMetrics {
@@ -229,6 +236,7 @@ impl NodeMetrics {
             err_connect: e("connect"),
             err_lost: e("lost"),
             err_timeout: e("timeout"),
+            dedicated: gauge!("heatshield_backend_dedicated_connections", "node" => node.to_string()),
         }
     }
 }
@@ -253,6 +261,8 @@ pub struct Global {
     pub bytes_out: Counter,
     pub uptime: Gauge,
     pub ratelimit_keys: Gauge,
+    /// Clients waiting in a blocking command.
+    pub blocked: Gauge,
 }
 
 /// The process-wide handles (bound on first use, after the recorder is installed).
@@ -275,6 +285,7 @@ pub fn global() -> &'static Global {
         bytes_in: counter!("heatshield_client_bytes_received_total"),
         bytes_out: counter!("heatshield_client_bytes_sent_total"),
         uptime: gauge!("heatshield_uptime_seconds"),
+        blocked: gauge!("heatshield_blocked_clients"),
         ratelimit_keys: gauge!("heatshield_ratelimit_tracked_keys"),
     })
 }

@@ -22,7 +22,7 @@ use smallvec::SmallVec;
 
 use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
 use crate::client::ClientState;
-use crate::cluster::{Cluster, NodePool};
+use crate::cluster::{Cluster, Lease, NodePool};
 use crate::command::keys_of;
 use crate::errors;
 use crate::locks::LockRequest;
@@ -120,6 +120,50 @@ pub enum Target {
     Ask(Arc<NodePool>),
 }
 
+/// A request that travels on a dedicated connection, not the node's shared pipelined
+/// ones (boxed in [`Pending`], so a usual request carries one empty pointer).
+pub struct Dedicated {
+    pub via: Via,
+    /// A blocking command's timeout.
+    pub block: Option<Block>,
+}
+
+/// Which dedicated connection.
+pub enum Via {
+    /// A dedicated connection the request holds: leased from the node when first sent (or
+    /// handed over, a transaction under WATCH), given back when the request completes,
+    /// closed if the request is dropped unanswered (its client went away). A blocking
+    /// command; a transaction under WATCH.
+    Own(Option<Lease>),
+    /// The client's WATCH connection ([`crate::client::Watch`]).
+    Watch,
+}
+
+/// A blocking command's own timeout, so that a re-issue (after a redirection or a
+/// failover) waits only what remains of it.
+pub struct Block {
+    /// When its timeout ends (`None`: it waits for ever).
+    pub deadline: Option<Instant>,
+    /// The argument that is the timeout.
+    pub arg: usize,
+    /// The timeout is in milliseconds (XREAD BLOCK), not seconds.
+    pub ms: bool,
+}
+
+impl Block {
+    /// Counted in `heatshield_blocked_clients` while it exists.
+    pub fn new(deadline: Option<Instant>, arg: usize, ms: bool) -> Block {
+        crate::metrics::global().blocked.increment(1.0);
+        Block { deadline, arg, ms }
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        crate::metrics::global().blocked.decrement(1.0);
+    }
+}
+
 /// One command sent for a request (a split command has one per slot).
 pub struct Part {
     data: Bytes,
@@ -152,13 +196,37 @@ pub enum Finish {
     },
     /// A lock script: its reply becomes the command's.
     Lock(Box<LockRequest>),
-    /// A transaction sent as one message; its reply is EXEC's.
-    Transaction(Box<TxReplies>),
+    /// A transaction sent as one message (or, `transactions.cross_slot = "per-node"`, one
+    /// per slot); its reply is EXEC's.
+    Transaction(Box<Tx>),
 }
 
-/// What the `queued + 2` replies of a transaction sent as one message (`MULTI`, the
-/// queued commands, `EXEC`) said so far.
+/// A client's transaction as native transactions: one, or one per slot.
+pub struct Tx {
+    /// One per part, in part order.
+    parts: Vec<TxReplies>,
+    /// Per part, the positions of its commands in the client's transaction (empty: one
+    /// part, its reply is the reply).
+    positions: Vec<Vec<u32>>,
+    /// Commands in the client's transaction.
+    total: u32,
+    /// Keys of its writes (for the rare path of [`Pending::write_hot_generation`]).
+    write_keys: Vec<Bytes>,
+}
+
+/// One native transaction of a [`Tx`] (`data`: `MULTI`, the commands, `EXEC`).
+pub struct TxPart {
+    pub data: Bytes,
+    pub queued: u32,
+    pub target: Target,
+    /// The positions of its commands in the client's transaction.
+    pub positions: Vec<u32>,
+}
+
+/// What the `queued + 2` replies of one native transaction sent as one message (`MULTI`,
+/// the queued commands, `EXEC`) said so far. Its replies are tagged `base`, `base + 1`, ...
 pub struct TxReplies {
+    base: u32,
     queued: u32,
     got: u32,
     exec: Option<Bytes>,
@@ -170,8 +238,6 @@ pub struct TxReplies {
     unsent: bool,
     /// The connection failed once it was written: it may have run.
     failed: Option<String>,
-    /// Keys of its writes (for the rare path of [`Pending::write_hot_generation`]).
-    write_keys: Vec<Bytes>,
 }
 
 impl TxReplies {
@@ -193,6 +259,8 @@ pub struct Pending {
     flush: bool,
     /// A write: the cache's hot generation when it was sent (see [`crate::cache::HotCache::hot_generation`]).
     write_hot_generation: Option<u64>,
+    /// `None`: its parts travel on the node's shared connections.
+    dedicated: Option<Box<Dedicated>>,
 }
 
 impl Pending {
@@ -207,7 +275,18 @@ impl Pending {
             invalidate: std::mem::take(&mut ctx.invalidate),
             flush: std::mem::take(&mut ctx.flush),
             write_hot_generation: ctx.write_hot_generation.take(),
+            dedicated: None,
         }
+    }
+
+    /// A blocking command waiting for its reply.
+    pub fn blocking(&self) -> bool {
+        self.dedicated.as_ref().is_some_and(|d| d.block.is_some())
+    }
+
+    /// Travels on the client's WATCH connection.
+    pub fn pinned(&self) -> bool {
+        self.dedicated.as_ref().is_some_and(|d| matches!(d.via, Via::Watch))
     }
 
     /// The node serving the first part now (for the slow log; computed only when needed).
@@ -233,6 +312,16 @@ pub fn start_in(
     buffer: Option<Bytes>,
 ) -> Outcome {
     let mut p = Pending::new(ctx, finish, parts);
+    if let Some(w) = &ctx.client.watch
+        && p.parts.len() == 1
+        && matches!(p.parts[0].target, Target::Slot(s) if s == w.slot)
+    {
+        p.dedicated = Some(Box::new(Dedicated { via: Via::Watch, block: None }));
+        return match send_part(proxy, ctx, &mut p.dedicated, &p.parts[0], 0, 1) {
+            Ok(()) => Outcome::Waiting(p),
+            Err(e) => Outcome::Ready(e),
+        };
+    }
     let n = p.parts.len();
     let mut i = 0;
     while i < n {
@@ -307,30 +396,109 @@ fn resolve(proxy: &Proxy, target: &Target) -> Result<(Arc<NodePool>, bool), Byte
 }
 
 /// Sends part `idx` again now; completes it with the error if its slot is not served.
+/// A blocking command waits only what remains of its timeout.
 fn resend(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize) -> Option<Bytes> {
-    if let Err(e) = send_part(proxy, ctx, &p.parts[idx], idx as u32, 1) {
+    if let Some(b) = p.dedicated.as_ref().and_then(|d| d.block.as_ref()) {
+        p.parts[idx].data = remaining(ctx.req, b, Instant::now());
+    }
+    if let Err(e) = send_part(proxy, ctx, &mut p.dedicated, &p.parts[idx], idx as u32, 1) {
         return complete(proxy, ctx, p, idx, e);
     }
     None
 }
 
-/// Sends part `idx` now: `count` commands whose replies are tagged `idx`, `idx + 1`, ...
-/// (a transaction is one part of `queued + 2`). After an ASK, ASKING goes first; before
-/// a transaction's MULTI it holds for the whole transaction.
-fn send_part(proxy: &Proxy, ctx: &Ctx, part: &Part, idx: u32, count: u32) -> Result<(), Bytes> {
+/// A blocking command with its timeout replaced by what remains of it (at least 1 ms, so
+/// Redis itself answers the timeout in the command's own form).
+fn remaining(req: &Request, b: &Block, now: Instant) -> Bytes {
+    let Some(deadline) = b.deadline else { return req.raw().clone() };
+    let left = deadline.saturating_duration_since(now).as_millis().max(1);
+    let value = if b.ms { left.to_string() } else { format!("{}.{:03}", left / 1000, left % 1000) };
+    let args: Vec<&[u8]> = req.args().enumerate().map(|(i, a)| if i == b.arg { value.as_bytes() } else { a }).collect();
+    Request::from_args(&args).raw().clone()
+}
+
+/// Sends part `idx` now, on a shared connection or the dedicated one `dedicated` says:
+/// `count` commands whose replies are tagged `idx`, `idx + 1`, ... (a transaction is one
+/// part of `queued + 2`). After an ASK, ASKING goes first; before a transaction's MULTI
+/// it holds for the whole transaction.
+fn send_part(
+    proxy: &Proxy,
+    ctx: &mut Ctx,
+    dedicated: &mut Option<Box<Dedicated>>,
+    part: &Part,
+    idx: u32,
+    count: u32,
+) -> Result<(), Bytes> {
     let (node, asking) = resolve(proxy, &part.target)?;
-    node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
+    let req = BackendRequest {
         data: part.data.clone(),
         count,
         prefix: if asking { Prefix::Asking } else { Prefix::None },
         tag: Tag { seq: ctx.seq, part: idx },
         reply_to: ctx.reply_to.clone(),
-    });
+    };
+    let Some(d) = dedicated else {
+        node.conn(ctx.client.proto, ctx.client.id).send(req);
+        return Ok(());
+    };
+    if matches!(d.via, Via::Watch) {
+        match ctx.client.watch.as_ref().and_then(|w| w.lease.as_ref()) {
+            Some(l) if Arc::ptr_eq(l.node(), &node) && !l.broken() => {
+                l.conn().send(req);
+                return Ok(());
+            }
+            // the slot moved or the pinned connection broke: the watch is void, and the
+            // command goes the usual way (a blocking one on a connection of its own)
+            _ => void_watch(ctx),
+        }
+        if d.block.is_none() {
+            *dedicated = None;
+            node.conn(ctx.client.proto, ctx.client.id).send(req);
+            return Ok(());
+        }
+        d.via = Via::Own(None);
+    }
+    match &mut d.via {
+        Via::Watch => {}
+        Via::Own(lease) => {
+            if lease.as_ref().is_none_or(|l| !Arc::ptr_eq(l.node(), &node) || l.broken()) {
+                // after a redirection or a failover: a connection to the new owner
+                if let Some(old) = lease.take() {
+                    old.release(false);
+                }
+                let Some(l) = node.lease(ctx.client.proto) else {
+                    return Err(errors::resp(&errors::no_dedicated(&node.addr, node.options().dedicated_max)));
+                };
+                *lease = Some(l);
+            }
+            if let Some(l) = lease {
+                l.conn().send(req);
+            }
+        }
+    }
     Ok(())
 }
 
+/// The client's WATCH no longer guards its keys: EXEC will answer nil.
+fn void_watch(ctx: &mut Ctx) {
+    if let Some(w) = &mut ctx.client.watch {
+        w.lease = None;
+    }
+}
+
 /// Sends one part again after [`RETRY_DELAY`], to whichever node owns its slot by then.
-fn send_later(proxy: &Proxy, ctx: &Ctx, part: &Part, idx: u32, count: u32) {
+/// A part on a dedicated connection is handed back to its request then
+/// ([`BackendError::Resend`]), which sends it on a connection it holds.
+fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &Part, idx: u32, count: u32) {
+    if dedicated {
+        let reply_to = ctx.reply_to.clone();
+        let tag = Tag { seq: ctx.seq, part: idx };
+        tokio::spawn(async move {
+            tokio::time::sleep(RETRY_DELAY).await;
+            let _ = reply_to.send(BackendReply { tag, result: Err(BackendError::Resend) });
+        });
+        return;
+    }
     let cluster = proxy.cluster.clone();
     let target = part.target.clone();
     let data = part.data.clone();
@@ -400,11 +568,27 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
         return on_transaction_reply(proxy, ctx, p, reply);
     }
     let idx = reply.tag.part as usize;
-    let part = p.parts.get_mut(idx)?;
-    if part.reply.is_some() {
+    if p.parts.get(idx)?.reply.is_some() {
         return None;
     }
-    let verdict = retry::classify(&reply.result, proxy.cluster.is_cluster());
+    let mut verdict = retry::classify(&reply.result, proxy.cluster.is_cluster());
+    if p.blocking() && matches!(&reply.result, Ok(d) if d.starts_with(b"-UNBLOCKED")) {
+        // Redis let a blocked client go because its node stopped being a master
+        verdict = Verdict::Busy;
+    }
+    if p.pinned() && matches!(verdict, Verdict::Redirect(_) | Verdict::Busy | Verdict::Unsent | Verdict::Failed) {
+        // the watched keys' master is not where the WATCH ran any more
+        void_watch(ctx);
+        match &mut p.dedicated {
+            Some(d) if d.block.is_some() => d.via = Via::Own(None),
+            _ => p.dedicated = None,
+        }
+        if ctx.req.arg(0).eq_ignore_ascii_case(b"WATCH") {
+            // Redis answers WATCH +OK; the void watch makes EXEC answer nil
+            return complete(proxy, ctx, p, idx, Bytes::from_static(b"+OK\r\n"));
+        }
+    }
+    let part = p.parts.get_mut(idx)?;
     let data = match (verdict, reply.result) {
         (Verdict::NoScript, Ok(data)) => {
             // one of heatshield's lock scripts is not loaded there (yet): send it whole
@@ -432,7 +616,17 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
         (Verdict::Busy, Ok(_)) if part.retries < MAX_RETRIES => {
             part.retries += 1;
             proxy.cluster.request_refresh();
-            send_later(proxy, ctx, part, idx as u32, 1);
+            send_later(proxy, ctx, p.dedicated.is_some(), part, idx as u32, 1);
+            return None;
+        }
+        // A blocked command whose connection broke (its node failed over, say): it is
+        // issued again to the slot's owner, with what remains of its timeout.
+        (Verdict::Failed, Err(_))
+            if p.dedicated.as_ref().is_some_and(|d| d.block.is_some()) && part.retries < MAX_RETRIES =>
+        {
+            part.retries += 1;
+            proxy.cluster.request_refresh();
+            send_later(proxy, ctx, p.dedicated.is_some(), part, idx as u32, 1);
             return None;
         }
         (Verdict::Recheck, _) => {
@@ -458,7 +652,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             proxy.cluster.request_refresh();
             if matches!(part.target, Target::Slot(_)) && part.retries < MAX_RETRIES {
                 part.retries += 1;
-                send_later(proxy, ctx, part, idx as u32, 1);
+                send_later(proxy, ctx, p.dedicated.is_some(), part, idx as u32, 1);
                 return None;
             }
             let addr = match &e {
@@ -479,91 +673,157 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
     complete(proxy, ctx, p, idx, data)
 }
 
-/// Sends a transaction (`MULTI`, `queued` commands, `EXEC` in `data`) to `target`: EXEC's
-/// reply is the client's. A transaction that met a redirection, TRYAGAIN or CLUSTERDOWN
-/// at queue time ran nothing (EXEC aborts), so it is sent again whole, like a single
-/// command would be.
-pub fn start_transaction(
-    proxy: &Proxy,
-    ctx: &mut Ctx,
-    data: Bytes,
-    queued: u32,
-    target: Target,
-    write_keys: Vec<Bytes>,
-) -> Outcome {
-    let tx =
-        TxReplies { queued, got: 0, exec: None, redirect: None, busy: false, unsent: false, failed: None, write_keys };
-    let p = Pending::new(ctx, Finish::Transaction(Box::new(tx)), smallvec::smallvec![Part::new(data, target)]);
-    match send_part(proxy, ctx, &p.parts[0], 0, queued + 2) {
+/// Sends a blocking command to the master owning slot `s`, on a dedicated connection of
+/// its own (on the client's WATCH connection if it watches that slot): a shared
+/// connection is never blocked. The connection goes back to the pool with the reply, and
+/// is closed if the client leaves first (Redis then forgets the blocked client, so it
+/// takes no element meant for another).
+pub fn start_blocking(proxy: &Proxy, ctx: &mut Ctx, s: u16, block: Block) -> Outcome {
+    let part = Part::new(ctx.req.raw().clone(), Target::Slot(s));
+    let mut p = Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec::smallvec![part]);
+    let via = match &ctx.client.watch {
+        Some(w) if w.slot == s => Via::Watch,
+        _ => Via::Own(None),
+    };
+    p.dedicated = Some(Box::new(Dedicated { via, block: Some(block) }));
+    match send_part(proxy, ctx, &mut p.dedicated, &p.parts[0], 0, 1) {
         Ok(()) => Outcome::Waiting(p),
         Err(e) => Outcome::Ready(e),
     }
 }
 
-/// One of a transaction's replies; once all are in, EXEC's reply is the answer, or the
-/// transaction is sent again (see [`start_transaction`]).
+/// Sends a transaction: each part (`MULTI`, its commands, `EXEC`) to its target; the
+/// EXEC replies (merged in the client's order when there are several parts) are the
+/// client's. A part that met a redirection, TRYAGAIN or CLUSTERDOWN at queue time ran
+/// nothing (EXEC aborts), so it is sent again whole, like a single command would be.
+///
+/// Under WATCH (`pinned`: the client's WATCH connection, handed over; one part) it is
+/// sent there, and never again: if it met a redirection, TRYAGAIN, CLUSTERDOWN or could
+/// not be sent, the watch guarded nothing, so EXEC answers nil (the client retries, as
+/// after a conflicting write).
+pub fn start_transaction(
+    proxy: &Proxy,
+    ctx: &mut Ctx,
+    tx_parts: Vec<TxPart>,
+    total: u32,
+    write_keys: Vec<Bytes>,
+    pinned: Option<Lease>,
+) -> Outcome {
+    let mut replies = Vec::with_capacity(tx_parts.len());
+    let mut positions = Vec::new();
+    let mut parts: SmallVec<[Part; 1]> = SmallVec::new();
+    let mut base = 0;
+    let several = tx_parts.len() > 1;
+    for t in tx_parts {
+        replies.push(TxReplies {
+            base,
+            queued: t.queued,
+            got: 0,
+            exec: None,
+            redirect: None,
+            busy: false,
+            unsent: false,
+            failed: None,
+        });
+        base += t.queued + 2;
+        if several {
+            positions.push(t.positions);
+        }
+        parts.push(Part::new(t.data, t.target));
+    }
+    let tx = Tx { parts: replies, positions, total, write_keys };
+    let mut p = Pending::new(ctx, Finish::Transaction(Box::new(tx)), parts);
+    if pinned.is_some() {
+        p.dedicated = Some(Box::new(Dedicated { via: Via::Own(pinned), block: None }));
+    }
+    for k in 0..p.parts.len() {
+        let Finish::Transaction(tx) = &p.finish else { break };
+        let (base, count) = (tx.parts[k].base, tx.parts[k].queued + 2);
+        if let Err(e) = send_part(proxy, ctx, &mut p.dedicated, &p.parts[k], base, count)
+            && let Some(done) = complete(proxy, ctx, &mut p, k, e)
+        {
+            return Outcome::Ready(done);
+        }
+    }
+    Outcome::Waiting(p)
+}
+
+/// One of a transaction's replies; once all of a part's are in, its EXEC's reply is that
+/// part's answer, or the part is sent again (see [`start_transaction`]).
 fn on_transaction_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
     let Pending { finish: Finish::Transaction(tx), parts, .. } = p else { return None };
     let idx = reply.tag.part;
-    if idx > tx.queued + 1 || parts[0].reply.is_some() {
+    let k = tx.parts.iter().position(|t| idx >= t.base && idx < t.base + t.queued + 2)?;
+    let t = &mut tx.parts[k];
+    if parts[k].reply.is_some() {
         return None;
     }
+    let i = idx - t.base;
     match (retry::classify(&reply.result, proxy.cluster.is_cluster()), reply.result) {
-        (Verdict::Unsent, _) => tx.unsent = true,
-        (_, Err(e)) if tx.failed.is_none() => {
+        (Verdict::Unsent, _) => t.unsent = true,
+        (_, Err(e)) if t.failed.is_none() => {
             tracing::warn!(error = %e, client = ctx.client.id, "backend request failed during a transaction");
-            tx.failed = Some(errors::backend_failed(&e));
+            t.failed = Some(errors::backend_failed(&e));
         }
-        (_, Ok(data)) if idx == tx.queued + 1 => tx.exec = Some(data),
-        (Verdict::Redirect(r), Ok(_)) if idx > 0 => {
-            tx.redirect.get_or_insert(r);
+        (_, Ok(data)) if i == t.queued + 1 => t.exec = Some(data),
+        (Verdict::Redirect(r), Ok(_)) if i > 0 => {
+            t.redirect.get_or_insert(r);
         }
-        (Verdict::Busy, Ok(_)) if idx > 0 => tx.busy = true,
+        (Verdict::Busy, Ok(_)) if i > 0 => t.busy = true,
         _ => {}
     }
-    tx.got += 1;
-    if tx.got < tx.queued + 2 {
+    t.got += 1;
+    if t.got < t.queued + 2 {
         return None;
     }
-    let part = &mut parts[0];
-    let queued = tx.queued;
-    if let Some(e) = tx.failed.take() {
+    let part = &mut parts[k];
+    let (base, count) = (t.base, t.queued + 2);
+    if let Some(e) = t.failed.take() {
         proxy.cluster.request_refresh();
-        return complete(proxy, ctx, p, 0, errors::resp(&e));
+        return complete(proxy, ctx, p, k, errors::resp(&e));
     }
-    if tx.unsent {
+    let exec_aborted = t.exec.as_ref().is_some_and(|e| e.starts_with(b"-EXECABORT"));
+    if p.dedicated.is_some() && (t.unsent || (exec_aborted && (t.redirect.is_some() || t.busy))) {
+        // under WATCH: nothing ran, and the watch guarded nothing where it is sent now
+        proxy.cluster.request_refresh();
+        let mut w = Writer::new(ctx.scratch, ctx.client.proto);
+        w.nil_array();
+        let nil = ctx.scratch.split().freeze();
+        return complete(proxy, ctx, p, k, nil);
+    }
+    if t.unsent {
         proxy.cluster.request_refresh();
         if part.retries < MAX_RETRIES && matches!(part.target, Target::Slot(_)) {
             part.retries += 1;
-            tx.clear();
-            send_later(proxy, ctx, part, 0, queued + 2);
+            t.clear();
+            send_later(proxy, ctx, false, part, base, count);
             return None;
         }
-        return complete(proxy, ctx, p, 0, errors::resp(&errors::node_unreachable("the transaction's master")));
+        return complete(proxy, ctx, p, k, errors::resp(&errors::node_unreachable("the transaction's master")));
     }
-    let exec = tx.exec.take().unwrap_or_default();
+    let exec = t.exec.take().unwrap_or_default();
     if exec.starts_with(b"-EXECABORT") {
-        if let Some(r) = tx.redirect.take()
+        if let Some(r) = t.redirect.take()
             && part.redirects < MAX_REDIRECTS
         {
             part.redirects += 1;
             if follow(proxy, part, &r) {
-                tx.clear();
+                t.clear();
                 p.redirected = true;
-                if let Err(e) = send_part(proxy, ctx, &p.parts[0], 0, queued + 2) {
-                    return complete(proxy, ctx, p, 0, e);
+                if let Err(e) = send_part(proxy, ctx, &mut p.dedicated, &p.parts[k], base, count) {
+                    return complete(proxy, ctx, p, k, e);
                 }
                 return None;
             }
-        } else if tx.busy && part.retries < MAX_RETRIES {
+        } else if t.busy && part.retries < MAX_RETRIES {
             part.retries += 1;
-            tx.clear();
+            t.clear();
             proxy.cluster.request_refresh();
-            send_later(proxy, ctx, part, 0, queued + 2);
+            send_later(proxy, ctx, false, part, base, count);
             return None;
         }
     }
-    complete(proxy, ctx, p, 0, exec)
+    complete(proxy, ctx, p, k, exec)
 }
 
 fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Bytes) -> Option<Bytes> {
@@ -571,6 +831,12 @@ fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Byt
     p.remaining -= 1;
     if p.remaining > 0 {
         return None;
+    }
+    if let Some(d) = &mut p.dedicated
+        && let Via::Own(lease) = &mut d.via
+        && let Some(l) = lease.take()
+    {
+        l.release(false);
     }
     // The write has happened: whatever was filled meanwhile must not outlive this moment,
     // which comes before its reply reaches the client.
@@ -614,7 +880,13 @@ fn invalidate_keys(proxy: &Proxy, req: &Request) {
 /// Merges the replies of a finished request.
 fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
     match &p.finish {
-        Finish::Merge(Merge::Pass) | Finish::Transaction(_) => p.parts[0].reply.take().unwrap_or_default(),
+        Finish::Merge(Merge::Pass) => p.parts[0].reply.take().unwrap_or_default(),
+        Finish::Transaction(tx) if tx.positions.is_empty() => p.parts[0].reply.take().unwrap_or_default(),
+        Finish::Transaction(tx) => {
+            let replies: Vec<Bytes> = p.parts.iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
+            crate::merge::merge_exec(&replies, &tx.positions, tx.total as usize, ctx.scratch);
+            ctx.scratch.split().freeze()
+        }
         Finish::Lock(r) => {
             use crate::locks::LockCmd;
             let reply = p.parts[0].reply.take().unwrap_or_default();

@@ -65,7 +65,8 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
     let cache = &proxy.cache;
     let mget = route == Route::Split(Split::Mget);
     let mut found = Lookup::None;
-    if cache.enabled && !keys.is_empty() && cmd.is_readonly() && lock.is_none() {
+    // (under WATCH reads go to the master, on the pinned connection)
+    if cache.enabled && !keys.is_empty() && cmd.is_readonly() && lock.is_none() && ctx.client.watch.is_none() {
         if mget {
             for &k in &keys {
                 cache.sample(key(k));
@@ -141,6 +142,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
         (Route::Split(kind), Lookup::None) => route::split(proxy, ctx, kind, Vec::new()),
         (Route::FanOut(kind), _) => route::fan_out(proxy, ctx, kind),
         (Route::AnyMaster, _) => route::any_master(proxy, ctx),
+        (Route::Block, _) => route::block(proxy, ctx, cmd, &keys),
         _ => route::forward(proxy, ctx, &keys),
     }
 }

@@ -58,6 +58,8 @@ pub struct Proxy {
     pub cache: Arc<crate::cache::HotCache>,
     /// Lock scripts, parked ACQUIREs and KEEPALIVE locks.
     pub locks: Arc<crate::locks::Locks>,
+    /// Every client connected now (CLIENT LIST, KILL, UNBLOCK).
+    pub clients: crate::client::Registry,
 }
 
 /// What statistics need of a reply once it has been written (the reply itself is gone).
@@ -116,6 +118,7 @@ impl Proxy {
         Proxy {
             cache,
             locks: Arc::default(),
+            clients: Default::default(),
             live: crate::config::Live::new(&config),
             ratelimit,
             command_stats: crate::stats::CommandStats::new(workers, ids),
@@ -171,12 +174,19 @@ impl Proxy {
         self.command_stats.record(crate::worker::current(), cmd, took, failed);
         let Some(req) = req else { return };
         if took.as_micros() as u64 >= self.live.slowlog_slower_than_us.load(Ordering::Relaxed) {
-            let name = client.name.as_deref().map(String::from_utf8_lossy).unwrap_or_default();
+            let name: String = client
+                .info
+                .names
+                .lock()
+                .name
+                .as_deref()
+                .map(|n| String::from_utf8_lossy(n).into_owned())
+                .unwrap_or_default();
             self.slowlog.record(
                 self.live.slowlog_max_len.load(Ordering::Relaxed),
                 took,
                 req,
-                &client.addr,
+                &client.info.addr,
                 &name,
                 node.unwrap_or(""),
                 stages,

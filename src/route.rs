@@ -54,6 +54,40 @@ pub fn forward(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
     pass(proxy, ctx, Target::Slot(s))
 }
 
+/// A blocking command: its keys share one slot (CROSSSLOT otherwise, as Redis Cluster
+/// says), and it waits on a dedicated connection to that slot's master
+/// ([`crate::pending::start_blocking`]) for as long as its own timeout says (0: for
+/// ever), not the proxy's reply deadline.
+pub fn block(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, keys: &[u32]) -> Outcome {
+    let req = ctx.req;
+    let Some(&k0) = keys.first() else { return ctx.error(&errors::wrong_arity(&cmd.lower)) };
+    let s = slot(req.arg(k0 as usize));
+    if proxy.cluster.is_cluster() && keys[1..].iter().any(|&k| slot(req.arg(k as usize)) != s) {
+        return ctx.error(errors::CROSSSLOT);
+    }
+    let (arg, ms) = match cmd.name.as_str() {
+        "BLMPOP" | "BZMPOP" => (1, false),
+        "XREAD" | "XREADGROUP" => {
+            let at = req.args().position(|a| a.eq_ignore_ascii_case(b"BLOCK")).unwrap_or(0);
+            (at + 1, true)
+        }
+        _ => (req.argc() - 1, false),
+    };
+    // Redis checks the timeout itself: one it cannot read is answered at once
+    let timeout = std::str::from_utf8(req.arg(arg)).ok().and_then(|t| t.parse::<f64>().ok());
+    let (deadline, wait_ms) = match timeout {
+        Some(t) if t > 0.0 && t.is_finite() => {
+            let millis = if ms { t } else { t * 1000.0 };
+            let d = Duration::from_millis(millis.min(u32::MAX as f64) as u64);
+            (Some(ctx.now + d), d.as_millis() as u32)
+        }
+        Some(0.0) => (None, u32::MAX),
+        _ => (None, 0),
+    };
+    ctx.wait_ms = wait_ms;
+    crate::pending::start_blocking(proxy, ctx, s, crate::pending::Block::new(deadline, arg, ms))
+}
+
 /// A read of one hot key the cache could not answer: sent as the cache's fill (whose
 /// reply the cache keeps), or, when the node's invalidations are not flowing, as usual.
 pub fn fill(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, k: u32, owner: std::sync::Arc<NodePool>) -> Outcome {

@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::backend::{BackendReply, ReplyTx};
-use crate::client::{ClientState, Mode};
+use crate::client::{ClientInfo, ClientState, Control, Mode, ReplyMode};
 use crate::pending::{Ctx, Outcome, Pending};
 use crate::protocol::request::{Limits, Request};
 use crate::protocol::{Next, Proto, RequestReader, Writer};
@@ -60,6 +60,8 @@ struct Entry {
     reply: Reply,
     /// The connection closes after this reply (QUIT, protocol error).
     last: bool,
+    /// CLIENT REPLY OFF / SKIP: the reply is not written.
+    silent: bool,
     meta: Meta,
 }
 
@@ -272,6 +274,12 @@ struct Session {
     closing: bool,
     /// The last write found the socket full.
     blocked: bool,
+    /// CLIENT KILL from another connection: close now.
+    killed: bool,
+    /// The place in the queue of a blocking command waiting for its reply: until it
+    /// comes, no later request is dispatched (as in Redis, a blocked client's next
+    /// commands wait), but the socket is still read so a disconnect is seen.
+    blocking: Option<u64>,
     /// When something may expire next (a request's deadline, the soft limit's duration);
     /// `None`: nothing can, so idle clients cost no timer.
     armed: Option<Instant>,
@@ -302,7 +310,8 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
     let mut timer_at: Option<Instant> = None;
 
     let cut = 'session: loop {
-        let can_read = s.reading && s.room();
+        // while blocked: read on (a little), to see the client leave
+        let can_read = s.reading && (s.room() || (s.blocking.is_some() && rbuf.len() < 64 * 1024));
         let want = s.read_hint.clamp(read_room, 4 * 1024 * 1024);
         tokio::select! {
             biased;
@@ -332,11 +341,20 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     _ => {
                         debug!(client = id, "client closed its side");
                         s.reading = false;
+                        if s.blocking.is_some() {
+                            // Gone while blocked: its dedicated connection is closed (with
+                            // the request), so Redis forgets the blocked client and takes
+                            // no element for it.
+                            break None;
+                        }
                     }
                 }
             }
             _ = shutdown.changed(), if s.reading => {
                 s.reading = false;
+                if s.blocking.is_some() {
+                    break None; // its reply may never come
+                }
             }
             _ = &mut timer, if timer_at.is_some() => {
                 timer_at = None;
@@ -365,6 +383,10 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
         if let Some(c) = s.check_limits() {
             break Some(c);
         }
+        if s.killed {
+            info!(client = id, "client killed (CLIENT KILL)");
+            break None;
+        }
         if s.armed != timer_at {
             if let Some(t) = s.armed {
                 timer.as_mut().reset(t.into());
@@ -387,16 +409,16 @@ impl Session {
         let addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
         let laddr = stream.local_addr().map(|a| a.to_string()).unwrap_or_default();
         info!(client = id, %addr, "client connected");
+        let info = Arc::new(ClientInfo::new(id, addr, laddr, tx.clone()));
+        proxy.clients.add(info.clone());
         let client = ClientState {
             id,
             proto: Proto::Resp2,
             authed: proxy.config.server.password.is_none(),
-            name: None,
-            lib_name: String::new(),
-            lib_ver: String::new(),
-            addr,
-            laddr,
-            created: Instant::now(),
+            info,
+            reply: ReplyMode::On,
+            no_evict: false,
+            no_touch: false,
             quit: false,
             mode: Mode::Normal,
             admin: false,
@@ -404,6 +426,7 @@ impl Session {
             used_locks: false,
             keepalive_locks: false,
             rl: proxy.ratelimit.view(),
+            watch: None,
         };
         let limits = &proxy.config.limits;
         let soft = limits.output_soft_bytes as usize;
@@ -431,6 +454,8 @@ impl Session {
             reading: true,
             closing: false,
             blocked: false,
+            blocking: None,
+            killed: false,
             armed: None,
             soft,
             hard: limits.output_hard_bytes as usize,
@@ -445,6 +470,7 @@ impl Session {
     /// reply and request bytes within their limits.
     fn room(&self) -> bool {
         self.queue.entries.len() < self.held.window
+            && self.blocking.is_none()
             && self.held.replies <= self.soft
             && self.held.requests <= self.request_budget
     }
@@ -457,6 +483,11 @@ impl Session {
         let mut now: Option<Instant> = None;
         while let Some(r) = next.take() {
             let seq = r.tag.seq;
+            if let Some(c) = Control::of(r.tag) {
+                self.control(c);
+                next = rx.try_recv().ok();
+                continue;
+            }
             if let Some(e) = self.queue.get_mut(seq)
                 && let Reply::Waiting(p) = &mut e.reply
                 && let Some(req) = &e.meta.req
@@ -474,6 +505,9 @@ impl Session {
                     }
                     self.held.reply_ready(reply.len(), self.soft, self.max_pipeline);
                     e.reply = Reply::Ready(reply);
+                    if self.blocking == Some(seq) {
+                        self.blocking = None;
+                    }
                 }
             }
             next = rx.try_recv().ok();
@@ -553,14 +587,26 @@ impl Session {
         self.queue.entries.push_back(Entry {
             reply: Reply::Ready(Bytes::new()),
             last: false,
+            silent: false,
             meta: Meta::new(0, read_at, Some(req)),
         });
-        let Some(Entry { reply, last, meta }) = self.queue.entries.back_mut() else { return };
+        let Some(Entry { reply, last, silent, meta }) = self.queue.entries.back_mut() else { return };
         let Some(req) = meta.req.as_ref() else { return };
+        let skip = self.client.reply == ReplyMode::Skip;
         let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, read_at);
         let outcome = crate::dispatch::dispatch(&self.proxy, &mut ctx);
         (meta.cmd, meta.cached, meta.wait_ms, meta.first_key) = (ctx.cmd, ctx.cached, ctx.wait_ms, ctx.first_key);
         self.client.rl.forget();
+        // CLIENT REPLY: OFF and SKIP's own replies are not written, nor the reply of the
+        // command after a SKIP
+        if skip {
+            *silent = true;
+            if self.client.reply == ReplyMode::Skip {
+                self.client.reply = ReplyMode::On;
+            }
+        } else {
+            *silent = self.client.reply != ReplyMode::On;
+        }
         *reply = match outcome {
             Outcome::Ready(b) => {
                 self.held.reply_ready(b.len(), self.soft, self.max_pipeline);
@@ -568,6 +614,9 @@ impl Session {
             }
             Outcome::Waiting(p) => {
                 self.client.inflight += 1;
+                if p.blocking() {
+                    self.blocking = Some(seq);
+                }
                 // armed already for an earlier request (deadlines grow with the read
                 // time), unless this one waits less than a LOCK.ACQUIRE WAIT
                 let deadline = meta.deadline(self.reply_deadline);
@@ -582,6 +631,22 @@ impl Session {
         if *last {
             self.reading = false;
         }
+        let cmd = meta.cmd;
+        self.publish(cmd, read_at);
+    }
+
+    /// Keeps what other connections see of this one current (CLIENT LIST).
+    fn publish(&self, cmd: usize, at: Instant) {
+        let info = &self.client.info;
+        info.last_cmd.store(cmd, Ordering::Relaxed);
+        info.last_ms.store((at - self.proxy.started).as_millis() as u64, Ordering::Relaxed);
+        info.flags.store(self.client.flags(self.blocking.is_some()), Ordering::Relaxed);
+        let multi = match &self.client.mode {
+            Mode::Multi(q) => q.commands.len() as i64,
+            Mode::Normal => -1,
+        };
+        info.multi.store(multi, Ordering::Relaxed);
+        info.resp.store(self.client.proto.version() as u8, Ordering::Relaxed);
     }
 
     /// Queues a request's reply (or its place for one); a reply that ends the connection
@@ -591,7 +656,7 @@ impl Session {
         if last {
             self.reading = false;
         }
-        self.queue.entries.push_back(Entry { reply, last, meta });
+        self.queue.entries.push_back(Entry { reply, last, silent: false, meta });
     }
 
     /// Moves the complete replies at the front of the queue to the output (the clock is
@@ -610,7 +675,11 @@ impl Session {
                 break;
             };
             e.reply = Reply::Sent { summary: ReplySummary::of(&b), at };
-            self.out.push(b);
+            if e.silent {
+                self.held.replies -= b.len();
+            } else {
+                self.out.push(b);
+            }
             self.closing = e.last;
             q.sent += 1;
             moved += 1;
@@ -694,6 +763,34 @@ impl Session {
         None
     }
 
+    /// A request from another connection (CLIENT KILL, CLIENT UNBLOCK).
+    fn control(&mut self, c: Control) {
+        if c == Control::Kill {
+            self.killed = true;
+            return;
+        }
+        let Some(seq) = self.blocking.take() else { return };
+        let Some(e) = self.queue.get_mut(seq) else { return };
+        if !matches!(e.reply, Reply::Waiting(_)) {
+            return;
+        }
+        let mut w = Writer::new(&mut self.scratch, self.client.proto);
+        match c {
+            Control::UnblockError => w.error(crate::errors::UNBLOCKED),
+            // the command's own timeout reply
+            _ if matches!(self.proxy.command_name(e.meta.cmd), "BRPOPLPUSH" | "BLMOVE") => w.nil(),
+            _ => w.nil_array(),
+        }
+        let b = self.scratch.split().freeze();
+        self.held.reply_ready(b.len(), self.soft, self.max_pipeline);
+        self.client.inflight -= 1;
+        e.meta.ready_at = Instant::now();
+        // its Pending goes, and with it the dedicated connection (closed: Redis forgets
+        // the blocked command)
+        e.reply = Reply::Ready(b);
+        self.client.info.flags.store(self.client.flags(false), Ordering::Relaxed);
+    }
+
     /// The timer fired: the soft limit's duration may be over, and requests past their
     /// deadline are answered with an error.
     fn on_timer(&mut self, now: Instant) -> Option<Cut> {
@@ -712,7 +809,7 @@ impl Session {
     /// deadline of a request still waiting.
     fn expire(&mut self, now: Instant) -> Option<Instant> {
         let mut next: Option<Instant> = None;
-        for e in self.queue.entries.iter_mut() {
+        for (i, e) in self.queue.entries.iter_mut().enumerate() {
             let Reply::Waiting(_) = e.reply else { continue };
             let deadline = e.meta.deadline(self.reply_deadline);
             if now < deadline {
@@ -730,7 +827,11 @@ impl Session {
                 self.held.reply_ready(b.len(), self.soft, self.max_pipeline);
                 self.client.inflight -= 1;
                 e.meta.ready_at = now;
+                // (a request on a dedicated connection drops it with its Pending: closed)
                 e.reply = Reply::Ready(b);
+                if self.blocking == Some(self.queue.head + i as u64) {
+                    self.blocking = None;
+                }
             }
         }
         next
@@ -746,7 +847,7 @@ impl Session {
         if let Some(c) = cut {
             warn!(
                 client = id,
-                addr = %self.client.addr,
+                addr = %self.client.info.addr,
                 reason = c.reason(),
                 reply_bytes = held.replies,
                 "client disconnected: over its output limit"
@@ -756,6 +857,7 @@ impl Session {
         if self.client.used_locks {
             self.proxy.locks.closed(id);
         }
+        self.proxy.clients.remove(id);
         info!(client = id, "client disconnected");
     }
 }

@@ -10,23 +10,40 @@
 //! migration or failover met at queue time by sending it again whole. The hot-key cache
 //! drops the keys of the queued writes when EXEC is sent and again before its reply
 //! reaches the client, as for the same writes sent alone.
+//!
+//! WATCH pins the client to a dedicated connection to the watched keys' master
+//! ([`crate::client::Watch`]) and runs there; commands for that slot travel on it until
+//! EXEC (sent there too, then the connection goes back to the pool), DISCARD, UNWATCH,
+//! RESET or disconnect (it is closed). A watch the cluster voided (the slot moved, the
+//! connection broke) makes EXEC answer nil, as a changed key would.
 
 use bytes::{BufMut, BytesMut};
 
-use crate::client::{Mode, Queued};
+use crate::client::{Mode, Queued, Watch};
 use crate::cluster::slot;
 use crate::command::{Command, Local, Route, Split, TxCmd, keys_of};
 use crate::errors;
-use crate::pending::{Ctx, Outcome, Target, start_transaction};
+use crate::pending::{Ctx, Outcome, Target, TxPart, start_transaction};
 use crate::protocol::Request;
 use crate::proxy::Proxy;
 
-/// MULTI, EXEC or DISCARD.
-pub fn run(proxy: &Proxy, ctx: &mut Ctx, t: TxCmd) -> Outcome {
+/// MULTI, EXEC, DISCARD, WATCH or UNWATCH.
+pub fn run(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, t: TxCmd) -> Outcome {
     let queuing = matches!(ctx.client.mode, Mode::Multi(_));
     match (t, queuing) {
         (TxCmd::Multi, false) => {
-            ctx.client.mode = Mode::Multi(Box::default());
+            // the transaction's keys share the watched keys' slot
+            let slot = ctx.client.watch.as_ref().map(|w| w.slot);
+            ctx.client.mode = Mode::Multi(Box::new(Queued { slot, ..Queued::default() }));
+            ctx.reply(|w| w.ok())
+        }
+        // Redis answers this without failing the transaction
+        (TxCmd::Watch, true) => ctx.error(errors::WATCH_IN_MULTI),
+        (TxCmd::Watch, false) => watch(proxy, ctx, cmd),
+        // queued, as in Redis (it changes nothing there: EXEC unwatches anyway)
+        (TxCmd::Unwatch, true) => queue(proxy, ctx, cmd),
+        (TxCmd::Unwatch, false) => {
+            ctx.client.unwatch();
             ctx.reply(|w| w.ok())
         }
         // Redis answers this without failing the transaction
@@ -35,6 +52,7 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, t: TxCmd) -> Outcome {
         (TxCmd::Discard, false) => ctx.error(errors::DISCARD_WITHOUT_MULTI),
         (TxCmd::Discard, true) => {
             ctx.client.mode = Mode::Normal;
+            ctx.client.unwatch();
             ctx.reply(|w| w.ok())
         }
         (TxCmd::Exec, true) => {
@@ -60,11 +78,11 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
         return ctx.error(errors::WATCH_IN_MULTI);
     }
     let allowed = match cmd.route {
-        Route::Forward | Route::Split(_) | Route::AnyMaster => true,
+        Route::Forward | Route::Split(_) | Route::AnyMaster | Route::Transaction(TxCmd::Unwatch) => true,
         // Redis commands heatshield answers alone; inside a transaction Redis answers them
         Route::Local(Local::Ping | Local::Echo | Local::Time) => true,
         // a blocking command inside a transaction does not block (Redis runs it at once)
-        Route::Unsupported(_) => cmd.is_blocking(),
+        Route::Block => true,
         _ => false,
     };
     if !allowed {
@@ -78,18 +96,31 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
         Ok(k) => k,
         Err(e) => return refuse(ctx, e),
     };
-    let Mode::Multi(q) = &ctx.client.mode else { return ctx.error(errors::EXECABORT) };
-    let mut s = q.slot;
+    let cluster = proxy.cluster.is_cluster();
+    // the command's own keys share one slot
+    let mut cs = None;
     for &k in &keys {
         let ks = slot(req.arg(k as usize));
-        match s {
-            Some(t) if t != ks && proxy.cluster.is_cluster() => return refuse(ctx, errors::CROSSSLOT),
-            _ => s = Some(ks),
+        match cs {
+            Some(t) if t != ks && cluster => return refuse(ctx, errors::CROSSSLOT),
+            _ => cs = Some(ks),
         }
     }
+    // and the transaction's earlier keys (unless it may run per slot; never under WATCH)
+    let watching = ctx.client.watch.is_some();
+    let per_slot = proxy.config.transactions.per_node() && !watching;
+    let Mode::Multi(q) = &ctx.client.mode else { return ctx.error(errors::EXECABORT) };
+    let s = match (q.slot, cs) {
+        (Some(t), Some(c)) if t != c && cluster && !per_slot => {
+            return refuse(ctx, if watching { errors::CROSSSLOT } else { errors::CROSSSLOT_TX });
+        }
+        (None, c) => c,
+        (t, _) => t,
+    };
     // what queuing it holds: its bytes, its parsed form, and the keys of a write
     let cost = req.raw().len()
         + std::mem::size_of::<Request>()
+        + std::mem::size_of::<Option<u16>>()
         + if cmd.is_write() { keys.len() * std::mem::size_of::<bytes::Bytes>() } else { 0 };
     let limit = proxy.config.limits.max_inflight_request_bytes as usize;
     if q.held + cost > limit {
@@ -106,18 +137,62 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
         q.write_keys.extend(keys.iter().map(|&k| req.arg_bytes(k as usize)));
     }
     q.slot = s;
+    q.slots.push(cs);
     q.bytes += req.raw().len();
     q.held += cost;
     q.commands.push(req.clone());
     ctx.reply(|w| w.simple("QUEUED"))
 }
 
-/// EXEC: the queued commands as one native transaction on the slot's master.
+/// WATCH: its keys share one slot (the slot of any keys watched already); the first
+/// WATCH leases a dedicated connection to that slot's master and pins the client to it.
+fn watch(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
+    let req = ctx.req;
+    let keys = match keys_of(cmd, req) {
+        Ok(k) => k,
+        Err(e) => return ctx.error(e),
+    };
+    let s = slot(req.arg(keys[0] as usize));
+    let cluster = proxy.cluster.is_cluster();
+    if cluster && keys.iter().any(|&k| slot(req.arg(k as usize)) != s) {
+        return ctx.error(errors::CROSSSLOT);
+    }
+    match &ctx.client.watch {
+        Some(w) if cluster && w.slot != s => return ctx.error(errors::CROSSSLOT),
+        // void already: EXEC will answer nil whatever is watched now
+        Some(w) if w.void() => return ctx.reply(|w| w.ok()),
+        Some(_) => {}
+        None => {
+            let Some(node) = proxy.cluster.topology().master_for_slot(s).cloned() else {
+                return ctx.error(&errors::slot_not_served(s));
+            };
+            let Some(lease) = node.lease(ctx.client.proto) else {
+                return ctx.error(&errors::no_dedicated(&node.addr, node.options().dedicated_max));
+            };
+            ctx.client.watch = Some(Box::new(Watch { slot: s, lease: Some(lease) }));
+        }
+    }
+    // on the pinned connection (crate::pending::start_in)
+    crate::route::to_slot(proxy, ctx, s)
+}
+
+/// EXEC: the queued commands as one native transaction on the slot's master (under
+/// WATCH: on the pinned connection).
 fn exec(proxy: &Proxy, ctx: &mut Ctx, q: Queued) -> Outcome {
+    let watch = ctx.client.watch.take();
     if q.failed {
+        // Redis unwatches here too
+        if let Some(l) = watch.and_then(|w| w.lease) {
+            l.release(true);
+        }
         return ctx.error(errors::EXECABORT);
     }
-    if q.commands.is_empty() {
+    let pinned = match watch {
+        Some(w) if w.void() => return ctx.reply(|w| w.nil_array()),
+        Some(w) => w.lease,
+        None => None,
+    };
+    if q.commands.is_empty() && pinned.is_none() {
         return ctx.reply(|w| w.array(0));
     }
     let target = match q.slot {
@@ -131,14 +206,22 @@ fn exec(proxy: &Proxy, ctx: &mut Ctx, q: Queued) -> Outcome {
             }
         }
     };
-    const MULTI: &[u8] = b"*1\r\n$5\r\nMULTI\r\n";
-    const EXEC: &[u8] = b"*1\r\n$4\r\nEXEC\r\n";
-    let mut data = BytesMut::with_capacity(q.bytes + MULTI.len() + EXEC.len());
-    data.put_slice(MULTI);
-    for c in &q.commands {
-        data.put_slice(c.raw());
-    }
-    data.put_slice(EXEC);
+    let total = q.commands.len() as u32;
+    let parts = match per_slot(&q) {
+        // one native transaction per slot (`transactions.cross_slot = "per-node"`)
+        Some(groups) => groups
+            .into_iter()
+            .map(|(s, positions)| {
+                let cmds = positions.iter().map(|&i| &q.commands[i as usize]);
+                let data = native(cmds, q.bytes);
+                TxPart { data, queued: positions.len() as u32, target: Target::Slot(s), positions }
+            })
+            .collect(),
+        None => {
+            let data = native(q.commands.iter(), q.bytes);
+            vec![TxPart { data, queued: total, target, positions: Vec::new() }]
+        }
+    };
     // the cache plan of the writes, as for the same writes sent alone
     let cache = &proxy.cache;
     if cache.enabled && !q.write_keys.is_empty() {
@@ -152,5 +235,40 @@ fn exec(proxy: &Proxy, ctx: &mut Ctx, q: Queued) -> Outcome {
             }
         }
     }
-    start_transaction(proxy, ctx, data.freeze(), q.commands.len() as u32, target, q.write_keys)
+    start_transaction(proxy, ctx, parts, total, q.write_keys, pinned)
+}
+
+/// `MULTI`, the commands, `EXEC`, as one message.
+fn native<'a>(cmds: impl Iterator<Item = &'a Request>, bytes: usize) -> bytes::Bytes {
+    const MULTI: &[u8] = b"*1\r\n$5\r\nMULTI\r\n";
+    const EXEC: &[u8] = b"*1\r\n$4\r\nEXEC\r\n";
+    let mut data = BytesMut::with_capacity(bytes + MULTI.len() + EXEC.len());
+    data.put_slice(MULTI);
+    for c in cmds {
+        data.put_slice(c.raw());
+    }
+    data.put_slice(EXEC);
+    data.freeze()
+}
+
+/// A transaction whose commands span slots (only queued so under `cross_slot =
+/// "per-node"`): its commands grouped by slot, in the order each slot first appears, each
+/// with the positions of its commands; keyless commands join the first group. `None`
+/// when one slot holds every key.
+fn per_slot(q: &Queued) -> Option<Vec<(u16, Vec<u32>)>> {
+    let first = q.slot?;
+    if q.slots.iter().all(|s| s.is_none_or(|s| s == first)) {
+        return None;
+    }
+    let mut groups: Vec<(u16, Vec<u32>)> = Vec::new();
+    let mut at: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
+    for (i, s) in q.slots.iter().enumerate() {
+        let s = s.unwrap_or(first);
+        let g = *at.entry(s).or_insert_with(|| {
+            groups.push((s, Vec::new()));
+            groups.len() - 1
+        });
+        groups[g].1.push(i as u32);
+    }
+    Some(groups)
 }

@@ -40,6 +40,8 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_backend_errors_total", "counter", &["node", "kind"]),
     ("heatshield_backend_connections", "gauge", &["node", "state"]),
     ("heatshield_client_connections", "gauge", &[]),
+    ("heatshield_blocked_clients", "gauge", &[]),
+    ("heatshield_backend_dedicated_connections", "gauge", &["node"]),
     ("heatshield_client_connections_accepted_total", "counter", &[]),
     ("heatshield_client_connections_rejected_total", "counter", &[]),
     ("heatshield_redirections_total", "counter", &["kind"]),

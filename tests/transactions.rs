@@ -23,6 +23,7 @@ fn err(text: &str) -> V {
 }
 
 const EXECABORT: &str = "EXECABORT Transaction discarded because of previous errors.";
+const CROSSSLOT_TX: &str = "CROSSSLOT Keys in request don't hash to the same slot (a transaction's keys must share one slot; transactions.cross_slot = \"per-node\" runs it as one transaction per slot)";
 
 /// The same commands through heatshield, then straight to `direct`: the same replies
 /// (the commands leave the keys as they found them).
@@ -128,7 +129,13 @@ fn queue_time_errors_abort_exec_and_nothing_runs() {
             .unwrap_or_default();
         assert_eq!(c.cmd(&["MULTI"]), V::ok());
         assert_eq!(c.cmd(&["SET", &k, "1"]), V::s("QUEUED"));
-        assert_eq!(c.cmd(&["SET", &other, "1"]), err("CROSSSLOT Keys in request don't hash to the same slot"));
+        // (the text names the option that would run it)
+        assert_eq!(c.cmd(&["SET", &other, "1"]), err(CROSSSLOT_TX));
+        // one command's own keys in two slots: Redis Cluster's text
+        assert_eq!(
+            c.cmd(&["MSET", &k, "1", &other, "2"]),
+            err("CROSSSLOT Keys in request don't hash to the same slot")
+        );
         assert_eq!(c.cmd(&["EXEC"]), err(EXECABORT));
         assert!(c.cmd(&["GET", &k]).is_nil());
         assert!(c.cmd(&["GET", &other]).is_nil());
@@ -268,4 +275,59 @@ fn a_queued_transaction_is_bounded_in_memory() {
     assert_eq!(c.cmd(&["APPEND", k, &value]), V::s("QUEUED"));
     assert_eq!(c.cmd(&["EXEC"]), V::Arr(vec![V::Int(1000)]));
     assert_eq!(c.cmd(&["DEL", k]), V::Int(1));
+}
+
+#[test]
+fn per_node_runs_a_cross_slot_transaction_as_one_per_slot() {
+    let env = env();
+    let (_dir, path) = config_file("[transactions]\ncross_slot = \"per-node\"\n");
+    let proxy = Proxy::start_cluster(&env.cluster, &["--config", &path]);
+    let masters = env.owners.masters();
+    // keys on two different masters, and a third key in another slot of the first
+    let a = env.owners.tag_on(masters[0], "pn:a");
+    let b = env.owners.tag_on(masters[1], "pn:b");
+    let a2 = (0..)
+        .map(|i| format!("pn:a2:{i}"))
+        .find(|k| env.owners.of_key(k.as_bytes()) == masters[0] && key_slot(k.as_bytes()) != key_slot(a.as_bytes()))
+        .unwrap();
+    for proto in Proto::BOTH {
+        let mut c = Conn::connect_proto(proxy.port(), proto);
+        let execs: Vec<u64> = masters.iter().map(|&m| common::cmdstat_calls(m, "exec")).collect();
+        assert_eq!(c.cmd(&["MULTI"]), V::ok());
+        for cmd in [
+            vec!["SET", &a, "1"],
+            vec!["SET", &b, "x"],
+            vec!["PING"],
+            vec!["INCR", &a],
+            vec!["INCR", &b],
+            vec!["SET", &a2, "z"],
+            vec!["GET", &b],
+        ] {
+            assert_eq!(c.cmd(&cmd), V::s("QUEUED"), "{proto:?} {cmd:?}");
+        }
+        // the replies in the client's order; a command that fails when it runs has its
+        // error in its place (Redis has no rollback), the others ran
+        let got = c.cmd(&["EXEC"]);
+        let items = got.items().to_vec();
+        assert_eq!(items.len(), 7, "{proto:?} {got:?}");
+        assert_eq!(items[0], V::ok());
+        assert_eq!(items[1], V::ok());
+        assert_eq!(items[2], V::s("PONG"));
+        assert_eq!(items[3], V::Int(2));
+        assert!(items[4].err().is_some_and(|e| e.starts_with("ERR value is not an integer")), "{items:?}");
+        assert_eq!(items[5], V::ok());
+        assert_eq!(items[6], V::s("x"));
+        assert_eq!(cmd_text(masters[0], &["GET", &a]), "2");
+        assert_eq!(cmd_text(masters[1], &["GET", &b]), "x");
+        assert_eq!(cmd_text(masters[0], &["GET", &a2]), "z");
+        // each slot's part ran as a native transaction on its master
+        assert!(common::cmdstat_calls(masters[0], "exec") >= execs[0] + 2, "two slots of the first master");
+        assert!(common::cmdstat_calls(masters[1], "exec") > execs[1]);
+        // a queue-time error still aborts all of it, and one command's own keys share a slot
+        assert_eq!(c.cmd(&["MULTI"]), V::ok());
+        assert_eq!(c.cmd(&["SET", &a, "3"]), V::s("QUEUED"));
+        assert_eq!(c.cmd(&["MSET", &a, "1", &b, "2"]), err("CROSSSLOT Keys in request don't hash to the same slot"));
+        assert_eq!(c.cmd(&["EXEC"]), err(EXECABORT));
+        assert_eq!(c.cmd(&["DEL", &a, &b, &a2]), V::Int(3));
+    }
 }

@@ -18,7 +18,7 @@
 pub mod slot;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -56,6 +56,10 @@ pub struct NodePool {
     per_conn: usize,
     workers: Box<[WorkerConns]>,
     metrics: Arc<crate::metrics::NodeMetrics>,
+    /// Idle dedicated connections, by protocol (RESP2, RESP3).
+    idle: Mutex<[Vec<Backend>; 2]>,
+    /// Dedicated connections alive (leased and idle), at most `opts.dedicated_max`.
+    dedicated: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -74,7 +78,35 @@ impl NodePool {
             per_conn: n.max(1),
             workers: (0..workers.max(1)).map(|_| WorkerConns::default()).collect(),
             metrics: Arc::new(crate::metrics::NodeMetrics::new(addr, opts.latency_sample_every)),
+            idle: Mutex::new([Vec::new(), Vec::new()]),
+            dedicated: AtomicUsize::new(0),
         }
+    }
+
+    /// A dedicated connection to this node for one client (WATCH, a blocking command):
+    /// an idle one, or a new one (it connects when first used). `None` when the node has
+    /// `backend.dedicated_max_per_node` already.
+    pub fn lease(self: &Arc<Self>, proto: Proto) -> Option<Lease> {
+        let p = proto_index(proto);
+        loop {
+            let Some(conn) = self.idle.lock()[p].pop() else { break };
+            let lease = Lease { node: self.clone(), conn: Some(conn), proto };
+            if !lease.broken() {
+                return Some(lease);
+            }
+            // it broke while idle: dropped, which closes it
+        }
+        let max = self.opts.dedicated_max;
+        self.dedicated.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1)).ok()?;
+        self.metrics.dedicated.increment(1.0);
+        let o = BackendOptions { resp3: proto == Proto::Resp3, tracking: None, dedicated: true, ..self.opts.clone() };
+        let conn = Backend::spawn(self.addr.clone(), o, self.metrics.clone());
+        Some(Lease { node: self.clone(), conn: Some(conn), proto })
+    }
+
+    /// Dedicated connections alive now (leased and idle).
+    pub fn dedicated(&self) -> usize {
+        self.dedicated.load(Ordering::Relaxed)
     }
 
     /// The connection a client uses: this worker's, fixed per client (`affinity`), so one
@@ -106,6 +138,74 @@ impl NodePool {
             let r3 = w.resp3.get().into_iter().flatten().map(|b| (Proto::Resp3, b));
             r2.chain(r3)
         })
+    }
+}
+
+fn proto_index(p: Proto) -> usize {
+    match p {
+        Proto::Resp2 => 0,
+        Proto::Resp3 => 1,
+    }
+}
+
+/// A dedicated connection leased to one client ([`NodePool::lease`]). Dropped, it is
+/// closed (whatever it was doing: a blocked command, a WATCH); [`Lease::release`] gives
+/// it back for the next lessee when that is safe.
+pub struct Lease {
+    node: Arc<NodePool>,
+    conn: Option<Backend>,
+    proto: Proto,
+}
+
+impl Lease {
+    pub fn node(&self) -> &Arc<NodePool> {
+        &self.node
+    }
+
+    pub fn conn(&self) -> &Backend {
+        self.conn.as_ref().expect("a lease holds its connection until dropped")
+    }
+
+    /// The connection is gone (it broke, or could not connect): what it held is lost.
+    pub fn broken(&self) -> bool {
+        self.conn().stats.state() == backend::ConnState::Down
+    }
+
+    /// Gives the connection back to the pool if it is up and idle (nothing in flight),
+    /// after an `UNWATCH` when `unwatch` (its reply is dropped); closes it otherwise.
+    pub fn release(mut self, unwatch: bool) {
+        let conn = self.conn.take().expect("a lease holds its connection until dropped");
+        let clean = conn.stats.state() != backend::ConnState::Down && conn.stats.inflight.load(Ordering::SeqCst) == 0;
+        let mut idle = self.node.idle.lock();
+        let list = &mut idle[proto_index(self.proto)];
+        if clean && list.len() < self.node.opts.dedicated_idle {
+            if unwatch {
+                // its reply goes nowhere; the next lessee's commands come after it
+                let (tx, _) = tokio::sync::mpsc::unbounded_channel();
+                conn.send(backend::BackendRequest {
+                    data: bytes::Bytes::from_static(b"*1\r\n$7\r\nUNWATCH\r\n"),
+                    count: 1,
+                    prefix: backend::Prefix::None,
+                    tag: backend::Tag { seq: 0, part: 0 },
+                    reply_to: tx,
+                });
+            }
+            list.push(conn);
+            return;
+        }
+        drop(idle);
+        drop(conn);
+        self.node.dedicated.fetch_sub(1, Ordering::SeqCst);
+        self.node.metrics.dedicated.decrement(1.0);
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.conn.take().is_some() {
+            self.node.dedicated.fetch_sub(1, Ordering::SeqCst);
+            self.node.metrics.dedicated.decrement(1.0);
+        }
     }
 }
 

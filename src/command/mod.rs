@@ -77,11 +77,9 @@ pub enum Local {
     Reset,
     /// READONLY / READWRITE: accepted and ignored (reads go to masters).
     Ok,
-    ClientSetName,
-    ClientGetName,
-    ClientId,
-    ClientSetInfo,
-    ClientInfo,
+    /// `CLIENT SETNAME | GETNAME | ID | SETINFO | INFO | LIST | KILL | REPLY | UNBLOCK |
+    /// NO-EVICT | NO-TOUCH`: about heatshield's own clients (crate::clients).
+    Client,
     /// `PROXY ...`: heatshield's admin commands.
     Proxy,
     /// `CLUSTER INFO | MYID | SLOTS | SHARDS | NODES | KEYSLOT | COUNTKEYSINSLOT |
@@ -96,12 +94,14 @@ impl Local {
     }
 }
 
-/// MULTI / EXEC / DISCARD (crate::transaction).
+/// MULTI / EXEC / DISCARD / WATCH / UNWATCH (crate::transaction).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TxCmd {
     Multi,
     Exec,
     Discard,
+    Watch,
+    Unwatch,
 }
 
 /// What the proxy does with a command.
@@ -118,8 +118,13 @@ pub enum Route {
     /// heatshield's lock commands, run as scripts on the lock key's master (the locks
     /// module carries them out).
     Lock(LockCmd),
-    /// MULTI, EXEC, DISCARD: the connection's transaction (crate::transaction).
+    /// MULTI, EXEC, DISCARD, WATCH, UNWATCH: the connection's transaction
+    /// (crate::transaction).
     Transaction(TxCmd),
+    /// A blocking command: sent on a dedicated connection to the master owning its keys'
+    /// slot (crate::pending::start_blocking). XREAD and XREADGROUP are `Forward`, and
+    /// take this route when they have BLOCK.
+    Block,
     /// Refused with `-ERR heatshield does not support '<name>'` (and the reason, if any).
     Unsupported(&'static str),
 }
@@ -235,6 +240,17 @@ impl CommandTable {
                 subs: &[],
             };
             client.subs.entry(b"SETINFO".to_vec()).or_insert_with(|| build(&SETINFO, Some(&CLIENT), &mut next_id));
+            static NO_TOUCH: RawSpec = RawSpec {
+                name: "NO-TOUCH",
+                arity: 3,
+                flags: flags::NOSCRIPT | flags::LOADING | flags::STALE,
+                first: 0,
+                last: 0,
+                step: 0,
+                movable: false,
+                subs: &[],
+            };
+            client.subs.entry(b"NO-TOUCH".to_vec()).or_insert_with(|| build(&NO_TOUCH, Some(&CLIENT), &mut next_id));
         }
         // heatshield's own admin command.
         static PROXY: RawSpec = RawSpec {
@@ -418,6 +434,7 @@ fn keyspec_of(name: &str, raw: &RawSpec) -> KeySpec {
         "ZUNION" | "ZINTER" | "ZDIFF" | "ZINTERCARD" | "SINTERCARD" | "LMPOP" | "ZMPOP" => {
             KeySpec::NumKeys { dest: None, at: 1 }
         }
+        "BLMPOP" | "BZMPOP" => KeySpec::NumKeys { dest: None, at: 2 },
         "XREAD" | "XREADGROUP" => KeySpec::Streams,
         "SORT" | "SORT_RO" => KeySpec::Sort,
         "GEORADIUS" | "GEORADIUSBYMEMBER" => KeySpec::GeoStore,
@@ -445,11 +462,10 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "INFO" => Local(self::Local::Info),
         "RESET" => Local(self::Local::Reset),
         "READONLY" | "READWRITE" => Local(self::Local::Ok),
-        "CLIENT|SETNAME" => Local(self::Local::ClientSetName),
-        "CLIENT|GETNAME" => Local(self::Local::ClientGetName),
-        "CLIENT|ID" => Local(self::Local::ClientId),
-        "CLIENT|SETINFO" => Local(self::Local::ClientSetInfo),
-        "CLIENT|INFO" => Local(self::Local::ClientInfo),
+        "CLIENT|SETNAME" | "CLIENT|GETNAME" | "CLIENT|ID" | "CLIENT|SETINFO" | "CLIENT|INFO" | "CLIENT|LIST"
+        | "CLIENT|KILL" | "CLIENT|REPLY" | "CLIENT|UNBLOCK" | "CLIENT|NO-EVICT" | "CLIENT|NO-TOUCH" => {
+            Local(self::Local::Client)
+        }
         "MGET" => Split(self::Split::Mget),
         "MSET" => Split(self::Split::Mset),
         "DEL" | "UNLINK" | "EXISTS" | "TOUCH" => Split(self::Split::Sum),
@@ -468,7 +484,8 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "MULTI" => Transaction(TxCmd::Multi),
         "EXEC" => Transaction(TxCmd::Exec),
         "DISCARD" => Transaction(TxCmd::Discard),
-        "WATCH" | "UNWATCH" => Unsupported("WATCH is not supported yet"),
+        "WATCH" => Transaction(TxCmd::Watch),
+        "UNWATCH" => Transaction(TxCmd::Unwatch),
         "MONITOR" => Unsupported(""),
         "MOVE" | "SWAPDB" => Unsupported("only database 0 exists behind the proxy"),
         "WAIT" => Unsupported("backend connections are shared between clients"),
@@ -483,9 +500,9 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         | "CLUSTER|GETKEYSINSLOT" => Local(self::Local::Cluster),
         n if n.starts_with("CLUSTER") => Unsupported("cluster administration is not supported"),
         n if n.starts_with("CLIENT|") => Unsupported("backend connections are shared between clients"),
-        "XREAD" | "XREADGROUP" => Forward, // refused at run time when BLOCK is given
+        "XREAD" | "XREADGROUP" => Forward, // Block at run time when BLOCK is given
         _ if fl & flags::PUBSUB != 0 => Unsupported("pub/sub is not supported yet"),
-        _ if fl & flags::BLOCKING != 0 => Unsupported("blocking commands are not supported yet"),
+        _ if fl & flags::BLOCKING != 0 => Block,
         _ if fl & flags::ADMIN != 0 => Unsupported("administrative commands are not forwarded"),
         _ => Forward,
     }
@@ -521,7 +538,15 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
                 && dest.is_none()
                 && matches!(
                     cmd.name.as_str(),
-                    "ZUNION" | "ZINTER" | "ZDIFF" | "ZINTERCARD" | "SINTERCARD" | "LMPOP" | "ZMPOP"
+                    "ZUNION"
+                        | "ZINTER"
+                        | "ZDIFF"
+                        | "ZINTERCARD"
+                        | "SINTERCARD"
+                        | "LMPOP"
+                        | "ZMPOP"
+                        | "BLMPOP"
+                        | "BZMPOP"
                 )
             {
                 return Err(crate::errors::NUMKEYS_ZERO);
@@ -590,9 +615,9 @@ mod tests {
             "ERR unknown command 'nosuch', with args beginning with: 'a' 'b' "
         );
         let c = t.lookup(&req(&["client", "setinfo", "lib-name", "x"])).unwrap();
-        assert_eq!(c.route, Route::Local(Local::ClientSetInfo));
+        assert_eq!(c.route, Route::Local(Local::Client));
         let c = t.lookup(&req(&["client", "setname", "x"])).unwrap();
-        assert_eq!(c.route, Route::Local(Local::ClientSetName));
+        assert_eq!(c.route, Route::Local(Local::Client));
         assert_eq!(
             t.lookup(&req(&["client", "bogus"])).unwrap_err().message(),
             "ERR unknown subcommand 'bogus'. Try CLIENT HELP."
@@ -612,10 +637,12 @@ mod tests {
         assert_eq!(r(&["del", "a"]), Route::Split(Split::Sum));
         assert_eq!(r(&["keys", "*"]), Route::FanOut(FanOut::Keys));
         assert_eq!(r(&["script", "load", "x"]), Route::FanOut(FanOut::AllSame));
-        assert!(matches!(r(&["blpop", "a", "0"]), Route::Unsupported(_)));
+        assert_eq!(r(&["blpop", "a", "0"]), Route::Block);
         assert!(matches!(r(&["subscribe", "a"]), Route::Unsupported(_)));
         assert_eq!(r(&["multi"]), Route::Transaction(TxCmd::Multi));
-        assert!(matches!(r(&["watch", "k"]), Route::Unsupported(_)));
+        assert_eq!(r(&["watch", "k"]), Route::Transaction(TxCmd::Watch));
+        assert_eq!(r(&["blpop", "k", "0"]), Route::Block);
+        assert_eq!(r(&["bzmpop", "1", "1", "k", "MIN"]), Route::Block);
         assert!(matches!(r(&["config", "get", "x"]), Route::Unsupported(_)));
         assert_eq!(r(&["msetnx", "a", "1"]), Route::Forward);
         assert!(t.lookup(&req(&["eval", "s", "0"])).unwrap().is_write());
