@@ -689,7 +689,7 @@ impl Session {
 
     /// Writes what the socket takes now, never waiting. Returns the bytes written.
     fn write(&mut self, wr: &WriteHalf<'_>) -> std::io::Result<usize> {
-        if self.blocked || self.out.is_empty() {
+        if self.blocked || self.out.is_empty() || self.holding() {
             return Ok(0);
         }
         let (n, would_block) = self.out.write(wr)?;
@@ -699,6 +699,24 @@ impl Session {
             crate::metrics::global().bytes_out.increment(n as u64);
         }
         Ok(n)
+    }
+
+    /// Replies of one read go out together, as Redis writes a pipeline's replies once it
+    /// has run the batch: while the next request in the queue was read with the replies
+    /// already in the output and still waits for a backend, they wait for it (one write
+    /// instead of two; a transaction's `+QUEUED`s go with its EXEC). Never for a request
+    /// that waits on purpose (a blocking command, LOCK.ACQUIRE ... WAIT): Redis sends what
+    /// came before a blocked command at once.
+    fn holding(&self) -> bool {
+        let q = &self.queue;
+        match (q.sent.checked_sub(1).and_then(|i| q.entries.get(i)), q.entries.get(q.sent)) {
+            (Some(last), Some(next)) => {
+                matches!(next.reply, Reply::Waiting(_))
+                    && next.meta.started == last.meta.started
+                    && next.meta.wait_ms == 0
+            }
+            _ => false,
+        }
     }
 
     /// Once the output is empty, records every reply written (statistics, slow log) and

@@ -142,6 +142,23 @@ fn a_blocking_command_waits_past_the_command_timeout() {
 }
 
 #[test]
+fn replies_before_a_blocked_command_are_not_held() {
+    let env = env();
+    let mut c = Conn::connect(env.proxy.port());
+    let l = "{before}l";
+    // one write: the SET's reply comes at once, while the BLPOP after it waits
+    let mut both = common::client::encode(&["SET", "{before}k", "v"]);
+    both.extend(common::client::encode(&["BLPOP", l, "0"]));
+    c.send_raw(&both);
+    let started = Instant::now();
+    assert_eq!(c.read_reply(), V::ok());
+    assert!(started.elapsed() < Duration::from_secs(2), "the SET's reply waited for the BLPOP");
+    assert_eq!(Conn::connect(env.proxy.port()).cmd(&["RPUSH", l, "x"]), V::Int(1));
+    assert_eq!(c.read_reply(), V::strs(&[l, "x"]));
+    assert_eq!(c.cmd(&["DEL", "{before}k"]), V::Int(1));
+}
+
+#[test]
 fn later_commands_wait_behind_a_blocked_one() {
     let env = env();
     let mut c = Conn::connect(env.proxy.port());
