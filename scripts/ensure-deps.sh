@@ -3,6 +3,7 @@
 #   - redis-server and redis-cli (Debian/Ubuntu packages redis-server, redis-tools)
 #   - the python3 `redis` package (used by test helpers / scripts)
 #   - prometheus and promtool (Debian package prometheus; tests/prometheus.rs)
+#   - node and npm (Debian packages nodejs, npm; tests/node_clients.rs)
 # Idempotent, and fast (no apt/pip calls) when everything is already present.
 set -euo pipefail
 
@@ -63,6 +64,15 @@ if ! python3 -c 'import redis' >/dev/null 2>&1; then
     fi
     python3 -c 'import redis' >/dev/null 2>&1 || die "python3 redis package still missing"
 fi
+
+# --- node + npm ----------------------------------------------------------------
+# tests/node_clients.rs runs real Node.js clients (ioredis, node-redis, bullmq; npm
+# installs their pinned versions into tests/node/node_modules on first use).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    apt_install nodejs npm
+fi
+command -v node >/dev/null 2>&1 || die "node still missing"
+command -v npm >/dev/null 2>&1 || die "npm still missing"
 
 # --- prometheus / promtool ---------------------------------------------------
 # tests/prometheus.rs runs its own prometheus server (free loopback port, its own

@@ -256,3 +256,55 @@ fn master_killed_with_sigkill() {
     assert_eq!(cluster.master_for_key(k0.as_bytes()), new);
     assert!(proxy.is_alive());
 }
+
+/// Transactions in a loop and a client blocked in BLPOP on the failing master: no
+/// transaction fails or runs twice, and the blocked client, re-issued to the promoted
+/// replica, gets an element pushed after the failover.
+#[test]
+fn transactions_and_a_blocked_client_ride_out_a_manual_failover() {
+    let Setup { cluster, proxy, owners, old, new, .. } = setup();
+    let t = owners.tag_on(old, "fo:tx");
+    let (counter, list) = (format!("{t}n"), format!("{t}q"));
+    let port = proxy.port();
+    let mut blocked = Conn::connect(port);
+    blocked.send(&["BLPOP", &list, "0"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let c2 = counter.clone();
+    let tx = thread::spawn(move || {
+        let mut c = Conn::connect(port);
+        let (mut ok, mut failures) = (0i64, Vec::new());
+        while !s.load(Ordering::Relaxed) {
+            let replies = c.pipeline(&[
+                common::client::args(&["MULTI"]),
+                common::client::args(&["INCR", &c2]),
+                common::client::args(&["EXEC"]),
+            ]);
+            match &replies[2] {
+                V::Arr(items) if items.len() == 1 && matches!(items[0], V::Int(_)) => ok += 1,
+                other => failures.push(format!("{other:?}")),
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
+        (ok, failures)
+    });
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(cmd_text(new, &["CLUSTER", "FAILOVER"]), "OK");
+    wait_until(Duration::from_secs(15), "replica to become master", || {
+        role(new).as_deref() == Some("master") && role(old).as_deref() == Some("slave")
+    });
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let (ok, failures) = tx.join().expect("transaction loop");
+    eprintln!("transactions during the failover: {ok} ran, failures {failures:?}");
+    assert!(failures.is_empty(), "a client saw transactions fail during a manual failover: {failures:?}");
+    assert!(ok > 50, "only {ok} transactions ran");
+    // each ran once: the counter is the number of successful EXECs
+    assert_eq!(cmd_text(new, &["GET", &counter]), ok.to_string());
+    // the blocked client waits on the new master now
+    assert_eq!(Conn::connect(port).cmd(&["RPUSH", &list, "after"]), V::Int(1));
+    blocked.stream().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(blocked.read_reply(), V::strs(&[list.as_str(), "after"]));
+    cluster.wait_ok(Duration::from_secs(30));
+    assert!(proxy.is_alive());
+}

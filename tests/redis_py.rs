@@ -140,3 +140,83 @@ fn redis_py_default_configuration_resp3() {
 fn redis_py_protocol_2() {
     run_redis_py("2");
 }
+
+/// redis-py's WATCH helper (`Redis.transaction`), a WATCH conflict, and an rq-style worker
+/// loop (a blocking move from the queue to a processing list, with a timeout, for jobs
+/// queued before and after the worker started waiting).
+const WORKER_SCRIPT: &str = r#"
+import sys, threading, time, redis
+port, t = int(sys.argv[1]), sys.argv[2]
+r = redis.Redis(host="127.0.0.1", port=port)
+
+def out(name, value):
+    print(f"{name}={value!r}", flush=True)
+
+# Redis.transaction: WATCH the key, run the function, MULTI/EXEC, retry on WatchError
+r.set(t + "stock", 3)
+def buy(pipe):
+    left = int(pipe.get(t + "stock"))
+    pipe.multi()
+    pipe.set(t + "stock", left - 1)
+out("transaction", r.transaction(buy, t + "stock"))
+out("stock", r.get(t + "stock"))
+# a write by another client between WATCH and EXEC: WatchError, nothing ran
+other = redis.Redis(host="127.0.0.1", port=port)
+with r.pipeline() as p:
+    p.watch(t + "stock")
+    other.set(t + "stock", 100)
+    p.multi()
+    p.decr(t + "stock")
+    try:
+        p.execute()
+        out("watch", "ran")
+    except redis.WatchError:
+        out("watch", "WatchError")
+out("stock_after", r.get(t + "stock"))
+
+# an rq-style worker: BLMOVE queue -> processing with a 1 s timeout, in a loop
+r.rpush(t + "queue", "job1")
+done = []
+def worker():
+    w = redis.Redis(host="127.0.0.1", port=port)
+    idle = 0
+    while len(done) < 2 and idle < 10:
+        job = w.blmove(t + "queue", t + "processing", 1, "RIGHT", "LEFT")
+        if job is None:
+            idle += 1
+            continue
+        done.append(job)
+        w.lrem(t + "processing", 1, job)
+th = threading.Thread(target=worker)
+th.start()
+time.sleep(1.5)  # the worker drained the queue and is waiting (and timing out) again
+r.rpush(t + "queue", "job2")
+th.join(20)
+out("worker", done)
+out("left", (r.llen(t + "queue"), r.llen(t + "processing")))
+r.delete(t + "stock")
+"#;
+
+#[test]
+fn redis_py_watch_helper_and_a_worker_loop() {
+    python_with_redis();
+    let env = env();
+    let port = env.proxy.port().to_string();
+    let out = Command::new("python3").args(["-c", WORKER_SCRIPT, &port, "{pyw}"]).output().expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "script failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "transaction=[True]",
+            "stock=b'2'",
+            "watch='WatchError'",
+            "stock_after=b'100'",
+            "worker=[b'job1', b'job2']",
+            "left=(0, 0)",
+        ],
+        "stderr:\n{stderr}"
+    );
+}

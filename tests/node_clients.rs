@@ -1,0 +1,78 @@
+//! Real Node.js clients through heatshield, at their defaults, against a real 3-master
+//! cluster (tests/node/clients.js): ioredis `multi()`, pipelines, WATCH and `blpop`;
+//! node-redis `multi()`, `blPop` on a duplicate connection and WATCH (its WatchError); and
+//! a bullmq worker that drains its queue, blocks, and must pick up a job added later.
+//!
+//! Needs `node` and `npm` (scripts/ensure-deps.sh installs them); the clients' pinned
+//! versions (tests/node/package.json, package-lock.json) are installed into
+//! tests/node/node_modules on first use.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::ClusterEnv;
+
+const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node");
+
+fn node_clients_installed() {
+    let have = |bin: &str| Command::new(bin).arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(have("node") && have("npm"), "node and npm are required for this test: run scripts/ensure-deps.sh");
+    if Path::new(DIR).join("node_modules/bullmq/package.json").exists() {
+        return;
+    }
+    let out = Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts", "--prefix", DIR])
+        .output()
+        .expect("run npm ci");
+    assert!(
+        out.status.success(),
+        "npm ci in tests/node failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn ioredis_node_redis_and_bullmq_work_through_heatshield() {
+    node_clients_installed();
+    let env = ClusterEnv::start(None);
+    let mut child = Command::new("node")
+        .arg(format!("{DIR}/clients.js"))
+        .arg(env.proxy.port().to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run node");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for node") {
+            break Some(s);
+        }
+        if started.elapsed() > Duration::from_secs(90) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = child.wait_with_output().expect("node output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(status.is_some(), "the Node.js clients hung for 90 s\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    let want = [
+        "ok ioredis multi",
+        "ok ioredis pipeline",
+        "ok ioredis watch",
+        "ok ioredis blpop",
+        "ok node-redis multi",
+        "ok node-redis blPop",
+        "ok node-redis watch",
+        "ok bullmq worker picks up a job added after it drained",
+    ];
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines, want, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(status.is_some_and(|s| s.success()));
+    assert!(env.proxy.is_alive());
+}
