@@ -4,8 +4,10 @@ straight to the slot's master (issue: transactions). Each client sends MULTI, IN
 GET, EXEC in one write and reads the five replies (benches/load/tx_load.rs); every key has
 one hash tag, so all of them live on one master.
 
-Rounds alternate the two targets; the table gives medians of transactions per second and,
-for heatshield, transactions per CPU-second of the proxy process. heatshield runs with one
+Rounds alternate the two targets; the table gives medians of transactions per second, of
+transactions per CPU-second of the process that served them (the master for direct, the
+proxy for heatshield), and both ratios: throughput, and per CPU-second as the project's
+other proxy tables give it (a proxy's ops per CPU-second over Redis's own). heatshield runs with one
 worker and the hot-key cache off, in front of a 3-master cluster (../shared/bench).
 
     scripts/bench-tx.py [--rounds N] [--seconds S] [--clients C]
@@ -15,14 +17,14 @@ import os
 import statistics
 import subprocess
 
-from benchlib import BENCH, ROOT, build, cpu, sh, wait_ping
+from benchlib import BENCH, ROOT, build, cpu, redis_pid, sh, wait_ping
 
 PROXY_PORT = 7450
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--clients", type=int, default=50)
     a = ap.parse_args()
@@ -51,25 +53,34 @@ def main():
                     lo, _, hi = r.partition("-")
                     if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
                         owner = int(f[1].split("@")[0].rsplit(":", 1)[1])
-        direct, through, per_cpu = [], [], []
+        master = redis_pid(owner)
+        direct, through, direct_cpu, per_cpu = [], [], [], []
         for _ in range(a.rounds):
             for target in ("direct", "heatshield"):
-                port = owner if target == "direct" else PROXY_PORT
-                c0 = cpu(proxy.pid)
+                port, pid = (owner, master) if target == "direct" else (PROXY_PORT, proxy.pid)
+                c0 = cpu(pid)
                 out = sh(load, "--addr", f"127.0.0.1:{port}", "--clients", str(a.clients),
                          "--seconds", str(a.seconds), "--tag", tag)
-                c1 = cpu(proxy.pid)
+                c1 = cpu(pid)
                 kv = dict(p.split("=") for p in out.split())
-                tps = float(kv["tps"])
+                tps, per = float(kv["tps"]), float(kv["transactions"]) / max(c1 - c0, 1e-9)
                 if target == "direct":
                     direct.append(tps)
+                    direct_cpu.append(per)
                 else:
                     through.append(tps)
-                    per_cpu.append(float(kv["transactions"]) / max(c1 - c0, 1e-9))
-        d, t, c = statistics.median(direct), statistics.median(through), statistics.median(per_cpu)
-        print(f"| 3-command transaction, {a.clients} clients | {d / 1e3:.1f}k | {t / 1e3:.1f}k "
-              f"({c / 1e3:.1f}k/cpu-s) | {t / d:.2f}x |")
+                    per_cpu.append(per)
+        d, t = statistics.median(direct), statistics.median(through)
+        dc, c = statistics.median(direct_cpu), statistics.median(per_cpu)
+        pairs = sorted(h / x for h, x in zip(per_cpu, direct_cpu))
+        print("| workload | direct tx/s (tx/cpu-s of Redis) | heatshield tx/s (tx/cpu-s of proxy) "
+              "| throughput ratio | per cpu-s ratio |")
+        print(f"| 3-command transaction, {a.clients} clients | {d / 1e3:.1f}k ({dc / 1e3:.1f}k) "
+              f"| {t / 1e3:.1f}k ({c / 1e3:.1f}k) | {t / d:.2f}x | {c / dc:.2f}x |")
         print(f"rounds: direct {[round(x) for x in direct]}, heatshield {[round(x) for x in through]}")
+        print(f"per cpu-s: direct {[round(x) for x in direct_cpu]}, heatshield {[round(x) for x in per_cpu]}")
+        print(f"per cpu-s ratio round by round: median {statistics.median(pairs):.2f}, "
+              f"range {pairs[0]:.2f}-{pairs[-1]:.2f}")
     finally:
         proxy.terminate()
         proxy.wait()

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -92,6 +92,17 @@ pub struct Tag {
 pub struct BackendReply {
     pub tag: Tag,
     pub result: Result<Bytes, BackendError>,
+    /// Replies that follow the first in `result`, tagged `tag.part + 1`, ...: a
+    /// multi-command request's replies travel together, as one message (a failure is
+    /// always one reply).
+    pub more: u32,
+}
+
+impl BackendReply {
+    /// One reply.
+    pub fn one(tag: Tag, result: Result<Bytes, BackendError>) -> Self {
+        BackendReply { tag, result, more: 0 }
+    }
 }
 
 /// Why a backend request has no reply.
@@ -200,7 +211,7 @@ impl Backend {
 
 /// What the FIFO remembers about a written request.
 struct Inflight {
-    /// The tag of the next reply; `part` advances through a multi-command request.
+    /// The tag of the first reply (a multi-command request's replies go out together).
     tag: Tag,
     /// Replies still expected for this request.
     count: u32,
@@ -293,7 +304,7 @@ async fn run(
 fn fail_all(tag: Tag, count: u32, reply_to: &ReplyTx, e: &BackendError) {
     for k in 0..count.max(1) {
         let tag = Tag { seq: tag.seq, part: tag.part + k };
-        let _ = reply_to.send(BackendReply { tag, result: Err(e.clone()) });
+        let _ = reply_to.send(BackendReply::one(tag, Err(e.clone())));
     }
 }
 
@@ -441,6 +452,10 @@ async fn serve(
     let reader = async {
         let mut rbuf = BytesMut::with_capacity(buf_cap);
         let mut scanner = ReplyScanner::new();
+        // The front request's replies scanned so far and their bytes, still in `rbuf`: the
+        // replies of a multi-command request go to its session as one message once all
+        // are in (one wake-up and one channel message, not one per reply).
+        let (mut held, mut held_n) = (0usize, 0u32);
         loop {
             if rbuf.capacity() - rbuf.len() < buf_cap / 4 {
                 rbuf.reserve(buf_cap);
@@ -448,16 +463,19 @@ async fn serve(
             if rd.read_buf(&mut rbuf).await? == 0 {
                 return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed by peer"));
             }
-            while let Some(n) = scanner.scan(&rbuf).map_err(std::io::Error::other)? {
-                let frame = rbuf.split_to(n).freeze();
-                if frame[0] == b'>' {
-                    continue; // a RESP3 push we did not ask for
+            while let Some(n) = scanner.scan(&rbuf[held..]).map_err(std::io::Error::other)? {
+                if rbuf[held] == b'>' {
+                    // a RESP3 push we did not ask for: cut out, behind what is held
+                    rbuf.copy_within(0..held, n);
+                    rbuf.advance(n);
+                    continue;
                 }
                 let mut q = fifo.lock();
                 let Some(front) = q.front_mut() else {
                     return Err(std::io::Error::other("reply with no request"));
                 };
                 if front.prefix != Prefix::None {
+                    let frame = rbuf.split_to(n); // nothing is held before a prefix's reply
                     if front.prefix == Prefix::CachingYes
                         && frame.first() == Some(&b'-')
                         && let Some(t) = &opts.tracking
@@ -469,21 +487,20 @@ async fn serve(
                     front.prefix = Prefix::None; // this was the prefix's reply
                     continue;
                 }
-                stats.inflight.fetch_sub(1, Ordering::Relaxed);
+                held += n;
+                held_n += 1;
+                if held_n < front.count {
+                    continue; // more replies of this multi-command request follow
+                }
+                let inf = q.pop_front().expect("front exists");
+                drop(q);
+                stats.inflight.fetch_sub(held_n as usize, Ordering::Relaxed);
                 if crate::metrics::sampled(1, metrics.sample_every) {
-                    metrics.duration.record(front.sent.elapsed().as_secs_f64());
+                    metrics.duration.record(inf.sent.elapsed().as_secs_f64());
                 }
-                let tag = front.tag;
-                if front.count > 1 {
-                    // more replies of this multi-command request follow
-                    front.count -= 1;
-                    front.tag.part += 1;
-                    let _ = front.reply_to.send(BackendReply { tag, result: Ok(frame) });
-                } else {
-                    let inf = q.pop_front().expect("front exists");
-                    drop(q);
-                    let _ = inf.reply_to.send(BackendReply { tag, result: Ok(frame) });
-                }
+                let frame = rbuf.split_to(held).freeze();
+                let _ = inf.reply_to.send(BackendReply { tag: inf.tag, result: Ok(frame), more: held_n - 1 });
+                (held, held_n) = (0, 0);
             }
         }
     };

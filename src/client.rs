@@ -168,7 +168,7 @@ impl ClientInfo {
     /// Asks the session for `c`; false if it is gone.
     pub fn send(&self, c: Control) -> bool {
         let tag = Tag { seq: Control::SEQ, part: c as u32 };
-        self.control.send(BackendReply { tag, result: Err(BackendError::Resend) }).is_ok()
+        self.control.send(BackendReply::one(tag, Err(BackendError::Resend))).is_ok()
     }
 
     pub fn has(&self, f: u8) -> bool {

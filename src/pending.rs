@@ -495,7 +495,7 @@ fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &Part, idx: u32, 
         let tag = Tag { seq: ctx.seq, part: idx };
         tokio::spawn(async move {
             tokio::time::sleep(RETRY_DELAY).await;
-            let _ = reply_to.send(BackendReply { tag, result: Err(BackendError::Resend) });
+            let _ = reply_to.send(BackendReply::one(tag, Err(BackendError::Resend)));
         });
         return;
     }
@@ -522,8 +522,8 @@ fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &Part, idx: u32, 
             None => {
                 for k in 0..count {
                     let tag = Tag { part: tag.part + k, ..tag };
-                    let _ = reply_to
-                        .send(BackendReply { tag, result: Err(BackendError::NotSent(Arc::from("unserved slot"))) });
+                    let _ =
+                        reply_to.send(BackendReply::one(tag, Err(BackendError::NotSent(Arc::from("unserved slot")))));
                 }
             }
         }
@@ -558,7 +558,7 @@ fn recheck_later(proxy: &Proxy, ctx: &Ctx, idx: u32) {
     let tag = Tag { seq: ctx.seq, part: idx };
     tokio::spawn(async move {
         cluster.fresh_topology().await;
-        let _ = reply_to.send(BackendReply { tag, result: Err(BackendError::Recheck) });
+        let _ = reply_to.send(BackendReply::one(tag, Err(BackendError::Recheck)));
     });
 }
 

@@ -40,6 +40,7 @@ use tracing::{debug, info, warn};
 use crate::backend::{BackendReply, ReplyTx};
 use crate::client::{ClientInfo, ClientState, Control, Mode, ReplyMode};
 use crate::pending::{Ctx, Outcome, Pending};
+use crate::protocol::reply::ReplyScanner;
 use crate::protocol::request::{Limits, Request};
 use crate::protocol::{Next, Proto, RequestReader, Writer};
 use crate::proxy::{Answered, Proxy, ReplySummary};
@@ -308,6 +309,10 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
     let timer = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(timer);
     let mut timer_at: Option<Instant> = None;
+    // One wait for the shutdown signal, registered once: a new `changed()` each round
+    // would join and leave the signal's waiter list for every batch of requests.
+    let stop = shutdown.changed();
+    tokio::pin!(stop);
 
     let cut = 'session: loop {
         // while blocked: read on (a little), to see the client leave
@@ -350,7 +355,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     }
                 }
             }
-            _ = shutdown.changed(), if s.reading => {
+            _ = &mut stop, if s.reading => {
                 s.reading = false;
                 if s.blocking.is_some() {
                     break None; // its reply may never come
@@ -482,35 +487,48 @@ impl Session {
         // one clock read for every reply that completes in this batch
         let mut now: Option<Instant> = None;
         while let Some(r) = next.take() {
-            let seq = r.tag.seq;
             if let Some(c) = Control::of(r.tag) {
                 self.control(c);
-                next = rx.try_recv().ok();
-                continue;
-            }
-            if let Some(e) = self.queue.get_mut(seq)
-                && let Reply::Waiting(p) = &mut e.reply
-                && let Some(req) = &e.meta.req
-            {
-                let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, e.meta.started);
-                ctx.cmd = e.meta.cmd;
-                if let Some(reply) = crate::pending::on_reply(&self.proxy, &mut ctx, p, r) {
-                    self.client.inflight -= 1;
-                    let m = &mut e.meta;
-                    m.ready_at = *now.get_or_insert_with(Instant::now);
-                    m.redirected = p.redirected;
-                    let slow_us = self.proxy.live.slowlog_slower_than_us.load(Ordering::Relaxed);
-                    if (m.ready_at - m.started).as_micros() as u64 >= slow_us / 4 {
-                        m.node = p.node(&self.proxy.cluster);
-                    }
-                    self.held.reply_ready(reply.len(), self.soft, self.max_pipeline);
-                    e.reply = Reply::Ready(reply);
-                    if self.blocking == Some(seq) {
-                        self.blocking = None;
-                    }
+            } else if r.more == 0 {
+                self.take_reply(r, &mut now);
+            } else if let Ok(data) = &r.result {
+                // a multi-command request's replies, back to back: handed over one by one
+                let (data, mut tag) = (data.clone(), r.tag);
+                let mut at = 0;
+                for _ in 0..=r.more {
+                    let Ok(Some(n)) = ReplyScanner::new().scan(&data[at..]) else { break };
+                    self.take_reply(BackendReply::one(tag, Ok(data.slice(at..at + n))), &mut now);
+                    (at, tag.part) = (at + n, tag.part + 1);
                 }
             }
             next = rx.try_recv().ok();
+        }
+    }
+
+    /// Hands one backend reply to its request.
+    fn take_reply(&mut self, r: BackendReply, now: &mut Option<Instant>) {
+        let seq = r.tag.seq;
+        if let Some(e) = self.queue.get_mut(seq)
+            && let Reply::Waiting(p) = &mut e.reply
+            && let Some(req) = &e.meta.req
+        {
+            let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, e.meta.started);
+            ctx.cmd = e.meta.cmd;
+            if let Some(reply) = crate::pending::on_reply(&self.proxy, &mut ctx, p, r) {
+                self.client.inflight -= 1;
+                let m = &mut e.meta;
+                m.ready_at = *now.get_or_insert_with(Instant::now);
+                m.redirected = p.redirected;
+                let slow_us = self.proxy.live.slowlog_slower_than_us.load(Ordering::Relaxed);
+                if (m.ready_at - m.started).as_micros() as u64 >= slow_us / 4 {
+                    m.node = p.node(&self.proxy.cluster);
+                }
+                self.held.reply_ready(reply.len(), self.soft, self.max_pipeline);
+                e.reply = Reply::Ready(reply);
+                if self.blocking == Some(seq) {
+                    self.blocking = None;
+                }
+            }
         }
     }
 

@@ -536,9 +536,9 @@ impl HotCache {
             Ok(d) if !matches!(d.first(), Some(b'-' | b'!')) => d,
             other => {
                 // errors (redirections included) are the asking client's; the others retry
-                let _ = first_tx.send(BackendReply { tag: first_tag, result: other });
+                let _ = first_tx.send(BackendReply::one(first_tag, other));
                 for (tx, tag) in waiters {
-                    let _ = tx.send(BackendReply { tag, result: Err(BackendError::Resend) });
+                    let _ = tx.send(BackendReply::one(tag, Err(BackendError::Resend)));
                 }
                 return;
             }
@@ -566,10 +566,10 @@ impl HotCache {
                 self.stats.raced.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let _ = first_tx.send(BackendReply { tag: first_tag, result: Ok(data.clone()) });
+        let _ = first_tx.send(BackendReply::one(first_tag, Ok(data.clone())));
         for (tx, tag) in waiters {
             let result = if current { Ok(data.clone()) } else { Err(BackendError::Resend) };
-            let _ = tx.send(BackendReply { tag, result });
+            let _ = tx.send(BackendReply::one(tag, result));
         }
     }
 

@@ -152,7 +152,7 @@ pub struct Command {
     pub keys: KeySpec,
     pub route: Route,
     /// Subcommands, by uppercase name.
-    subs: HashMap<Vec<u8>, Command>,
+    subs: Names,
 }
 
 impl Command {
@@ -201,10 +201,15 @@ impl LookupError {
     }
 }
 
+/// Commands by uppercase name. aHash rather than the standard SipHash: every request's
+/// name is looked up here, and the table's keys are fixed at start-up (nothing a client
+/// sends is inserted, so there is no flooding to resist).
+type Names = HashMap<Vec<u8>, Command, ahash::RandomState>;
+
 /// All commands, built once at start-up.
 #[derive(Debug)]
 pub struct CommandTable {
-    by_name: HashMap<Vec<u8>, Command>,
+    by_name: Names,
     /// Commands and subcommands; ids run from 0 to this (exclusive).
     count: usize,
     /// `names[id]` is the command's full name.
@@ -219,7 +224,7 @@ impl Default for CommandTable {
 
 impl CommandTable {
     pub fn new() -> Self {
-        let mut by_name = HashMap::new();
+        let mut by_name = Names::default();
         let mut next_id = 0;
         for raw in generated::REDIS_COMMANDS {
             by_name.insert(raw.name.as_bytes().to_vec(), build(raw, None, &mut next_id));

@@ -343,7 +343,7 @@ fn send_to(
     match node {
         Some(n) => n.conn(Proto::Resp2, id).send(BackendRequest { data, count: 1, prefix, tag, reply_to: rtx.clone() }),
         None => {
-            let _ = rtx.send(BackendReply { tag, result: Err(BackendError::NotSent("unserved slot".into())) });
+            let _ = rtx.send(BackendReply::one(tag, Err(BackendError::NotSent("unserved slot".into()))));
         }
     }
 }
@@ -473,5 +473,5 @@ fn deliver(w: &Waiter, reply: Option<&[u8]>) -> bool {
             scratch.split().freeze()
         }
     };
-    w.reply_to.send(BackendReply { tag: w.tag, result: Ok(bytes) }).is_ok()
+    w.reply_to.send(BackendReply::one(w.tag, Ok(bytes))).is_ok()
 }
