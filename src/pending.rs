@@ -15,6 +15,7 @@
 //! delay and a redirection's recheck).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -150,10 +151,18 @@ pub struct Block {
     pub ms: bool,
 }
 
+/// Clients blocked now, and those of them whose command has a timeout (INFO's
+/// `blocked_clients` and `clients_in_timeout_table`; the process's, like the metric).
+pub static BLOCKED: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
 impl Block {
-    /// Counted in `heatshield_blocked_clients` while it exists.
+    /// Counted in `heatshield_blocked_clients` and [`BLOCKED`] while it exists.
     pub fn new(deadline: Option<Instant>, arg: usize, ms: bool) -> Block {
         crate::metrics::global().blocked.increment(1.0);
+        BLOCKED[0].fetch_add(1, Ordering::Relaxed);
+        if deadline.is_some() {
+            BLOCKED[1].fetch_add(1, Ordering::Relaxed);
+        }
         Block { deadline, arg, ms }
     }
 }
@@ -161,6 +170,10 @@ impl Block {
 impl Drop for Block {
     fn drop(&mut self) {
         crate::metrics::global().blocked.decrement(1.0);
+        BLOCKED[0].fetch_sub(1, Ordering::Relaxed);
+        if self.deadline.is_some() {
+            BLOCKED[1].fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 

@@ -224,6 +224,11 @@ fn a_thousand_blocked_clients_are_served_then_their_connections_return() {
     );
     // one dedicated connection each (plus the proxy's own shared ones, made on first use)
     assert!(added >= N as i64 && added <= N as i64 + 24, "{added} backend connections for {N} blocked clients");
+    // INFO through heatshield counts its own blocked clients, as Redis counts its own
+    // (BLPOP ... 0 waits for ever: none is in the timeout table)
+    let info = cmd_text(port, &["INFO", "clients"]);
+    assert_eq!(info_field(&info, "blocked_clients").as_deref(), Some("1000"), "{info}");
+    assert_eq!(info_field(&info, "clients_in_timeout_table").as_deref(), Some("0"), "{info}");
     assert!(rss_during.saturating_sub(rss_before) < 64 * N as u64, "RSS grew {rss_before} -> {rss_during} KiB");
     // pushes wake every one of them, each with its own element
     let mut pusher = Conn::connect(port);
@@ -232,6 +237,7 @@ fn a_thousand_blocked_clients_are_served_then_their_connections_return() {
     for (c, k) in conns.iter_mut().zip(&keys) {
         assert_eq!(c.read_reply(), V::strs(&[k.as_str(), k.as_str()]));
     }
+    assert_eq!(info_field(&cmd_text(port, &["INFO", "clients"]), "blocked_clients").as_deref(), Some("0"));
     // the dedicated connections went back to the pool: at most the idle ones stay open
     // once the clients leave (16 per node by default)
     drop(conns);

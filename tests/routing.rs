@@ -375,3 +375,52 @@ fn xreadgroup_with_a_consumer_named_streams() {
         assert_eq!(c.cmd(&["DEL", key]), V::Int(1));
     }
 }
+
+/// A bad `numkeys` gets the error of the command's own family, as a master answers it
+/// (LMPOP's family and SINTERCARD say "numkeys should be greater than 0", the sorted-set
+/// operations "at least 1 input key", EVAL "can't be negative", ...): each case is sent
+/// through heatshield and straight to a master, and the replies must match.
+#[test]
+fn bad_numkeys_get_each_commands_own_error() {
+    let env = env();
+    let master = env.owners.masters()[0];
+    let mut direct = Conn::connect(master);
+    let cases: &[(&str, &[&str], &[&str])] = &[
+        ("LMPOP", &[], &["LEFT"]),
+        ("BLMPOP", &["0"], &["LEFT"]),
+        ("ZMPOP", &[], &["MIN"]),
+        ("BZMPOP", &["0"], &["MIN"]),
+        ("SINTERCARD", &[], &[]),
+        ("ZUNION", &[], &[]),
+        ("ZINTER", &[], &[]),
+        ("ZDIFF", &[], &[]),
+        ("ZINTERCARD", &[], &[]),
+        ("ZUNIONSTORE", &["d"], &[]),
+        ("ZINTERSTORE", &["d"], &[]),
+        ("ZDIFFSTORE", &["d"], &[]),
+        ("EVAL", &["return 1"], &[]),
+        ("EVALSHA", &["0000000000000000000000000000000000000000"], &[]),
+    ];
+    let mut checked = 0;
+    for proto in Proto::BOTH {
+        let mut c = Conn::connect_proto(env.proxy.port(), proto);
+        for (cmd, before, after) in cases {
+            for n in ["a", "-1", "0", "9"] {
+                let mut args: Vec<&str> = vec![cmd];
+                args.extend_from_slice(before);
+                args.push(n);
+                args.push("k");
+                args.extend_from_slice(after);
+                let want = direct.cmd(&args);
+                if *cmd == "EVAL" && n == "0" {
+                    assert_eq!(want, V::Int(1));
+                } else {
+                    assert!(want.err().is_some(), "{args:?} is an error on Redis: {want:?}");
+                }
+                assert_eq!(c.cmd(&args), want, "{proto:?} {args:?}");
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 2 * 14 * 4);
+}

@@ -532,30 +532,20 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
             if let Some(d) = dest {
                 out.push(d);
             }
-            let n = crate::protocol::request::parse_i64(req.arg(at as usize)).ok_or(crate::errors::NOT_AN_INTEGER)?;
-            if n < 0 {
-                return Err(crate::errors::NUMKEYS_NEGATIVE);
-            }
-            if n > argc - at as i64 - 1 {
-                return Err(crate::errors::NUMKEYS_TOO_MANY);
-            }
-            if n == 0
-                && dest.is_none()
-                && matches!(
-                    cmd.name.as_str(),
-                    "ZUNION"
-                        | "ZINTER"
-                        | "ZDIFF"
-                        | "ZINTERCARD"
-                        | "SINTERCARD"
-                        | "LMPOP"
-                        | "ZMPOP"
-                        | "BLMPOP"
-                        | "BZMPOP"
-                )
+            let n = crate::protocol::request::parse_i64(req.arg(at as usize));
+            let bad = match n {
+                None => Some(NumKeys::NotInteger),
+                Some(n) if n < 0 => Some(NumKeys::Negative),
+                Some(n) if n > argc - at as i64 - 1 => Some(NumKeys::TooMany),
+                Some(0) => Some(NumKeys::Zero),
+                _ => None,
+            };
+            if let Some(bad) = bad
+                && let Some(e) = numkeys_error(&cmd.name, bad)
             {
-                return Err(crate::errors::NUMKEYS_ZERO);
+                return Err(e);
             }
+            let n = n.unwrap_or(0).max(0);
             for i in 0..n {
                 out.push(at + 1 + i as u32);
             }
@@ -588,6 +578,53 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
         }
     }
     Ok(out)
+}
+
+/// What is wrong with a command's `numkeys` argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NumKeys {
+    NotInteger,
+    Negative,
+    Zero,
+    TooMany,
+}
+
+/// The error Redis 7.0 answers for a bad `numkeys`, which differs by command family
+/// (each checks its own arguments); `None` where the value is acceptable (EVAL's 0).
+fn numkeys_error(name: &str, bad: NumKeys) -> Option<&'static str> {
+    use crate::errors::{NOT_AN_INTEGER, NUMKEYS_NEGATIVE, NUMKEYS_TOO_MANY, NUMKEYS_ZERO, SYNTAX};
+    let at_least_one = || match name {
+        "ZUNION" => "ERR at least 1 input key is needed for 'zunion' command",
+        "ZINTER" => "ERR at least 1 input key is needed for 'zinter' command",
+        "ZDIFF" => "ERR at least 1 input key is needed for 'zdiff' command",
+        "ZINTERCARD" => "ERR at least 1 input key is needed for 'zintercard' command",
+        "ZUNIONSTORE" => "ERR at least 1 input key is needed for 'zunionstore' command",
+        "ZINTERSTORE" => "ERR at least 1 input key is needed for 'zinterstore' command",
+        _ => "ERR at least 1 input key is needed for 'zdiffstore' command",
+    };
+    Some(match (name, bad) {
+        // numkeys parsed as a count of at least 1; a count past the arguments leaves
+        // no LEFT/RIGHT (MIN/MAX) where one must be
+        ("LMPOP" | "BLMPOP" | "ZMPOP" | "BZMPOP", NumKeys::TooMany) => SYNTAX,
+        ("SINTERCARD", NumKeys::TooMany) => NUMKEYS_TOO_MANY,
+        ("LMPOP" | "BLMPOP" | "ZMPOP" | "BZMPOP" | "SINTERCARD", _) => NUMKEYS_ZERO,
+        (
+            "ZUNION" | "ZINTER" | "ZDIFF" | "ZINTERCARD" | "ZUNIONSTORE" | "ZINTERSTORE" | "ZDIFFSTORE",
+            NumKeys::NotInteger,
+        ) => NOT_AN_INTEGER,
+        (
+            "ZUNION" | "ZINTER" | "ZDIFF" | "ZINTERCARD" | "ZUNIONSTORE" | "ZINTERSTORE" | "ZDIFFSTORE",
+            NumKeys::TooMany,
+        ) => SYNTAX,
+        ("ZUNION" | "ZINTER" | "ZDIFF" | "ZINTERCARD" | "ZUNIONSTORE" | "ZINTERSTORE" | "ZDIFFSTORE", _) => {
+            at_least_one()
+        }
+        // EVAL, EVALSHA, FCALL and the rest
+        (_, NumKeys::NotInteger) => NOT_AN_INTEGER,
+        (_, NumKeys::Negative) => NUMKEYS_NEGATIVE,
+        (_, NumKeys::TooMany) => NUMKEYS_TOO_MANY,
+        (_, NumKeys::Zero) => return None,
+    })
 }
 
 #[cfg(test)]
