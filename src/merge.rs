@@ -101,6 +101,16 @@ pub fn merge_exec(replies: &[Bytes], positions: &[Vec<u32>], total: usize, out: 
     }
 }
 
+/// SCRIPT KILL / FUNCTION KILL sent to every master, answered as one Redis would: `+OK`
+/// if one of them killed its script; else an error that is not NOTBUSY (UNKILLABLE: the
+/// script wrote), if a master gave one; else the first master's NOTBUSY.
+pub fn kill_reply(replies: &[Bytes]) -> Bytes {
+    if let Some(ok) = replies.iter().find(|r| r.first() == Some(&b'+')) {
+        return ok.clone();
+    }
+    replies.iter().find(|r| !r.starts_with(b"-NOTBUSY")).or(replies.first()).cloned().unwrap_or_default()
+}
+
 /// The elements of an array reply, as raw byte slices.
 fn array_elements(r: &[u8]) -> Result<(usize, Vec<&[u8]>), &'static str> {
     let nl = memchr::memchr(b'\n', r).ok_or("truncated")?;

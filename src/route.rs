@@ -4,12 +4,13 @@
 //! command as one part per master (SCAN: the master its cursor names); a lock command as
 //! its script, or parked with the lock task.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use smallvec::{SmallVec, smallvec};
 
-use crate::backend::Tag;
+use crate::backend::{BackendReply, BackendRequest, Prefix, Tag};
 use crate::cluster::{NodePool, slot};
 use crate::command::{Command, FanOut, Split};
 use crate::errors;
@@ -150,6 +151,11 @@ pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
         FanOut::Dbsize => (Merge::Dbsize, all(req.raw())),
         FanOut::AllSame | FanOut::Flush => (Merge::AllSame, all(req.raw())),
         FanOut::ScriptExists => (Merge::ScriptExists, all(req.raw())),
+        FanOut::Kill => {
+            let masters = topo.masters.clone();
+            drop(topo);
+            return kill(proxy, ctx, &masters);
+        }
         FanOut::Scan => {
             let Some((node, backend_cursor)) = scan_cursor(req.arg(1), topo.masters.len()) else {
                 return ctx.error(errors::INVALID_CURSOR);
@@ -164,6 +170,59 @@ pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
     };
     drop(topo);
     start(proxy, ctx, Finish::Merge(merge), parts)
+}
+
+/// SCRIPT KILL / FUNCTION KILL to every master, each on a connection leased for it: the
+/// connection a busy script came on is not read until the script ends, and a shared
+/// connection may be that one. A task sends them and hands the request its answer
+/// ([`crate::merge::kill_reply`]); the leases go back (or close) when it is done.
+fn kill(proxy: &Proxy, ctx: &mut Ctx, masters: &[Arc<NodePool>]) -> Outcome {
+    let mut leases = Vec::with_capacity(masters.len());
+    for m in masters {
+        match m.lease(ctx.client.proto) {
+            Some(l) => leases.push(l),
+            None => return ctx.error(&errors::no_dedicated(&m.addr, m.options().dedicated_max)),
+        }
+    }
+    let data = ctx.req.raw().clone();
+    let (reply_to, tag) = (ctx.reply_to.clone(), Tag { seq: ctx.seq, part: 0 });
+    let timeout = Duration::from_millis(proxy.config.backend.command_timeout_ms);
+    tokio::spawn(async move {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for (i, l) in leases.iter().enumerate() {
+            l.conn().send(BackendRequest {
+                data: data.clone(),
+                count: 1,
+                prefix: Prefix::None,
+                tag: Tag { seq: 0, part: i as u32 },
+                reply_to: tx.clone(),
+            });
+        }
+        drop(tx);
+        let mut replies = vec![Bytes::new(); leases.len()];
+        let collect = async {
+            while let Some(r) = rx.recv().await {
+                replies[r.tag.part as usize] = match r.result {
+                    Ok(b) => b,
+                    Err(e) => errors::resp(&errors::backend_failed(&e)),
+                };
+            }
+        };
+        let answered = tokio::time::timeout(timeout, collect).await.is_ok();
+        for l in leases {
+            if answered {
+                l.release(false);
+            } // else dropped: closed
+        }
+        let reply = if answered {
+            crate::merge::kill_reply(&replies)
+        } else {
+            errors::resp(&errors::backend_failed(&crate::backend::BackendError::Timeout("a master".into())))
+        };
+        let _ = reply_to.send(BackendReply::one(tag, Ok(reply)));
+    });
+    let part = Part::new(ctx.req.raw().clone(), Target::Node(masters[0].clone()));
+    Outcome::Waiting(Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec![part]))
 }
 
 /// Sends INFO to every master and builds the proxy's INFO from the replies.

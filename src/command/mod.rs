@@ -61,6 +61,9 @@ pub enum FanOut {
     AllSame,
     /// SCRIPT EXISTS: element-wise AND of the 0/1 arrays.
     ScriptExists,
+    /// SCRIPT KILL / FUNCTION KILL: every master, each on a dedicated connection; `+OK`
+    /// if one of them killed its script.
+    Kill,
 }
 
 /// Commands the proxy answers itself.
@@ -483,6 +486,7 @@ pub fn route_of(name: &str, fl: u32) -> Route {
             FanOut(self::FanOut::AllSame)
         }
         "SCRIPT|EXISTS" => FanOut(self::FanOut::ScriptExists),
+        "SCRIPT|KILL" | "FUNCTION|KILL" => FanOut(self::FanOut::Kill),
         "COMMAND" => AnyMaster,
         n if n.starts_with("COMMAND|") => AnyMaster,
         "FUNCTION|LIST" | "FUNCTION|DUMP" | "FUNCTION|STATS" => AnyMaster,

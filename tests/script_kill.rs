@@ -1,0 +1,75 @@
+//! SCRIPT KILL and FUNCTION KILL reach the master whose script is busy, whichever it is
+//! and whichever shared connection the busy script came on: heatshield sends them to
+//! every master, each on a connection leased for it, and answers as one Redis would
+//! (`+OK` if a script was killed, `NOTBUSY` if none ran). A cluster of its own: its
+//! masters are made busy on purpose.
+
+mod common;
+
+use std::time::Duration;
+
+use common::client::{Conn, V};
+use common::{ClusterEnv, wait_until};
+
+const NOTBUSY: &str = "NOTBUSY No scripts in execution right now.";
+
+/// Waits until `port` answers BUSY: a script has run past the busy threshold there.
+fn wait_busy(port: u16) {
+    wait_until(Duration::from_secs(10), "the master to be busy", || {
+        Conn::connect(port).cmd(&["PING"]).err().is_some_and(|e| e.starts_with("BUSY"))
+    });
+}
+
+#[test]
+fn script_kill_and_function_kill_reach_the_busy_master() {
+    let env = ClusterEnv::start(None);
+    let port = env.proxy.port();
+    for m in env.owners.masters() {
+        // a script counts as busy (and can be killed) after 100 ms, not 5 s
+        assert_eq!(Conn::connect(m).cmd(&["CONFIG", "SET", "busy-reply-threshold", "100"]), V::ok());
+    }
+    let mut killer = Conn::connect(port);
+    assert_eq!(killer.cmd(&["SCRIPT", "KILL"]), V::Err(NOTBUSY.into()));
+    assert_eq!(killer.cmd(&["FUNCTION", "KILL"]), V::Err(NOTBUSY.into()));
+
+    // a busy script on each master in turn, started by a new client each time (so on
+    // whichever shared connection its id picks), killed by another new client
+    let keys = env.owners.key_per_master("kill:");
+    for round in 0..2 {
+        for (master, key) in &keys {
+            let mut busy = Conn::connect(port);
+            busy.send(&["EVAL", "while true do end", "1", key.as_str()]);
+            wait_busy(*master);
+            let reply = Conn::connect(port).cmd(&["SCRIPT", "KILL"]);
+            assert_eq!(reply, V::ok(), "round {round}, master {master}");
+            let e = busy.read_reply();
+            assert!(e.err().is_some_and(|e| e.contains("Script killed by user")), "{e:?}");
+            // the master serves again, through heatshield too
+            assert_eq!(Conn::connect(port).cmd(&["SET", key.as_str(), "after"]), V::ok());
+        }
+    }
+    assert_eq!(killer.cmd(&["SCRIPT", "KILL"]), V::Err(NOTBUSY.into()));
+
+    // FUNCTION KILL: a read-only endless function (loaded on every master by heatshield)
+    let lib = "#!lua name=spin\nredis.register_function{function_name='spin', \
+               callback=function() while true do end end, flags={'no-writes'}}";
+    assert_eq!(killer.cmd(&["FUNCTION", "LOAD", lib]), V::s("spin"));
+    for (master, key) in &keys {
+        let mut busy = Conn::connect(port);
+        busy.send(&["FCALL_RO", "spin", "1", key.as_str()]);
+        wait_busy(*master);
+        assert_eq!(Conn::connect(port).cmd(&["FUNCTION", "KILL"]), V::ok(), "master {master}");
+        let e = busy.read_reply();
+        assert!(e.err().is_some_and(|e| e.contains("killed by user")), "{e:?}");
+    }
+    assert_eq!(killer.cmd(&["FUNCTION", "KILL"]), V::Err(NOTBUSY.into()));
+    // a script that wrote cannot be killed: the master says so, and heatshield passes it on
+    let (master, key) = &keys[0];
+    let mut busy = Conn::connect(port);
+    busy.send(&["EVAL", "redis.call('SET', KEYS[1], 'x'); while true do end", "1", key.as_str()]);
+    wait_busy(*master);
+    let reply = killer.cmd(&["SCRIPT", "KILL"]);
+    assert!(reply.err().is_some_and(|e| e.starts_with("UNKILLABLE")), "{reply:?}");
+    // only SHUTDOWN NOSAVE would end it; the cluster is this test's own and goes with it
+    drop(busy);
+}
