@@ -57,6 +57,9 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
             policy::admit(proxy, ctx, cmd, Route::Block)
         }
         Route::Transaction(t) => transaction::run(proxy, ctx, cmd, t),
-        route => policy::admit(proxy, ctx, cmd, route),
+        route => {
+            proxy.scripts.note(&cmd.name, req);
+            policy::admit(proxy, ctx, cmd, route)
+        }
     }
 }

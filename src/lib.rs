@@ -15,6 +15,7 @@
 //! - [`ratelimit`]: per-key rate limits (rules, GCRA budgets, tracked-key cap);
 //! - [`cache`]: hot-key detection and the never-stale hot-key cache;
 //! - [`locks`]: distributed-lock commands (Lua scripts, parked waiters, KEEPALIVE);
+//! - [`scripts`]: the Lua script bodies seen (EVAL, SCRIPT LOAD), for EVALSHA anywhere;
 //! - [`client`]: what is known about one client connection, and its mode; the registry of
 //!   connected clients;
 //! - [`config`]: the TOML configuration, its validation, the live settings;
@@ -61,6 +62,7 @@ pub mod proxy;
 pub mod ratelimit;
 pub mod retry;
 pub mod route;
+pub mod scripts;
 pub mod server;
 pub mod session;
 pub mod stats;

@@ -33,7 +33,10 @@ pub enum Merge {
     RandomKey,
     Dbsize,
     AllSame,
-    ScriptExists,
+    /// SCRIPT EXISTS; `known`: the scripts heatshield can send whole ([`crate::scripts`]).
+    ScriptExists {
+        known: Vec<bool>,
+    },
 }
 
 /// A client's SCAN cursor: which master (by index) and that master's own cursor; `None`
@@ -202,7 +205,7 @@ pub fn merge_replies(
             }
         }
         Merge::AllSame => w.raw(&replies[0]),
-        Merge::ScriptExists => {
+        Merge::ScriptExists { known } => {
             let mut acc: Vec<i64> = Vec::new();
             for (i, r) in replies.iter().enumerate() {
                 let (v, _) = Value::parse(r).map_err(|e| e.0)?;
@@ -219,8 +222,8 @@ pub fn merge_replies(
                 }
             }
             w.array(acc.len());
-            for a in acc {
-                w.int(a);
+            for (i, a) in acc.into_iter().enumerate() {
+                w.int((a != 0 || known.get(i) == Some(&true)) as i64);
             }
         }
     }
@@ -263,13 +266,22 @@ mod tests {
         .unwrap();
         assert_eq!(&out[..], b"*2\r\n$1\r\na\r\n$1\r\nb\r\n");
         let out = merge_replies(
-            &Merge::ScriptExists,
-            &[b(b"*2\r\n:1\r\n:1\r\n"), b(b"*2\r\n:1\r\n:0\r\n")],
+            &Merge::ScriptExists { known: vec![false, false, false] },
+            &[b(b"*3\r\n:1\r\n:1\r\n:0\r\n"), b(b"*3\r\n:1\r\n:0\r\n:0\r\n")],
             Proto::Resp2,
             &mut s,
         )
         .unwrap();
-        assert_eq!(&out[..], b"*2\r\n:1\r\n:0\r\n");
+        assert_eq!(&out[..], b"*3\r\n:1\r\n:0\r\n:0\r\n");
+        // a script heatshield can send whole counts as present
+        let out = merge_replies(
+            &Merge::ScriptExists { known: vec![false, true, true] },
+            &[b(b"*3\r\n:1\r\n:1\r\n:0\r\n"), b(b"*3\r\n:1\r\n:0\r\n:0\r\n")],
+            Proto::Resp2,
+            &mut s,
+        )
+        .unwrap();
+        assert_eq!(&out[..], b"*3\r\n:1\r\n:1\r\n:1\r\n");
     }
 
     #[test]

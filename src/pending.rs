@@ -604,8 +604,9 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
     let part = p.parts.get_mut(idx)?;
     let data = match (verdict, reply.result) {
         (Verdict::NoScript, Ok(data)) => {
-            // one of heatshield's lock scripts is not loaded there (yet): send it whole
-            match proxy.locks.eval_form(&part.data) {
+            // a script that is not loaded there (yet): one of heatshield's lock scripts,
+            // or one seen in EVAL or SCRIPT LOAD (crate::scripts): sent whole, once
+            match proxy.locks.eval_form(&part.data).or_else(|| proxy.scripts.eval_form(&part.data)) {
                 Some(eval) if part.redirects < MAX_REDIRECTS => {
                     part.redirects += 1;
                     part.data = eval;

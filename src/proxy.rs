@@ -58,6 +58,8 @@ pub struct Proxy {
     pub cache: Arc<crate::cache::HotCache>,
     /// Lock scripts, parked ACQUIREs and KEEPALIVE locks.
     pub locks: Arc<crate::locks::Locks>,
+    /// Script bodies seen, so EVALSHA runs on any master.
+    pub scripts: crate::scripts::Scripts,
     /// Every client connected now (CLIENT LIST, KILL, UNBLOCK).
     pub clients: crate::client::Registry,
 }
@@ -118,6 +120,7 @@ impl Proxy {
         Proxy {
             cache,
             locks: Arc::default(),
+            scripts: Default::default(),
             clients: Default::default(),
             live: crate::config::Live::new(&config),
             ratelimit,

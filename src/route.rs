@@ -46,13 +46,28 @@ pub fn to_slot(proxy: &Proxy, ctx: &mut Ctx, s: u16) -> Outcome {
 /// A command whose keys (`keys`: argument positions) all hash to one slot: to the master
 /// owning it. CROSSSLOT, as Redis Cluster says, when they do not.
 pub fn forward(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
-    let Some(&k0) = keys.first() else { return any_master(proxy, ctx) };
+    let Some(&k0) = keys.first() else {
+        if is_script(ctx.req.arg(0)) {
+            // A keyless script has one home for every client: the master owning slot 0.
+            // (A script that touches keys it did not declare then behaves the same on
+            // every call: it works for keys of that master's slots, and fails for others.)
+            return pass(proxy, ctx, Target::Slot(0));
+        }
+        return any_master(proxy, ctx);
+    };
     let req = ctx.req;
     let s = slot(req.arg(k0 as usize));
     if proxy.cluster.is_cluster() && keys[1..].iter().any(|&k| slot(req.arg(k as usize)) != s) {
         return ctx.error(errors::CROSSSLOT);
     }
     pass(proxy, ctx, Target::Slot(s))
+}
+
+/// EVAL, EVALSHA, FCALL and their read-only forms.
+fn is_script(name: &[u8]) -> bool {
+    [&b"EVAL"[..], b"EVALSHA", b"EVAL_RO", b"EVALSHA_RO", b"FCALL", b"FCALL_RO"]
+        .iter()
+        .any(|n| name.eq_ignore_ascii_case(n))
 }
 
 /// A blocking command: its keys share one slot (CROSSSLOT otherwise, as Redis Cluster
@@ -150,7 +165,11 @@ pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
         FanOut::RandomKey => (Merge::RandomKey, all(req.raw())),
         FanOut::Dbsize => (Merge::Dbsize, all(req.raw())),
         FanOut::AllSame | FanOut::Flush => (Merge::AllSame, all(req.raw())),
-        FanOut::ScriptExists => (Merge::ScriptExists, all(req.raw())),
+        FanOut::ScriptExists => {
+            // 1 for a script every master has, or one heatshield can send whole
+            let known = req.args().skip(2).map(|sha| proxy.scripts.knows(sha)).collect();
+            (Merge::ScriptExists { known }, all(req.raw()))
+        }
         FanOut::Kill => {
             let masters = topo.masters.clone();
             drop(topo);

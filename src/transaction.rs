@@ -141,6 +141,7 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
     q.bytes += req.raw().len();
     q.held += cost;
     q.commands.push(req.clone());
+    proxy.scripts.note(&cmd.name, req);
     ctx.reply(|w| w.simple("QUEUED"))
 }
 

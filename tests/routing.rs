@@ -446,3 +446,62 @@ fn bad_numkeys_get_each_commands_own_error() {
     }
     assert_eq!(checked, 2 * 19 * 5);
 }
+
+/// A keyless script has one home for every client (the master owning slot 0), so a
+/// script that touches a key it did not declare works or fails the same way every time.
+#[test]
+fn keyless_scripts_run_on_one_home_for_every_client() {
+    let env = env();
+    let home = env.owners.of_slot(0);
+    let keys = env.owners.key_per_master("route:home:");
+    let script = "return redis.pcall('SET', ARGV[1], 'v')";
+    for (master, key) in &keys {
+        let replies: Vec<V> =
+            (0..12).map(|_| Conn::connect(env.proxy.port()).cmd(&["EVAL", script, "0", key.as_str()])).collect();
+        if *master == home {
+            assert!(replies.iter().all(|r| *r == V::ok()), "{replies:?}");
+        } else {
+            // one answer for all twelve clients: the home master refuses a key of another
+            assert!(replies.iter().all(|r| r.err().is_some() && *r == replies[0]), "{replies:?}");
+        }
+    }
+}
+
+/// A script run with EVAL on one master, or loaded with SCRIPT LOAD, runs with EVALSHA on
+/// any master, also after the masters' script caches were flushed behind heatshield's
+/// back; SCRIPT EXISTS says 1 for it.
+#[test]
+fn evalsha_runs_on_any_master_after_eval_on_one() {
+    let env = env();
+    let keys = env.owners.key_per_master("route:sha:");
+    let body = "return 'sha:' .. KEYS[1]";
+    let mut c = Conn::connect(env.proxy.port());
+    // run on the first key's master only
+    assert_eq!(c.cmd(&["EVAL", body, "1", &keys[0].1]), V::s(format!("sha:{}", keys[0].1)));
+    // its SHA1, as Redis computes it (the master has it cached already)
+    let sha = cmd_text(keys[0].0, &["SCRIPT", "LOAD", body]);
+    assert_eq!(sha.len(), 40);
+    for (master, _) in &keys[1..] {
+        assert_eq!(cmd_text(*master, &["SCRIPT", "EXISTS", &sha]), "0", "master {master} has not seen it");
+    }
+    assert_eq!(c.cmd(&["SCRIPT", "EXISTS", &sha]), V::Arr(vec![V::Int(1)]));
+    for proto in Proto::BOTH {
+        let mut c = Conn::connect_proto(env.proxy.port(), proto);
+        for (_, key) in &keys {
+            assert_eq!(c.cmd(&["EVALSHA", &sha, "1", key.as_str()]), V::s(format!("sha:{key}")), "{proto:?}");
+            assert_eq!(c.cmd(&["EVALSHA_RO", &sha, "1", key.as_str()]), V::s(format!("sha:{key}")));
+        }
+        // every master's cache emptied behind heatshield's back
+        for (master, _) in &keys {
+            assert_eq!(cmd_text(*master, &["SCRIPT", "FLUSH"]), "OK");
+        }
+        for (_, key) in &keys {
+            assert_eq!(c.cmd(&["EVALSHA", &sha, "1", key.as_str()]), V::s(format!("sha:{key}")), "{proto:?}");
+        }
+    }
+    // a script heatshield never saw stays unknown
+    let unknown = "0123456789abcdef0123456789abcdef01234567";
+    assert_eq!(c.cmd(&["SCRIPT", "EXISTS", unknown, &sha]), V::Arr(vec![V::Int(0), V::Int(1)]));
+    let e = c.cmd(&["EVALSHA", unknown, "1", &keys[0].1]);
+    assert!(e.err().is_some_and(|e| e.starts_with("NOSCRIPT")), "{e:?}");
+}
