@@ -11,13 +11,11 @@ connected_clients, so the table also gives memory and connections per blocked cl
     scripts/bench-blocking.py [--clients N] [--pushes P] [--rate R]
 """
 import argparse
-import os
 import re
-import subprocess
 import threading
 import time
 
-from benchlib import BENCH, ROOT, build, sh, wait_ping
+from benchlib import build, sh, slot_owner, start_cluster, start_proxy, stop_cluster
 
 PROXY_PORT = 7460
 
@@ -43,29 +41,13 @@ def main():
     a = ap.parse_args()
     load = build("block_load")
     work = "/tmp/heatshield-bench-blocking"
-    os.makedirs(work, exist_ok=True)
-    cluster = os.path.join(work, "cluster")
-    subprocess.run([f"{BENCH}/cluster.sh", "stop", cluster], capture_output=True)
-    sh(f"{BENCH}/cluster.sh", "start", cluster, "7100", "3", "0")
-    conf = os.path.join(work, "conf.toml")
-    with open(conf, "w") as f:
-        f.write("[backend]\ndedicated_max_per_node = 8000\n[cache]\nenabled = false\n")
-    proxy = subprocess.Popen(
-        [os.path.join(ROOT, "target/release/heatshield"), "-c", conf, "--cluster", "127.0.0.1:7100",
-         "--listen", f"127.0.0.1:{PROXY_PORT}", "--metrics", "off"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
+    cluster = start_cluster(work, 7100)
+    proxy = None
     try:
-        wait_ping(PROXY_PORT)
+        proxy = start_proxy(work, "[backend]\ndedicated_max_per_node = 8000\n[cache]\nenabled = false\n", 7100,
+                            PROXY_PORT)
         tag = "benchblk"
-        owner = None
-        slot = int(sh("redis-cli", "-p", "7100", "CLUSTER", "KEYSLOT", tag).strip())
-        for line in sh("redis-cli", "-p", "7100", "CLUSTER", "NODES").splitlines():
-            f = line.split()
-            if "master" in f[2]:
-                for r in f[8:]:
-                    lo, _, hi = r.partition("-")
-                    if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
-                        owner = int(f[1].split("@")[0].rsplit(":", 1)[1])
+        owner = slot_owner(7100, tag)
         rows = []
         for target in ("direct", "heatshield"):
             port = owner if target == "direct" else PROXY_PORT
@@ -101,9 +83,10 @@ def main():
                   f"| {int(kv['p50_us']) / 1000:.2f} ms | {int(kv['p99_us']) / 1000:.2f} ms "
                   f"| {int(kv['max_us']) / 1000:.1f} ms | {extra} |")
     finally:
-        proxy.terminate()
-        proxy.wait()
-        subprocess.run([f"{BENCH}/cluster.sh", "stop", cluster], capture_output=True)
+        if proxy:
+            proxy.terminate()
+            proxy.wait()
+        stop_cluster(cluster)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,9 @@ worker and the hot-key cache off, in front of a 3-master cluster (../shared/benc
     scripts/bench-tx.py [--rounds N] [--seconds S] [--clients C]
 """
 import argparse
-import os
 import statistics
-import subprocess
 
-from benchlib import BENCH, ROOT, build, cpu, redis_pid, sh, wait_ping
+from benchlib import build, cpu, redis_pid, sh, slot_owner, start_cluster, start_proxy, stop_cluster
 
 PROXY_PORT = 7450
 
@@ -30,29 +28,12 @@ def main():
     a = ap.parse_args()
     load = build("tx_load")
     work = "/tmp/heatshield-bench-tx"
-    os.makedirs(work, exist_ok=True)
-    cluster = os.path.join(work, "cluster")
-    subprocess.run([f"{BENCH}/cluster.sh", "stop", cluster], capture_output=True)
-    sh(f"{BENCH}/cluster.sh", "start", cluster, "7000", "3", "0")
-    conf = os.path.join(work, "conf.toml")
-    with open(conf, "w") as f:
-        f.write("[cache]\nenabled = false\n")
-    proxy = subprocess.Popen(
-        [os.path.join(ROOT, "target/release/heatshield"), "-c", conf, "--cluster", "127.0.0.1:7000",
-         "--listen", f"127.0.0.1:{PROXY_PORT}", "--metrics", "off", "--threads", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
+    cluster = start_cluster(work, 7000)
+    proxy = None
     try:
-        wait_ping(PROXY_PORT)
+        proxy = start_proxy(work, "[cache]\nenabled = false\n", 7000, PROXY_PORT, "--threads", "1")
         tag = "benchtx"
-        slot = int(sh("redis-cli", "-p", "7000", "CLUSTER", "KEYSLOT", tag).strip())
-        owner = None
-        for line in sh("redis-cli", "-p", "7000", "CLUSTER", "NODES").splitlines():
-            f = line.split()
-            if "master" in f[2]:
-                for r in f[8:]:
-                    lo, _, hi = r.partition("-")
-                    if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
-                        owner = int(f[1].split("@")[0].rsplit(":", 1)[1])
+        owner = slot_owner(7000, tag)
         master = redis_pid(owner)
         direct, through, direct_cpu, per_cpu = [], [], [], []
         for _ in range(a.rounds):
@@ -82,9 +63,10 @@ def main():
         print(f"per cpu-s ratio round by round: median {statistics.median(pairs):.2f}, "
               f"range {pairs[0]:.2f}-{pairs[-1]:.2f}")
     finally:
-        proxy.terminate()
-        proxy.wait()
-        subprocess.run([f"{BENCH}/cluster.sh", "stop", cluster], capture_output=True)
+        if proxy:
+            proxy.terminate()
+            proxy.wait()
+        stop_cluster(cluster)
 
 
 if __name__ == "__main__":

@@ -16,37 +16,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use heatshield::protocol::{ReplyScanner, Request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+/// One command, as heatshield's own protocol module writes it.
 fn encode(out: &mut Vec<u8>, args: &[&str]) {
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
-    }
+    out.extend_from_slice(Request::from_args(args).raw());
 }
 
 /// Length of the complete reply at the start of `b`, if it is complete.
 fn reply_len(b: &[u8]) -> Option<usize> {
-    let nl = b.windows(2).position(|w| w == b"\r\n")?;
-    let n = || std::str::from_utf8(&b[1..nl]).ok()?.parse::<i64>().ok();
-    match b.first()? {
-        b'+' | b'-' | b':' => Some(nl + 2),
-        b'$' => {
-            let n = n()?;
-            let end = if n < 0 { nl + 2 } else { nl + 2 + n as usize + 2 };
-            (b.len() >= end).then_some(end)
-        }
-        b'*' => {
-            let mut at = nl + 2;
-            for _ in 0..n()?.max(0) {
-                at += reply_len(&b[at..])?;
-            }
-            Some(at)
-        }
-        _ => None,
-    }
+    ReplyScanner::new().scan(b).ok().flatten()
 }
 
 /// Reads one whole reply.

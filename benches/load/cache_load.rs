@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use heatshield::protocol::ReplyScanner;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -67,21 +68,9 @@ fn set(key: &[u8], value: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Length of one complete simple/bulk/error/integer reply at the start of `b`.
+/// Length of one complete reply at the start of `b`, if it is complete.
 fn reply_len(b: &[u8]) -> Option<usize> {
-    let nl = b.iter().position(|&c| c == b'\n')?;
-    match b.first()? {
-        b'$' => {
-            let n: i64 = std::str::from_utf8(&b[1..nl - 1]).ok()?.parse().ok()?;
-            if n < 0 {
-                Some(nl + 1)
-            } else {
-                let end = nl + 1 + n as usize + 2;
-                (b.len() >= end).then_some(end)
-            }
-        }
-        _ => Some(nl + 1),
-    }
+    ReplyScanner::new().scan(b).ok().flatten()
 }
 
 struct Rng(u64);

@@ -16,18 +16,16 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use heatshield::protocol::Request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const UNLOCK: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 
+/// One command, as heatshield's own protocol module writes it.
 fn encode(args: &[&str]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
-    }
-    out
+    Request::from_args(args).raw().to_vec()
 }
 
 /// Sends one command and returns its (simple) reply line, e.g. `:12`, `+OK`, `$-1`.
