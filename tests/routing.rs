@@ -505,3 +505,27 @@ fn evalsha_runs_on_any_master_after_eval_on_one() {
     let e = c.cmd(&["EVALSHA", unknown, "1", &keys[0].1]);
     assert!(e.err().is_some_and(|e| e.starts_with("NOSCRIPT")), "{e:?}");
 }
+
+/// FUNCTION RESTORE reaches every master, as FUNCTION LOAD does, so a restored library's
+/// functions run whichever master a key is on.
+#[test]
+fn function_restore_reaches_every_master() {
+    let env = env();
+    let mut c = Conn::connect(env.proxy.port());
+    let lib = "#!lua name=restorelib\nredis.register_function{function_name='restore_get', \
+               callback=function(keys) return redis.call('GET', keys[1]) end, flags={'no-writes'}}";
+    assert_eq!(c.cmd(&["FUNCTION", "LOAD", "REPLACE", lib]), V::s("restorelib"));
+    let dump = c.cmd(&["FUNCTION", "DUMP"]).bytes().to_vec();
+    assert_eq!(c.cmd(&["FUNCTION", "DELETE", "restorelib"]), V::ok());
+    for m in env.owners.masters() {
+        let e = Conn::connect(m).cmd(&["FCALL", "restore_get", "0"]);
+        assert!(e.err().is_some_and(|e| e.contains("Function not found")), "{e:?}");
+    }
+    // REPLACE: the dump holds the other tests' libraries too
+    let restore: Vec<&[u8]> = vec![b"FUNCTION", b"RESTORE", &dump, b"REPLACE"];
+    assert_eq!(c.cmd(&restore), V::ok());
+    for (master, k) in env.owners.key_per_master("route:restore:") {
+        assert_eq!(c.cmd(&["SET", &k, &format!("v{master}")]), V::ok());
+        assert_eq!(c.cmd(&["FCALL", "restore_get", "1", &k]), V::s(format!("v{master}")), "master {master}");
+    }
+}

@@ -56,7 +56,7 @@ pub enum FanOut {
     Dbsize,
     /// FLUSHALL/FLUSHDB: every master, allowed only when configured.
     Flush,
-    /// SCRIPT LOAD / SCRIPT FLUSH / FUNCTION LOAD|DELETE|FLUSH: every master must succeed;
+    /// SCRIPT LOAD / SCRIPT FLUSH / FUNCTION LOAD|DELETE|FLUSH|RESTORE: every master must succeed;
     /// the first reply is returned.
     AllSame,
     /// SCRIPT EXISTS: element-wise AND of the 0/1 arrays.
@@ -482,9 +482,8 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "RANDOMKEY" => FanOut(self::FanOut::RandomKey),
         "DBSIZE" => FanOut(self::FanOut::Dbsize),
         "FLUSHALL" | "FLUSHDB" => FanOut(self::FanOut::Flush),
-        "SCRIPT|LOAD" | "SCRIPT|FLUSH" | "FUNCTION|LOAD" | "FUNCTION|DELETE" | "FUNCTION|FLUSH" => {
-            FanOut(self::FanOut::AllSame)
-        }
+        "SCRIPT|LOAD" | "SCRIPT|FLUSH" | "FUNCTION|LOAD" | "FUNCTION|DELETE" | "FUNCTION|FLUSH"
+        | "FUNCTION|RESTORE" => FanOut(self::FanOut::AllSame),
         "SCRIPT|EXISTS" => FanOut(self::FanOut::ScriptExists),
         "SCRIPT|KILL" | "FUNCTION|KILL" => FanOut(self::FanOut::Kill),
         "COMMAND" => AnyMaster,
