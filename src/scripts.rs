@@ -44,7 +44,9 @@ impl Scripts {
         }
         let sha = sha1_smol::Sha1::from(req.arg(at)).digest().bytes();
         if !self.bodies.contains_key(&sha) {
-            self.bodies.insert(sha, req.arg_bytes(at));
+            // a copy: a slice of the request would keep the client's whole read buffer
+            // alive, and the byte bound counts only the body
+            self.bodies.insert(sha, Bytes::copy_from_slice(req.arg(at)));
         }
     }
 
@@ -96,8 +98,12 @@ mod tests {
         let sha = sha1_smol::Sha1::from(body).digest().to_string();
         assert!(!s.knows(sha.as_bytes()));
         assert_eq!(s.eval_form(Request::from_args(&["EVALSHA", &sha, "0", "x"]).raw()), None);
-        s.note("EVAL", &Request::from_args(&["EVAL", body, "0", "x"]));
+        let eval = Request::from_args(&["EVAL", body, "0", "x"]);
+        s.note("EVAL", &eval);
         assert!(s.knows(sha.as_bytes()));
+        // kept as a copy, not a slice of the client's buffer
+        let kept = s.bodies.get(&decode(sha.as_bytes()).unwrap()).unwrap();
+        assert!(!eval.raw().as_ptr_range().contains(&kept.as_ptr()));
         assert!(s.knows(sha.to_uppercase().as_bytes()));
         let e = s.eval_form(Request::from_args(&["evalsha", &sha, "1", "k", "v"]).raw()).unwrap();
         assert_eq!(e, Request::from_args(&["EVAL", body, "1", "k", "v"]).raw().clone());
