@@ -72,8 +72,8 @@ pub fn info_text(proxy: &Proxy, ctx: &mut Ctx, sections: &[String], backend: &[&
             "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\ntracking_clients:0\r\nclients_in_timeout_table:{}\r\ntotal_connections_received:{}\r\nrejected_connections:{}\r\n\r\n",
             st.clients.load(std::sync::atomic::Ordering::Relaxed),
             proxy.config.server.max_clients,
-            crate::pending::BLOCKED[0].load(std::sync::atomic::Ordering::Relaxed),
-            crate::pending::BLOCKED[1].load(std::sync::atomic::Ordering::Relaxed),
+            crate::pending::BLOCKED.load(std::sync::atomic::Ordering::Relaxed),
+            crate::pending::BLOCKED_TIMED.load(std::sync::atomic::Ordering::Relaxed),
             st.accepted.load(std::sync::atomic::Ordering::Relaxed),
             st.rejected.load(std::sync::atomic::Ordering::Relaxed),
         );

@@ -151,17 +151,18 @@ pub struct Block {
     pub ms: bool,
 }
 
-/// Clients blocked now, and those of them whose command has a timeout (INFO's
-/// `blocked_clients` and `clients_in_timeout_table`; the process's, like the metric).
-pub static BLOCKED: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+/// Clients blocked now (INFO's `blocked_clients`; the process's, like the metric).
+pub static BLOCKED: AtomicUsize = AtomicUsize::new(0);
+/// Those of them whose command has a timeout (INFO's `clients_in_timeout_table`).
+pub static BLOCKED_TIMED: AtomicUsize = AtomicUsize::new(0);
 
 impl Block {
-    /// Counted in `heatshield_blocked_clients` and [`BLOCKED`] while it exists.
+    /// Counted in `heatshield_blocked_clients`, [`BLOCKED`] and [`BLOCKED_TIMED`] while it exists.
     pub fn new(deadline: Option<Instant>, arg: usize, ms: bool) -> Block {
         crate::metrics::global().blocked.increment(1.0);
-        BLOCKED[0].fetch_add(1, Ordering::Relaxed);
+        BLOCKED.fetch_add(1, Ordering::Relaxed);
         if deadline.is_some() {
-            BLOCKED[1].fetch_add(1, Ordering::Relaxed);
+            BLOCKED_TIMED.fetch_add(1, Ordering::Relaxed);
         }
         Block { deadline, arg, ms }
     }
@@ -170,9 +171,9 @@ impl Block {
 impl Drop for Block {
     fn drop(&mut self) {
         crate::metrics::global().blocked.decrement(1.0);
-        BLOCKED[0].fetch_sub(1, Ordering::Relaxed);
+        BLOCKED.fetch_sub(1, Ordering::Relaxed);
         if self.deadline.is_some() {
-            BLOCKED[1].fetch_sub(1, Ordering::Relaxed);
+            BLOCKED_TIMED.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
