@@ -1,8 +1,9 @@
 //! What heatshield knows about one client connection, and the mode the connection is
 //! in. A mode is the one place a connection's state lives: a new per-connection feature
 //! (a queued transaction, a watched key's pinned connection, a blocked command's leased
-//! connection, subscriptions) is a new variant with its rules in dispatch, not a flag
-//! threaded through the request path.
+//! connection) is a new variant with its rules in dispatch, not a flag threaded through
+//! the request path. Subscriptions are the exception: they last across modes (a RESP3
+//! client may subscribe and run a transaction), so they are a field of their own.
 //!
 //! [`ClientInfo`] is what other connections may see of a client and ask of it (CLIENT
 //! LIST, KILL, UNBLOCK), kept in the proxy's [`Registry`]; a request from another
@@ -90,6 +91,8 @@ pub mod flag {
     pub const WATCH: u8 = 4;
     pub const NO_EVICT: u8 = 8;
     pub const NO_TOUCH: u8 = 16;
+    /// Subscribed to something (Redis's `P`, and CLIENT LIST / KILL `TYPE pubsub`).
+    pub const PUBSUB: u8 = 32;
 }
 
 /// What another connection asks of a session.
@@ -144,6 +147,8 @@ pub struct ClientInfo {
     pub multi: AtomicI64,
     /// The RESP version the client speaks.
     pub resp: AtomicU8,
+    /// Channels, patterns and shard channels subscribed (CLIENT LIST `sub`, `psub`, `ssub`).
+    pub subs: [AtomicUsize; 3],
     /// The session's reply channel, for [`Control`] messages.
     control: ReplyTx,
 }
@@ -161,6 +166,7 @@ impl ClientInfo {
             flags: AtomicU8::new(0),
             multi: AtomicI64::new(-1),
             resp: AtomicU8::new(2),
+            subs: Default::default(),
             control,
         }
     }
@@ -232,6 +238,9 @@ pub struct ClientState {
     pub rl: crate::ratelimit::View,
     /// WATCH in effect (see [`Watch`]).
     pub watch: Option<Box<Watch>>,
+    /// The connection's subscriptions (`None`: none); they coexist with any mode (in
+    /// RESP3 a subscribed client may run a transaction).
+    pub subs: Option<Box<crate::pubsub::Subscriptions>>,
 }
 
 impl ClientState {
@@ -252,6 +261,9 @@ impl ClientState {
         }
         if self.no_touch {
             f |= flag::NO_TOUCH;
+        }
+        if self.subs.is_some() {
+            f |= flag::PUBSUB;
         }
         f
     }

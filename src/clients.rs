@@ -109,7 +109,9 @@ pub fn line(proxy: &Proxy, c: &ClientInfo) -> String {
     let names = c.names.lock();
     let f = c.flags.load(Ordering::Relaxed);
     let mut flags = String::new();
-    for (bit, ch) in [(flag::BLOCKED, 'b'), (flag::NO_EVICT, 'e'), (flag::NO_TOUCH, 'T'), (flag::MULTI, 'x')] {
+    for (bit, ch) in
+        [(flag::BLOCKED, 'b'), (flag::NO_EVICT, 'e'), (flag::PUBSUB, 'P'), (flag::NO_TOUCH, 'T'), (flag::MULTI, 'x')]
+    {
         if f & bit != 0 {
             flags.push(ch);
         }
@@ -121,7 +123,7 @@ pub fn line(proxy: &Proxy, c: &ClientInfo) -> String {
     let idle = now_ms.saturating_sub(c.last_ms.load(Ordering::Relaxed)) / 1000;
     let cmd = proxy.commands.name_of(c.last_cmd.load(Ordering::Relaxed)).to_ascii_lowercase();
     format!(
-        "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db=0 sub=0 psub=0 ssub=0 multi={} \
+        "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db=0 sub={} psub={} ssub={} multi={} \
          qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} \
          user=default redir=-1 resp={} lib-name={} lib-ver={}",
         c.id,
@@ -131,6 +133,9 @@ pub fn line(proxy: &Proxy, c: &ClientInfo) -> String {
         c.created.elapsed().as_secs(),
         idle,
         flags,
+        c.subs[0].load(Ordering::Relaxed),
+        c.subs[1].load(Ordering::Relaxed),
+        c.subs[2].load(Ordering::Relaxed),
         c.multi.load(Ordering::Relaxed),
         cmd,
         c.resp.load(Ordering::Relaxed),
@@ -142,7 +147,7 @@ pub fn line(proxy: &Proxy, c: &ClientInfo) -> String {
 /// CLIENT LIST [TYPE normal|master|replica|slave|pubsub] [ID id [id ...]]
 fn list(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     let mut ids: Option<Vec<u64>> = None;
-    let mut normal = true;
+    let mut normal = Some(Type::Any);
     let mut i = 2;
     while i < req.argc() {
         let opt = req.arg(i).to_ascii_uppercase();
@@ -167,9 +172,9 @@ fn list(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         }
     }
     let mut text = String::new();
-    if normal {
+    if let Some(t) = normal {
         for c in proxy.clients.all() {
-            if ids.as_ref().is_none_or(|v| v.contains(&c.id)) {
+            if ids.as_ref().is_none_or(|v| v.contains(&c.id)) && t.has(&c) {
                 text.push_str(&line(proxy, &c));
                 text.push('\n');
             }
@@ -178,12 +183,31 @@ fn list(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     ctx.reply(|w| w.verbatim(text.as_bytes()))
 }
 
-/// A CLIENT LIST / KILL `TYPE`: true for `normal` (every heatshield client is one), false
-/// for a type no heatshield client has.
-fn kind(t: &[u8]) -> Result<bool, String> {
+/// The clients a CLIENT LIST / KILL `TYPE` names.
+#[derive(Clone, Copy)]
+enum Type {
+    Any,
+    Normal,
+    /// With subscriptions (Redis's `pubsub` type).
+    Pubsub,
+}
+
+impl Type {
+    fn has(self, c: &ClientInfo) -> bool {
+        match self {
+            Type::Any => true,
+            Type::Normal => !c.has(flag::PUBSUB),
+            Type::Pubsub => c.has(flag::PUBSUB),
+        }
+    }
+}
+
+/// A CLIENT LIST / KILL `TYPE`: `None` for a type no heatshield client has (replicas).
+fn kind(t: &[u8]) -> Result<Option<Type>, String> {
     match t.to_ascii_lowercase().as_slice() {
-        b"normal" => Ok(true),
-        b"master" | b"replica" | b"slave" | b"pubsub" => Ok(false),
+        b"normal" => Ok(Some(Type::Normal)),
+        b"pubsub" => Ok(Some(Type::Pubsub)),
+        b"master" | b"replica" | b"slave" => Ok(None),
         _ => Err(errors::unknown_client_type(&String::from_utf8_lossy(t))),
     }
 }
@@ -201,7 +225,7 @@ fn kill(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         close(ctx, &c, me);
         return ctx.reply(|w| w.ok());
     }
-    let (mut id, mut addr, mut laddr, mut normal, mut skipme) = (None, None, None, true, true);
+    let (mut id, mut addr, mut laddr, mut normal, mut skipme) = (None, None, None, Some(Type::Any), true);
     let mut i = 2;
     while i < req.argc() {
         if i + 1 >= req.argc() {
@@ -236,7 +260,7 @@ fn kill(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     }
     let mut killed = 0;
     for c in proxy.clients.all() {
-        let matches = normal
+        let matches = normal.is_some_and(|t| t.has(&c))
             && id.is_none_or(|x| x == c.id)
             && addr.as_ref().is_none_or(|a| *a == c.addr)
             && laddr.as_ref().is_none_or(|a| *a == c.laddr)

@@ -232,6 +232,12 @@ pub struct LimitsConfig {
     /// All clients together may hold at most this many reply bytes above their
     /// `output_soft_bytes`; a client whose replies would go past it is disconnected.
     pub output_total_over_soft_bytes: u64,
+    /// The same three limits for a client with subscriptions (Redis's
+    /// `client-output-buffer-limit pubsub 32mb 8mb 60`): messages it does not read pile
+    /// up here, and past them it is disconnected, alone.
+    pub pubsub_output_soft_bytes: u64,
+    pub pubsub_output_soft_seconds: u64,
+    pub pubsub_output_hard_bytes: u64,
 }
 
 impl Default for LimitsConfig {
@@ -244,6 +250,9 @@ impl Default for LimitsConfig {
             output_soft_seconds: 30,
             output_hard_bytes: 64 * 1024 * 1024,
             output_total_over_soft_bytes: 1024 * 1024 * 1024,
+            pubsub_output_soft_bytes: 8 * 1024 * 1024,
+            pubsub_output_soft_seconds: 60,
+            pubsub_output_hard_bytes: 32 * 1024 * 1024,
         }
     }
 }
@@ -383,6 +392,12 @@ impl Config {
         }
         if l.output_hard_bytes < l.output_soft_bytes {
             p.push("limits.output_hard_bytes: must be at least limits.output_soft_bytes".into());
+        }
+        if l.pubsub_output_soft_bytes < 1024 {
+            p.push("limits.pubsub_output_soft_bytes: must be at least 1024".into());
+        }
+        if l.pubsub_output_hard_bytes < l.pubsub_output_soft_bytes {
+            p.push("limits.pubsub_output_hard_bytes: must be at least limits.pubsub_output_soft_bytes".into());
         }
         if self.limits.max_pipeline == 0 {
             p.push("limits.max_pipeline: must be at least 1".into());

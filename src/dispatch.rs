@@ -12,7 +12,9 @@ use crate::errors;
 use crate::local;
 use crate::pending::{Ctx, Outcome};
 use crate::policy;
+use crate::protocol::Proto;
 use crate::proxy::Proxy;
+use crate::subscribe;
 use crate::transaction;
 
 /// Handles one request.
@@ -33,6 +35,10 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
     ctx.cmd = cmd.id;
     if !ctx.client.authed && !matches!(cmd.route, Route::Local(l) if l.auth_free()) {
         return transaction::refuse(ctx, errors::NOAUTH);
+    }
+    // a RESP2 connection with subscriptions takes only the subscription commands
+    if ctx.client.subs.is_some() && ctx.client.proto == Proto::Resp2 && !subscribe::allowed_while_subscribed(cmd) {
+        return ctx.error(&subscribe::not_allowed(cmd));
     }
     // the connection's mode
     let queuing = matches!(ctx.client.mode, Mode::Multi(_));
@@ -57,6 +63,10 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
             policy::admit(proxy, ctx, cmd, Route::Block)
         }
         Route::Transaction(t) => transaction::run(proxy, ctx, cmd, t),
+        Route::Subscribe(kind, sub) => subscribe::run(proxy, ctx, kind, sub),
+        Route::Forward if matches!(cmd.name.as_str(), "PUBLISH" | "SPUBLISH") => {
+            subscribe::publish(proxy, ctx, cmd.name == "SPUBLISH")
+        }
         route => {
             proxy.scripts.note(&cmd.name, req);
             policy::admit(proxy, ctx, cmd, route)

@@ -16,6 +16,8 @@
 //! - [`cache`]: hot-key detection and the never-stale hot-key cache;
 //! - [`locks`]: distributed-lock commands (Lua scripts, parked waiters, KEEPALIVE);
 //! - [`scripts`]: the Lua script bodies seen (EVAL, SCRIPT LOAD), for EVALSHA anywhere;
+//! - [`pubsub`]: subscribers, the shared backend subscriptions that serve them, message
+//!   fan-out;
 //! - [`client`]: what is known about one client connection, and its mode; the registry of
 //!   connected clients;
 //! - [`config`]: the TOML configuration, its validation, the live settings;
@@ -26,6 +28,7 @@
 //! - [`policy`]: admission, in one order: keys → cache lookup → rate limits → cache plan;
 //! - [`transaction`]: MULTI / EXEC / DISCARD: commands checked and queued, sent as one
 //!   native transaction; WATCH / UNWATCH on a pinned dedicated connection;
+//! - [`subscribe`]: SUBSCRIBE / UNSUBSCRIBE and their pattern and shard forms, PUBLISH;
 //! - [`info`]: INFO as heatshield answers it (its own sections, the masters' keyspace);
 //! - [`admin`]: `PROXY ...` commands (settings, rate-limit rules, views);
 //! - [`cluster_face`]: CLUSTER INFO / SLOTS / SHARDS / NODES / ...: heatshield as a one-node
@@ -59,6 +62,7 @@ pub mod pending;
 pub mod policy;
 pub mod protocol;
 pub mod proxy;
+pub mod pubsub;
 pub mod ratelimit;
 pub mod retry;
 pub mod route;
@@ -66,5 +70,6 @@ pub mod scripts;
 pub mod server;
 pub mod session;
 pub mod stats;
+pub mod subscribe;
 pub mod transaction;
 pub mod worker;

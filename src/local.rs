@@ -11,6 +11,17 @@ use crate::proxy::Proxy;
 
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
     match l {
+        // RESP2 with subscriptions: Redis answers PING as a message-shaped array
+        Local::Ping if ctx.client.subs.is_some() && ctx.client.proto == Proto::Resp2 => {
+            if req.argc() > 2 {
+                return ctx.error(&crate::errors::wrong_arity("ping"));
+            }
+            ctx.reply(|w| {
+                w.array(2);
+                w.bulk(b"pong");
+                w.bulk(if req.argc() == 2 { req.arg(1) } else { b"" });
+            })
+        }
         Local::Ping => match req.argc() {
             1 => ctx.reply(|w| w.simple("PONG")),
             2 => ctx.reply(|w| w.bulk(req.arg(1))),
@@ -36,6 +47,12 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             })
         }
         Local::Reset => {
+            if let Some(subs) = ctx.client.subs.take() {
+                proxy.pubsub.gone(ctx.client.id, &subs);
+                for n in &ctx.client.info.subs {
+                    n.store(0, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
             ctx.client.mode = crate::client::Mode::Normal;
             ctx.client.unwatch();
             ctx.client.proto = Proto::Resp2;

@@ -133,6 +133,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     spawn_gauges(proxy.clone());
     heatshield::cache::tracking::start(proxy.cache.clone(), proxy.cluster.clone());
     heatshield::locks::start(proxy.locks.clone(), proxy.cluster.clone());
+    heatshield::pubsub::start(proxy.pubsub.clone());
     spawn_reloader(proxy.clone(), config_path, overrides);
     // Learn the backends' version for HELLO/INFO; a node that does not answer in time
     // only leaves the default in place.

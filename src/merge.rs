@@ -37,6 +37,15 @@ pub enum Merge {
     ScriptExists {
         known: Vec<bool>,
     },
+    /// Integers summed, plus a correction (PUBLISH, PUBSUB NUMPAT: see crate::pubsub).
+    SumPlus(i64),
+    /// Arrays merged without repeats, in first-seen order (PUBSUB CHANNELS).
+    Union,
+    /// PUBSUB NUMSUB: `[channel, count, ...]` from each master, counts summed per channel,
+    /// plus a correction per channel.
+    NumSub {
+        adjust: Vec<i64>,
+    },
 }
 
 /// A client's SCAN cursor: which master (by index) and that master's own cursor; `None`
@@ -205,6 +214,50 @@ pub fn merge_replies(
             }
         }
         Merge::AllSame => w.raw(&replies[0]),
+        Merge::SumPlus(by) => {
+            let mut sum = *by;
+            for r in replies {
+                sum += int_of(r)?;
+            }
+            w.int(sum.max(0));
+        }
+        Merge::Union => {
+            let mut seen = std::collections::HashSet::new();
+            let mut all = Vec::new();
+            for r in replies {
+                for e in array_elements(r)?.1 {
+                    if seen.insert(e) {
+                        all.push(e);
+                    }
+                }
+            }
+            w.array(all.len());
+            for e in all {
+                w.raw(e);
+            }
+        }
+        Merge::NumSub { adjust } => {
+            let mut names: Vec<&[u8]> = Vec::new();
+            let mut counts: Vec<i64> = adjust.clone();
+            for (i, r) in replies.iter().enumerate() {
+                let (v, _) = Value::parse(r).map_err(|e| e.0)?;
+                let Value::Array(items) = v else {
+                    return Err("PUBSUB NUMSUB reply is not an array");
+                };
+                for (j, pair) in items.chunks(2).enumerate() {
+                    if i == 0 {
+                        names.push(pair[0].as_bytes().unwrap_or_default());
+                    }
+                    let n = pair.get(1).and_then(|x| x.as_int()).ok_or("expected an integer")?;
+                    *counts.get_mut(j).ok_or("PUBSUB NUMSUB replies differ in length")? += n;
+                }
+            }
+            w.array(names.len() * 2);
+            for (name, n) in names.iter().zip(counts) {
+                w.bulk(name);
+                w.int(n.max(0));
+            }
+        }
         Merge::ScriptExists { known } => {
             let mut acc: Vec<i64> = Vec::new();
             for (i, r) in replies.iter().enumerate() {
@@ -282,6 +335,29 @@ mod tests {
         )
         .unwrap();
         assert_eq!(&out[..], b"*3\r\n:1\r\n:1\r\n:1\r\n");
+    }
+
+    #[test]
+    fn pubsub_merges() {
+        let mut s = BytesMut::new();
+        let out = merge_replies(
+            &Merge::Union,
+            &[b(b"*2\r\n$1\r\na\r\n$1\r\nb\r\n"), b(b"*2\r\n$1\r\nb\r\n$1\r\nc\r\n")],
+            Proto::Resp2,
+            &mut s,
+        )
+        .unwrap();
+        assert_eq!(&out[..], b"*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n");
+        let out = merge_replies(
+            &Merge::NumSub { adjust: vec![2, -1] },
+            &[b(b"*4\r\n$1\r\na\r\n:1\r\n$1\r\nb\r\n:0\r\n"), b(b"*4\r\n$1\r\na\r\n:0\r\n$1\r\nb\r\n:3\r\n")],
+            Proto::Resp2,
+            &mut s,
+        )
+        .unwrap();
+        assert_eq!(&out[..], b"*4\r\n$1\r\na\r\n:3\r\n$1\r\nb\r\n:2\r\n");
+        let out = merge_replies(&Merge::SumPlus(2), &[b(b":1\r\n")], Proto::Resp2, &mut s).unwrap();
+        assert_eq!(&out[..], b":3\r\n");
     }
 
     #[test]

@@ -86,7 +86,12 @@ fn describe() {
     );
     describe_counter!(
         "heatshield_client_disconnects_total",
-        "Clients disconnected by their limits, by reason (output_hard, output_soft, output_total)."
+        "Clients disconnected by their limits, by reason (output_hard, output_soft, output_total, pubsub_hard, pubsub_soft)."
+    );
+    describe_counter!("heatshield_pubsub_messages_total", "Pub/sub messages delivered to subscribed clients.");
+    describe_counter!(
+        "heatshield_pubsub_resubscribes_total",
+        "Shard channels subscribed again on a new owner after Redis moved or refused them."
     );
     describe_counter!("heatshield_topology_refreshes_total", "Slot-map refreshes, by result (ok, error).");
     describe_gauge!("heatshield_slot_map_epoch", "Version of the current slot map; increases with every change.");
@@ -254,6 +259,8 @@ pub struct Global {
     disconnect_output_hard: Counter,
     disconnect_output_soft: Counter,
     disconnect_output_total: Counter,
+    disconnect_pubsub_hard: Counter,
+    disconnect_pubsub_soft: Counter,
     pub refresh_ok: Counter,
     pub refresh_error: Counter,
     pub slot_map_version: Gauge,
@@ -279,6 +286,8 @@ pub fn global() -> &'static Global {
         disconnect_output_hard: counter!("heatshield_client_disconnects_total", "reason" => "output_hard"),
         disconnect_output_soft: counter!("heatshield_client_disconnects_total", "reason" => "output_soft"),
         disconnect_output_total: counter!("heatshield_client_disconnects_total", "reason" => "output_total"),
+        disconnect_pubsub_hard: counter!("heatshield_client_disconnects_total", "reason" => "pubsub_hard"),
+        disconnect_pubsub_soft: counter!("heatshield_client_disconnects_total", "reason" => "pubsub_soft"),
         refresh_ok: counter!("heatshield_topology_refreshes_total", "result" => "ok"),
         refresh_error: counter!("heatshield_topology_refreshes_total", "result" => "error"),
         slot_map_version: gauge!("heatshield_slot_map_epoch"),
@@ -297,6 +306,8 @@ impl Global {
         match reason {
             "output_hard" => self.disconnect_output_hard.increment(1),
             "output_soft" => self.disconnect_output_soft.increment(1),
+            "pubsub_hard" => self.disconnect_pubsub_hard.increment(1),
+            "pubsub_soft" => self.disconnect_pubsub_soft.increment(1),
             _ => self.disconnect_output_total.increment(1),
         }
     }

@@ -62,6 +62,8 @@ pub struct Proxy {
     pub scripts: crate::scripts::Scripts,
     /// Every client connected now (CLIENT LIST, KILL, UNBLOCK).
     pub clients: crate::client::Registry,
+    /// Subscriptions and their shared backend connections.
+    pub pubsub: Arc<crate::pubsub::Hub>,
 }
 
 /// What statistics need of a reply once it has been written (the reply itself is gone).
@@ -120,6 +122,7 @@ impl Proxy {
         Proxy {
             cache,
             locks: Arc::default(),
+            pubsub: Arc::new(crate::pubsub::Hub::new(cluster.clone())),
             scripts: Default::default(),
             clients: Default::default(),
             live: crate::config::Live::new(&config),

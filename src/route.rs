@@ -170,6 +170,12 @@ pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
             let known = req.args().skip(2).map(|sha| proxy.scripts.knows(sha)).collect();
             (Merge::ScriptExists { known }, all(req.raw()))
         }
+        FanOut::Channels => (Merge::Union, all(req.raw())),
+        FanOut::NumSub(kind) => {
+            let channels: Vec<&[u8]> = req.args().skip(2).collect();
+            (Merge::NumSub { adjust: proxy.pubsub.numsub_adjust(kind, &channels) }, all(req.raw()))
+        }
+        FanOut::NumPat => (Merge::SumPlus(proxy.pubsub.numpat_adjust()), all(req.raw())),
         FanOut::Kill => {
             let masters = topo.masters.clone();
             drop(topo);

@@ -44,6 +44,7 @@ use crate::protocol::reply::ReplyScanner;
 use crate::protocol::request::{Limits, Request};
 use crate::protocol::{Next, Proto, RequestReader, Writer};
 use crate::proxy::{Answered, Proxy, ReplySummary};
+use crate::pubsub::PUSH_SEQ;
 
 enum Reply {
     Waiting(Pending),
@@ -212,6 +213,10 @@ enum Cut {
     Soft,
     /// The process-wide `output_total_over_soft_bytes` is spent.
     Total,
+    /// A subscribed client over `pubsub_output_hard_bytes`.
+    PubsubHard,
+    /// A subscribed client over `pubsub_output_soft_bytes` for `pubsub_output_soft_seconds`.
+    PubsubSoft,
 }
 
 impl Cut {
@@ -220,6 +225,8 @@ impl Cut {
             Cut::Hard => "output_hard",
             Cut::Soft => "output_soft",
             Cut::Total => "output_total",
+            Cut::PubsubHard => "pubsub_hard",
+            Cut::PubsubSoft => "pubsub_soft",
         }
     }
 }
@@ -239,6 +246,8 @@ struct Held {
     over_soft_since: Option<Instant>,
     /// What this client added to the process-wide bytes above soft limits.
     counted_over_soft: u64,
+    /// Since when a subscribed client has been above `pubsub_output_soft_bytes`.
+    over_pubsub_soft_since: Option<Instant>,
 }
 
 impl Held {
@@ -432,6 +441,7 @@ impl Session {
             keepalive_locks: false,
             rl: proxy.ratelimit.view(),
             watch: None,
+            subs: None,
         };
         let limits = &proxy.config.limits;
         let soft = limits.output_soft_bytes as usize;
@@ -451,6 +461,7 @@ impl Session {
                 window: 32.min(max_pipeline),
                 over_soft_since: None,
                 counted_over_soft: 0,
+                over_pubsub_soft_since: None,
             },
             batch: Vec::with_capacity(BATCH),
             hashes: [0u64; BATCH],
@@ -489,6 +500,10 @@ impl Session {
         while let Some(r) = next.take() {
             if let Some(c) = Control::of(r.tag) {
                 self.control(c);
+            } else if r.tag.seq == PUSH_SEQ {
+                if let Ok(b) = r.result {
+                    self.pushed(b);
+                }
             } else if r.more == 0 {
                 self.take_reply(r, &mut now);
             } else if let Ok(data) = &r.result {
@@ -502,6 +517,20 @@ impl Session {
                 }
             }
             next = rx.try_recv().ok();
+        }
+    }
+
+    /// A pub/sub message for this client: after every reply to what it sent before the
+    /// message came (straight to the output when nothing is waiting), never counted as a
+    /// command.
+    fn pushed(&mut self, b: Bytes) {
+        self.held.replies += b.len();
+        if self.queue.sent == self.queue.entries.len() {
+            self.out.push(b);
+        } else {
+            let mut meta = Meta::new(PUSH_CMD, self.read_at, None);
+            meta.ready_at = meta.started;
+            self.queue.entries.push_back(Entry { reply: Reply::Ready(b), last: false, silent: false, meta });
         }
     }
 
@@ -748,6 +777,9 @@ impl Session {
         for e in self.queue.entries.range(..n) {
             let Reply::Sent { summary, at } = e.reply else { continue };
             let m = &e.meta;
+            if m.cmd == PUSH_CMD {
+                continue; // a message, not a command
+            }
             self.held.requests -= m.req.as_ref().map_or(0, |r| r.raw().len());
             let stages = crate::stats::Stages {
                 backend: m.ready_at - m.started,
@@ -780,10 +812,30 @@ impl Session {
     /// The process-wide total applies to every byte.
     fn check_limits(&mut self) -> Option<Cut> {
         let several = self.queue.entries.len() - self.client.inflight as usize > 1;
+        let limits = &self.proxy.config.limits;
+        if self.client.subs.is_some() {
+            // a subscriber's messages: Redis's pubsub limits, the process-wide total as
+            // for everyone
+            let replies = self.held.replies as u64;
+            if replies > limits.pubsub_output_hard_bytes {
+                return Some(Cut::PubsubHard);
+            }
+            if replies <= limits.pubsub_output_soft_bytes {
+                self.held.over_pubsub_soft_since = None;
+            } else if limits.pubsub_output_soft_seconds > 0 {
+                let since = *self.held.over_pubsub_soft_since.get_or_insert_with(Instant::now);
+                let at = since + Duration::from_secs(limits.pubsub_output_soft_seconds);
+                if self.armed.is_none_or(|t| at < t) {
+                    self.armed = Some(at);
+                }
+            }
+            let total_limit = limits.output_total_over_soft_bytes;
+            return over_soft(&self.proxy, &mut self.held, self.soft, false, total_limit);
+        }
+        self.held.over_pubsub_soft_since = None;
         if self.held.replies > self.hard && several {
             return Some(Cut::Hard);
         }
-        let limits = &self.proxy.config.limits;
         let total_limit = limits.output_total_over_soft_bytes;
         if let Some(c) = over_soft(&self.proxy, &mut self.held, self.soft, several, total_limit) {
             return Some(c);
@@ -836,6 +888,11 @@ impl Session {
             && now >= since + Duration::from_secs(limits.output_soft_seconds)
         {
             return Some(Cut::Soft);
+        }
+        if let Some(since) = self.held.over_pubsub_soft_since
+            && now >= since + Duration::from_secs(limits.pubsub_output_soft_seconds)
+        {
+            return Some(Cut::PubsubSoft);
         }
         self.armed = self.expire(now);
         None
@@ -893,6 +950,9 @@ impl Session {
         if self.client.used_locks {
             self.proxy.locks.closed(id);
         }
+        if let Some(subs) = self.client.subs.take() {
+            self.proxy.pubsub.gone(id, &subs);
+        }
         self.proxy.clients.remove(id);
         info!(client = id, "client disconnected");
     }
@@ -928,3 +988,6 @@ fn over_soft(proxy: &Proxy, held: &mut Held, soft: usize, several: bool, total_l
 
 /// How many pipelined requests are parsed before they are dispatched.
 const BATCH: usize = 32;
+
+/// The command id of a pushed message's place in the queue (see [`Session::pushed`]).
+const PUSH_CMD: usize = usize::MAX;

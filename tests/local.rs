@@ -321,11 +321,8 @@ fn unsupported_commands_are_refused_by_name() {
     let env = env();
     for proto in Proto::BOTH {
         let mut c = Conn::connect_proto(env.proxy.port(), proto);
-        // (EXEC and DISCARD without MULTI: tests/transactions.rs)
+        // (EXEC and DISCARD without MULTI: tests/transactions.rs; pub/sub: tests/pubsub.rs)
         let cases: &[(&[&str], &str)] = &[
-            (&["SUBSCRIBE", "ch"], "SUBSCRIBE"),
-            (&["PSUBSCRIBE", "ch*"], "PSUBSCRIBE"),
-            (&["PUBLISH", "ch", "m"], "PUBLISH"),
             (&["MONITOR"], "MONITOR"),
             (&["CLUSTER", "FAILOVER"], "CLUSTER FAILOVER"),
             (&["CLUSTER", "ADDSLOTS", "1"], "CLUSTER ADDSLOTS"),

@@ -67,6 +67,8 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_lock_waiters", "gauge", &[]),
     ("heatshield_lock_keepalive_locks", "gauge", &[]),
     ("heatshield_lock_waits_total", "counter", &["result"]),
+    ("heatshield_pubsub_messages_total", "counter", &[]),
+    ("heatshield_pubsub_resubscribes_total", "counter", &[]),
 ];
 
 /// The documented latency buckets (upper bounds, seconds), `+Inf` not included.
@@ -82,7 +84,11 @@ const LABEL_VALUES: &[(&str, &str, &[&str])] = &[
     ("heatshield_backend_errors_total", "kind", &["connect", "lost", "timeout"]),
     ("heatshield_backend_connections", "state", &["up", "connecting", "down"]),
     ("heatshield_redirections_total", "kind", &["moved", "ask"]),
-    ("heatshield_client_disconnects_total", "reason", &["output_hard", "output_soft", "output_total"]),
+    (
+        "heatshield_client_disconnects_total",
+        "reason",
+        &["output_hard", "output_soft", "output_total", "pubsub_hard", "pubsub_soft"],
+    ),
     ("heatshield_topology_refreshes_total", "result", &["ok", "error"]),
 ];
 

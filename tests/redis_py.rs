@@ -220,3 +220,134 @@ fn redis_py_watch_helper_and_a_worker_loop() {
         "stderr:\n{stderr}"
     );
 }
+
+/// redis-py's `pubsub()` as applications use it (subscribe, psubscribe, get_message,
+/// listen from a thread), and a Redisson-style lock (shared/seeds/ 001 and 004): a hash
+/// taken by a Lua script, whose waiters SUBSCRIBE to the lock's channel and whose release
+/// script PUBLISHes on it, so waiters wake instead of polling. 32 clients contend; a
+/// counter each one increments with GET then SET while it holds the lock must come out
+/// exact.
+const PUBSUB_SCRIPT: &str = r#"
+import sys, threading, time, uuid, redis
+port, proto, t = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+r = redis.Redis(host="127.0.0.1", port=port, protocol=proto)
+
+def out(name, value):
+    print(f"{name}={value!r}", flush=True)
+
+p = r.pubsub()
+p.subscribe(t + "news")
+p.psubscribe(t + "alerts.*")
+out("confirm", [p.get_message(timeout=5)["type"] for _ in range(2)])
+out("publish", r.publish(t + "news", "hello"))
+out("message", {k: v for k, v in p.get_message(timeout=5).items() if k != "pattern"})
+r.publish(t + "alerts.disk", "full")
+m = p.get_message(timeout=5)
+out("pmessage", (m["type"], m["pattern"], m["channel"], m["data"]))
+out("numsub", r.pubsub_numsub(t + "news"))
+p.unsubscribe(t + "news")
+p.punsubscribe()
+out("unsubscribed", [p.get_message(timeout=5)["type"] for _ in range(2)])
+p.close()
+
+# a handler thread, as applications run one
+got = []
+q = r.pubsub()
+q.subscribe(**{t + "jobs": lambda m: got.append(m["data"])})
+th = q.run_in_thread(sleep_time=0.01)
+time.sleep(0.2)
+for i in range(5):
+    r.publish(t + "jobs", f"j{i}")
+deadline = time.time() + 5
+while len(got) < 5 and time.time() < deadline:
+    time.sleep(0.01)
+th.stop()
+out("thread", got)
+
+LOCK = """
+if (redis.call('exists', KEYS[1]) == 0) then
+    redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end;
+if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
+    redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end;
+return redis.call('pttl', KEYS[1]);
+"""
+UNLOCK = """
+if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then return nil; end;
+local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1);
+if (counter > 0) then redis.call('pexpire', KEYS[1], ARGV[2]); return 0;
+else redis.call('del', KEYS[1]); redis.call('publish', KEYS[2], ARGV[1]); return 1; end;
+"""
+name, channel, counter = t + "lock", "redisson_lock__channel:" + t + "lock", t + "counter"
+r.set(counter, 0)
+wakeups, errors = [0], []
+N, ROUNDS = 32, 15
+
+def contender():
+    c = redis.Redis(host="127.0.0.1", port=port, protocol=proto)
+    me = str(uuid.uuid4()) + ":1"
+    lock, unlock = c.register_script(LOCK), c.register_script(UNLOCK)
+    sub = c.pubsub()
+    sub.subscribe(channel)
+    sub.get_message(timeout=5)
+    try:
+        for _ in range(ROUNDS):
+            while True:
+                ttl = lock(keys=[name], args=[30000, me])
+                if ttl is None:
+                    break
+                if sub.get_message(timeout=min(ttl, 1000) / 1000):
+                    wakeups[0] += 1
+            v = int(c.get(counter))
+            c.set(counter, v + 1)
+            if unlock(keys=[name, channel], args=[0, 30000, me]) != 1:
+                errors.append("unlock")
+    except Exception as e:
+        errors.append(repr(e))
+    sub.close()
+
+threads = [threading.Thread(target=contender) for _ in range(N)]
+for th in threads:
+    th.start()
+for th in threads:
+    th.join(120)
+out("counter", int(r.get(counter)))
+out("errors", errors)
+print(f"wakeups={wakeups[0]}", file=sys.stderr)
+out("woken", wakeups[0] > 0)
+"#;
+
+fn run_pubsub_script(proto: &str) {
+    python_with_redis();
+    let env = env();
+    let port = env.proxy.port().to_string();
+    let tag = format!("{{pyps{proto}}}");
+    let out = Command::new("python3").args(["-c", PUBSUB_SCRIPT, &port, proto, &tag]).output().expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "script failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    let t = &tag;
+    let want = [
+        "confirm=['subscribe', 'psubscribe']".to_string(),
+        "publish=1".into(),
+        format!("message={{'type': 'message', 'channel': b'{t}news', 'data': b'hello'}}"),
+        format!("pmessage=('pmessage', b'{t}alerts.*', b'{t}alerts.disk', b'full')"),
+        format!("numsub=[(b'{t}news', 1)]"),
+        "unsubscribed=['unsubscribe', 'punsubscribe']".into(),
+        "thread=[b'j0', b'j1', b'j2', b'j3', b'j4']".into(),
+        "counter=480".into(),
+        "errors=[]".into(),
+        "woken=True".into(),
+    ];
+    assert_eq!(stdout.lines().collect::<Vec<_>>(), want, "redis-py protocol {proto}\nstderr:\n{stderr}");
+    eprintln!("protocol {proto}: {}", stderr.trim());
+}
+
+#[test]
+fn redis_py_pubsub_and_a_redisson_style_lock_resp2() {
+    run_pubsub_script("2");
+}
+
+#[test]
+fn redis_py_pubsub_and_a_redisson_style_lock_resp3() {
+    run_pubsub_script("3");
+}

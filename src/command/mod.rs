@@ -64,6 +64,24 @@ pub enum FanOut {
     /// SCRIPT KILL / FUNCTION KILL: every master, each on a dedicated connection; `+OK`
     /// if one of them killed its script.
     Kill,
+    /// PUBSUB CHANNELS / SHARDCHANNELS: arrays merged without repeats.
+    Channels,
+    /// PUBSUB NUMSUB / SHARDNUMSUB: counts summed per channel (and this heatshield's
+    /// shared subscriptions counted as its clients).
+    NumSub(ChannelKind),
+    /// PUBSUB NUMPAT: summed (a pattern subscribed on several masters counted once).
+    NumPat,
+}
+
+/// What a subscription names (crate::pubsub).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChannelKind {
+    /// SUBSCRIBE, PUBLISH.
+    Channel = 0,
+    /// PSUBSCRIBE.
+    Pattern = 1,
+    /// SSUBSCRIBE, SPUBLISH: routed by the channel's slot.
+    Shard = 2,
 }
 
 /// Commands the proxy answers itself.
@@ -128,6 +146,10 @@ pub enum Route {
     /// slot (crate::pending::start_blocking). XREAD and XREADGROUP are `Forward`, and
     /// take this route when they have BLOCK.
     Block,
+    /// SUBSCRIBE, PSUBSCRIBE, SSUBSCRIBE (`true`) and their UNSUBSCRIBEs (`false`): the
+    /// connection's subscriptions (crate::subscribe), served by shared backend
+    /// subscriptions (crate::pubsub).
+    Subscribe(ChannelKind, bool),
     /// Refused with `-ERR heatshield does not support '<name>'` (and the reason, if any).
     Unsupported(&'static str),
 }
@@ -509,7 +531,18 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         n if n.starts_with("CLUSTER") => Unsupported("cluster administration is not supported"),
         n if n.starts_with("CLIENT|") => Unsupported("backend connections are shared between clients"),
         "XREAD" | "XREADGROUP" => Forward, // Block at run time when BLOCK is given
-        _ if fl & flags::PUBSUB != 0 => Unsupported("pub/sub is not supported yet"),
+        "SUBSCRIBE" => Subscribe(ChannelKind::Channel, true),
+        "PSUBSCRIBE" => Subscribe(ChannelKind::Pattern, true),
+        "SSUBSCRIBE" => Subscribe(ChannelKind::Shard, true),
+        "UNSUBSCRIBE" => Subscribe(ChannelKind::Channel, false),
+        "PUNSUBSCRIBE" => Subscribe(ChannelKind::Pattern, false),
+        "SUNSUBSCRIBE" => Subscribe(ChannelKind::Shard, false),
+        "PUBLISH" | "SPUBLISH" => Forward,
+        "PUBSUB|CHANNELS" | "PUBSUB|SHARDCHANNELS" => FanOut(self::FanOut::Channels),
+        "PUBSUB|NUMSUB" => FanOut(self::FanOut::NumSub(ChannelKind::Channel)),
+        "PUBSUB|SHARDNUMSUB" => FanOut(self::FanOut::NumSub(ChannelKind::Shard)),
+        "PUBSUB|NUMPAT" => FanOut(self::FanOut::NumPat),
+        _ if fl & flags::PUBSUB != 0 => Unsupported(""),
         _ if fl & flags::BLOCKING != 0 => Block,
         _ if fl & flags::ADMIN != 0 => Unsupported("administrative commands are not forwarded"),
         _ => Forward,
@@ -690,7 +723,7 @@ mod tests {
         assert_eq!(r(&["keys", "*"]), Route::FanOut(FanOut::Keys));
         assert_eq!(r(&["script", "load", "x"]), Route::FanOut(FanOut::AllSame));
         assert_eq!(r(&["blpop", "a", "0"]), Route::Block);
-        assert!(matches!(r(&["subscribe", "a"]), Route::Unsupported(_)));
+        assert!(matches!(r(&["subscribe", "a"]), Route::Subscribe(ChannelKind::Channel, true)));
         assert_eq!(r(&["multi"]), Route::Transaction(TxCmd::Multi));
         assert_eq!(r(&["watch", "k"]), Route::Transaction(TxCmd::Watch));
         assert_eq!(r(&["blpop", "k", "0"]), Route::Block);

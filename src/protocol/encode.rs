@@ -85,6 +85,15 @@ impl<'a> Writer<'a> {
         }
     }
 
+    /// A push of `n` elements, as pub/sub messages and confirmations are sent (RESP2: an
+    /// array).
+    pub fn push(&mut self, n: usize) {
+        match self.proto {
+            Proto::Resp2 => write_array_header(self.buf, n),
+            Proto::Resp3 => self.line(b'>', itoa::Buffer::new().format(n).as_bytes()),
+        }
+    }
+
     /// A set of `n` elements (RESP2: an array).
     pub fn set(&mut self, n: usize) {
         match self.proto {
