@@ -451,7 +451,9 @@ impl Session {
             tx,
             scratch: BytesMut::with_capacity(1024),
             reader: RequestReader::new(Limits { max_request_bytes: limits.max_request_bytes as usize }),
-            queue: Queue { entries: VecDeque::with_capacity(64), head: 0, sent: 0 },
+            // the queue and the batch grow with the client's pipelining (an entry is 400
+            // bytes: 64 made up front were 25 KiB for every idle client or subscriber)
+            queue: Queue { entries: VecDeque::new(), head: 0, sent: 0 },
             out: Output::default(),
             // Until replies say otherwise, assume each may be 1/32 of the soft limit.
             held: Held {
@@ -463,7 +465,7 @@ impl Session {
                 counted_over_soft: 0,
                 over_pubsub_soft_since: None,
             },
-            batch: Vec::with_capacity(BATCH),
+            batch: Vec::new(),
             hashes: [0u64; BATCH],
             read_at: Instant::now(),
             read_hint: 0,

@@ -1,7 +1,9 @@
 //! Real Node.js clients through heatshield, at their defaults, against a real 3-master
 //! cluster (tests/node/clients.js): ioredis `multi()`, pipelines, WATCH and `blpop`;
 //! node-redis `multi()`, `blPop` on a duplicate connection and WATCH (its WatchError); and
-//! a bullmq worker that drains its queue, blocks, and must pick up a job added later.
+//! ioredis and node-redis pub/sub (channels, a pattern, shard channels on several shards
+//! from one connection); a bullmq worker that drains its queue, blocks, and must pick up
+//! a job added later.
 //!
 //! Needs `node` and `npm` (scripts/ensure-deps.sh installs them); the clients' pinned
 //! versions (tests/node/package.json, package-lock.json) are installed into
@@ -71,6 +73,8 @@ fn ioredis_node_redis_and_bullmq_work_through_heatshield() {
         "ok node-redis multi",
         "ok node-redis blPop",
         "ok node-redis watch",
+        "ok ioredis pub/sub",
+        "ok node-redis pub/sub",
         "ok bullmq worker picks up a job added after it drained",
     ];
     let lines: Vec<&str> = stdout.lines().collect();

@@ -415,3 +415,65 @@ fn merge(into: &mut std::collections::HashMap<String, Vec<u64>>, more: std::coll
         into.entry(k).or_default().extend(v);
     }
 }
+
+/// The soft limit on open files of this process (the proxy inherits the same).
+fn open_files_limit() -> usize {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1024)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn connected_clients(port: u16) -> i64 {
+    let info = common::cmd_text(port, &["INFO", "clients"]);
+    common::info_field(&info, "connected_clients").unwrap().parse().unwrap()
+}
+
+#[test]
+fn ten_thousand_subscribers_cost_redis_one_connection_per_master() {
+    let env = env();
+    // 10,000 where the open-file limit allows it (both processes need one per client)
+    let n = 10_000.min(open_files_limit().saturating_sub(600)) / 100 * 100;
+    let (_dir, path) = config_file("[server]\nmax_clients = 20000\n");
+    let proxy = Proxy::start_cluster(&env.cluster, &["--config", &path]);
+    let masters = env.owners.masters();
+    let before: Vec<i64> = masters.iter().map(|&m| connected_clients(m)).collect();
+    let rss_before = rss_kib(proxy.pid());
+    let mut subs: Vec<Conn> = (0..n).map(|_| Conn::connect(proxy.port())).collect();
+    for (i, c) in subs.iter_mut().enumerate() {
+        c.send(&["SUBSCRIBE", &format!("many:{}", i % 100)]);
+    }
+    for c in subs.iter_mut() {
+        assert_eq!(strs(&c.read_reply())[0], "subscribe");
+    }
+    let rss_after = rss_kib(proxy.pid());
+    let per_sub = (rss_after.saturating_sub(rss_before)) as f64 / n as f64;
+    let added: Vec<i64> = masters.iter().zip(&before).map(|(&m, b)| connected_clients(m) - b).collect();
+    eprintln!(
+        "{n} subscribers on 100 channels: {per_sub:.1} KiB RSS each; backend connections added per master: {added:?}"
+    );
+    // one shared subscription connection per master (and the usual shared connections),
+    // not one per subscriber
+    assert!(added.iter().all(|&a| a <= 8), "backend connections added: {added:?}");
+    assert!(per_sub < 64.0, "{per_sub:.1} KiB per subscriber");
+    let mut p = Conn::connect(proxy.port());
+    for ch in 0..100 {
+        assert_eq!(p.cmd(&["PUBLISH", &format!("many:{ch}"), "hi"]).int(), (n / 100) as i64);
+    }
+    for (i, c) in subs.iter_mut().enumerate() {
+        assert_eq!(strs(&c.read_reply()), ["message", &format!("many:{}", i % 100), "hi"]);
+    }
+    drop(subs);
+    wait_until(Duration::from_secs(10), "every subscriber gone", || {
+        p.cmd(&["PUBSUB", "NUMSUB", "many:0"]).items()[1].int() == 0
+    });
+}

@@ -83,6 +83,52 @@ async function nodeRedis() {
   await Promise.all([c.quit(), b.quit(), w.quit()]);
 }
 
+// pub/sub as each library documents it: a subscriber connection, messages by event or
+// listener, a publisher on another connection
+async function ioredisPubsub() {
+  const sub = new Redis({ port, host: '127.0.0.1' });
+  const pub = new Redis({ port, host: '127.0.0.1' });
+  const ch = `io-news:${run}`;
+  const got = [];
+  sub.on('message', (c, m) => got.push(['message', c, m]));
+  sub.on('pmessage', (p, c, m) => got.push(['pmessage', p, c, m]));
+  assert.equal(await sub.subscribe(ch), 1);
+  assert.equal(await sub.psubscribe(`io-*:${run}`), 2);
+  assert.equal(await pub.publish(ch, 'hello'), 2);
+  for (let i = 0; i < 100 && got.length < 2; i++) await sleep(20);
+  got.sort((a, b) => a[0].localeCompare(b[0]));
+  assert.deepEqual(got, [['message', ch, 'hello'], ['pmessage', `io-*:${run}`, ch, 'hello']]);
+  assert.equal(await sub.unsubscribe(ch), 1);
+  assert.equal(await sub.punsubscribe(`io-*:${run}`), 0);
+  // out of subscriber mode: an ordinary command again
+  assert.equal(await sub.ping(), 'PONG');
+  ok('ioredis pub/sub');
+  sub.disconnect();
+  pub.disconnect();
+}
+
+async function nodeRedisPubsub() {
+  const c = createClient({ socket: { port, host: '127.0.0.1' } });
+  c.on('error', () => {});
+  await c.connect();
+  const sub = c.duplicate();
+  sub.on('error', () => {});
+  await sub.connect();
+  const got = [];
+  const shards = [0, 1, 2].map((i) => `nr-shard${i}:${run}`);
+  await sub.subscribe(`nr-news:${run}`, (m, ch) => got.push(`${ch}=${m}`));
+  // sharded channels (most likely on different masters) on one connection
+  for (const s of shards) await sub.sSubscribe(s, (m, ch) => got.push(`${ch}=${m}`));
+  assert.equal(await c.publish(`nr-news:${run}`, 'a'), 1);
+  for (const s of shards) assert.equal(await c.sPublish(s, 'b'), 1);
+  for (let i = 0; i < 100 && got.length < 4; i++) await sleep(20);
+  assert.deepEqual(got.sort(), [`nr-news:${run}=a`, ...shards.map((s) => `${s}=b`)].sort());
+  await sub.unsubscribe();
+  await sub.sUnsubscribe();
+  ok('node-redis pub/sub');
+  await Promise.all([c.quit(), sub.quit()]);
+}
+
 async function bullmq() {
   const connection = { host: '127.0.0.1', port, maxRetriesPerRequest: null };
   // a hash-tag prefix keeps a queue's keys in one slot, as bullmq documents for clusters
@@ -110,6 +156,8 @@ async function bullmq() {
   try {
     await ioredis();
     await nodeRedis();
+    await ioredisPubsub();
+    await nodeRedisPubsub();
     await bullmq();
     process.exit(0);
   } catch (e) {
