@@ -80,6 +80,10 @@ pub struct Tracking {
     pub generation: AtomicU64,
 }
 
+/// The [`Tag::seq`] of a message pushed to a session that answers none of its requests (a
+/// pub/sub message, an invalidation); u64::MAX is a control message's.
+pub const PUSH_SEQ: u64 = u64::MAX - 1;
+
 /// Identifies a reply to the session: which queued command, and which part of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tag {

@@ -93,6 +93,9 @@ pub mod flag {
     pub const NO_TOUCH: u8 = 16;
     /// Subscribed to something (Redis's `P`, and CLIENT LIST / KILL `TYPE pubsub`).
     pub const PUBSUB: u8 = 32;
+    /// CLIENT TRACKING on (`t`), in BCAST mode (`B`).
+    pub const TRACKING: u8 = 64;
+    pub const BCAST: u8 = 128;
 }
 
 /// What another connection asks of a session.
@@ -149,6 +152,8 @@ pub struct ClientInfo {
     pub resp: AtomicU8,
     /// Channels, patterns and shard channels subscribed (CLIENT LIST `sub`, `psub`, `ssub`).
     pub subs: [AtomicUsize; 3],
+    /// CLIENT LIST's `redir`: -1 not tracking, 0 tracking without a redirect, else its id.
+    pub redir: AtomicI64,
     /// The session's reply channel, for [`Control`] messages.
     control: ReplyTx,
 }
@@ -167,6 +172,7 @@ impl ClientInfo {
             multi: AtomicI64::new(-1),
             resp: AtomicU8::new(2),
             subs: Default::default(),
+            redir: AtomicI64::new(-1),
             control,
         }
     }
@@ -175,6 +181,11 @@ impl ClientInfo {
     pub fn send(&self, c: Control) -> bool {
         let tag = Tag { seq: Control::SEQ, part: c as u32 };
         self.control.send(BackendReply::one(tag, Err(BackendError::Resend))).is_ok()
+    }
+
+    /// The session's reply channel (for invalidations redirected to this client).
+    pub fn reply_tx(&self) -> ReplyTx {
+        self.control.clone()
     }
 
     pub fn has(&self, f: u8) -> bool {
@@ -241,6 +252,8 @@ pub struct ClientState {
     /// The connection's subscriptions (`None`: none); they coexist with any mode (in
     /// RESP3 a subscribed client may run a transaction).
     pub subs: Option<Box<crate::pubsub::Subscriptions>>,
+    /// CLIENT TRACKING on (`None`: off).
+    pub tracking: Option<Box<crate::cache::clients::Tracking>>,
 }
 
 impl ClientState {
@@ -264,6 +277,12 @@ impl ClientState {
         }
         if self.subs.is_some() {
             f |= flag::PUBSUB;
+        }
+        if let Some(t) = &self.tracking {
+            f |= flag::TRACKING;
+            if t.mode.bcast {
+                f |= flag::BCAST;
+            }
         }
         f
     }

@@ -43,6 +43,10 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
             ctx.reply(|w| w.verbatim(line.as_bytes()))
         }
         b"LIST" => list(proxy, ctx, req),
+        b"TRACKING" => crate::client_tracking::tracking(proxy, ctx, req),
+        b"CACHING" => crate::client_tracking::caching(ctx, req),
+        b"GETREDIR" => crate::client_tracking::getredir(ctx),
+        b"TRACKINGINFO" => crate::client_tracking::trackinginfo(ctx),
         b"KILL" => kill(proxy, ctx, req),
         b"UNBLOCK" => unblock(proxy, ctx, req),
         b"REPLY" => {
@@ -116,6 +120,11 @@ pub fn line(proxy: &Proxy, c: &ClientInfo) -> String {
             flags.push(ch);
         }
     }
+    for (bit, ch) in crate::client_tracking::FLAGS {
+        if f & bit != 0 {
+            flags.push(ch);
+        }
+    }
     if flags.is_empty() {
         flags.push('N');
     }
@@ -125,7 +134,7 @@ pub fn line(proxy: &Proxy, c: &ClientInfo) -> String {
     format!(
         "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db=0 sub={} psub={} ssub={} multi={} \
          qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} \
-         user=default redir=-1 resp={} lib-name={} lib-ver={}",
+         user=default redir={} resp={} lib-name={} lib-ver={}",
         c.id,
         c.addr,
         c.laddr,
@@ -138,6 +147,7 @@ pub fn line(proxy: &Proxy, c: &ClientInfo) -> String {
         c.subs[2].load(Ordering::Relaxed),
         c.multi.load(Ordering::Relaxed),
         cmd,
+        c.redir.load(Ordering::Relaxed),
         c.resp.load(Ordering::Relaxed),
         names.lib_name,
         names.lib_ver,

@@ -238,6 +238,9 @@ pub struct LimitsConfig {
     pub pubsub_output_soft_bytes: u64,
     pub pubsub_output_soft_seconds: u64,
     pub pubsub_output_hard_bytes: u64,
+    /// Keys heatshield remembers for clients with CLIENT TRACKING on (Redis's
+    /// `tracking-table-max-keys`); past it, keys are invalidated to make room.
+    pub tracking_max_keys: usize,
 }
 
 impl Default for LimitsConfig {
@@ -253,6 +256,7 @@ impl Default for LimitsConfig {
             pubsub_output_soft_bytes: 8 * 1024 * 1024,
             pubsub_output_soft_seconds: 60,
             pubsub_output_hard_bytes: 32 * 1024 * 1024,
+            tracking_max_keys: 1_000_000,
         }
     }
 }
@@ -392,6 +396,9 @@ impl Config {
         }
         if l.output_hard_bytes < l.output_soft_bytes {
             p.push("limits.output_hard_bytes: must be at least limits.output_soft_bytes".into());
+        }
+        if l.tracking_max_keys == 0 {
+            p.push("limits.tracking_max_keys: must be at least 1".into());
         }
         if l.pubsub_output_soft_bytes < 1024 {
             p.push("limits.pubsub_output_soft_bytes: must be at least 1024".into());

@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::client::Mode;
-use crate::command::{Local, Route};
+use crate::command::{Command, Local, Route, keys_of};
 use crate::errors;
 use crate::local;
 use crate::pending::{Ctx, Outcome};
@@ -39,6 +39,9 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
     // a RESP2 connection with subscriptions takes only the subscription commands
     if ctx.client.subs.is_some() && ctx.client.proto == Proto::Resp2 && !subscribe::allowed_while_subscribed(cmd) {
         return ctx.error(&subscribe::not_allowed(cmd));
+    }
+    if proxy.client_side.active() {
+        track(proxy, ctx, cmd);
     }
     // the connection's mode
     let queuing = matches!(ctx.client.mode, Mode::Multi(_));
@@ -72,4 +75,33 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
             policy::admit(proxy, ctx, cmd, route)
         }
     }
+}
+
+/// While some client tracks keys (CLIENT TRACKING): a tracking client's read registers
+/// its keys before it is sent, so no change after it goes untold; its write is marked so
+/// it hears of the write's keys right after the reply. CLIENT CACHING applies to the next
+/// command only.
+fn track(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) {
+    let id = ctx.client.id;
+    if let Some(t) = ctx.client.tracking.as_deref_mut() {
+        if t.mode.noloop
+            && cmd.is_write()
+            && let Ok(keys) = keys_of(cmd, ctx.req)
+        {
+            let keys: Vec<&[u8]> = keys.iter().map(|&k| ctx.req.arg(k as usize)).collect();
+            proxy.client_side.forget(&keys, id);
+        }
+        if cmd.is_read()
+            && t.tracks_reads()
+            && let Ok(keys) = keys_of(cmd, ctx.req)
+            && !keys.is_empty()
+        {
+            proxy.client_side.read(id, keys.iter().map(|&k| ctx.req.arg(k as usize)));
+        }
+        // (as Redis: any CLIENT subcommand, and the commands of a transaction, keep it)
+        if !cmd.name.starts_with("CLIENT|") && !matches!(ctx.client.mode, Mode::Multi(_)) {
+            t.caching = None;
+        }
+    }
+    ctx.tracked_write = ctx.client.tracking.is_some() && (cmd.is_write() || cmd.name == "EXEC");
 }

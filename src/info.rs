@@ -69,10 +69,11 @@ pub fn info_text(proxy: &Proxy, ctx: &mut Ctx, sections: &[String], backend: &[&
         let st = &proxy.stats;
         let _ = write!(
             s,
-            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\ntracking_clients:0\r\nclients_in_timeout_table:{}\r\ntotal_connections_received:{}\r\nrejected_connections:{}\r\n\r\n",
+            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\ntracking_clients:{}\r\nclients_in_timeout_table:{}\r\ntotal_connections_received:{}\r\nrejected_connections:{}\r\n\r\n",
             st.clients.load(std::sync::atomic::Ordering::Relaxed),
             proxy.config.server.max_clients,
             crate::pending::BLOCKED.load(std::sync::atomic::Ordering::Relaxed),
+            proxy.client_side.clients(),
             crate::pending::BLOCKED_TIMED.load(std::sync::atomic::Ordering::Relaxed),
             st.accepted.load(std::sync::atomic::Ordering::Relaxed),
             st.rejected.load(std::sync::atomic::Ordering::Relaxed),

@@ -33,6 +33,7 @@
 //! - [`admin`]: `PROXY ...` commands (settings, rate-limit rules, views);
 //! - [`cluster_face`]: CLUSTER INFO / SLOTS / SHARDS / NODES / ...: heatshield as a one-node
 //!   cluster for cluster-aware clients;
+//! - [`client_tracking`]: CLIENT TRACKING / CACHING / GETREDIR / TRACKINGINFO;
 //! - [`clients`]: CLIENT LIST / INFO / KILL / REPLY / UNBLOCK / ... about heatshield's own
 //!   clients;
 //! - [`local`]: commands the proxy answers itself;
@@ -45,6 +46,7 @@ pub mod admin;
 pub mod backend;
 pub mod cache;
 pub mod client;
+pub mod client_tracking;
 pub mod clients;
 pub mod cluster;
 pub mod cluster_face;

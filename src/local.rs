@@ -53,6 +53,10 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
                     n.store(0, std::sync::atomic::Ordering::Relaxed);
                 }
             }
+            if ctx.client.tracking.take().is_some() {
+                proxy.client_side.disable(ctx.client.id);
+                ctx.client.info.redir.store(-1, std::sync::atomic::Ordering::Relaxed);
+            }
             ctx.client.mode = crate::client::Mode::Normal;
             ctx.client.unwatch();
             ctx.client.proto = Proto::Resp2;

@@ -131,7 +131,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     cluster.spawn_refresher(config.refresh_interval());
     let proxy = Arc::new(Proxy::new(config, cluster.clone(), config_file, workers));
     spawn_gauges(proxy.clone());
-    heatshield::cache::tracking::start(proxy.cache.clone(), proxy.cluster.clone());
+    heatshield::cache::tracking::start(proxy.cache.clone(), proxy.client_side.clone(), proxy.cluster.clone());
     heatshield::locks::start(proxy.locks.clone(), proxy.cluster.clone());
     heatshield::pubsub::start(proxy.pubsub.clone());
     spawn_reloader(proxy.clone(), config_path, overrides);

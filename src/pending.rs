@@ -62,6 +62,9 @@ pub struct Ctx<'a> {
     /// Set by admission: milliseconds the request may wait on purpose (LOCK.ACQUIRE ...
     /// WAIT), on top of [`Proxy::reply_deadline`].
     pub wait_ms: u32,
+    /// Set by dispatch: a write by a client with CLIENT TRACKING on, which is told of its
+    /// keys once Redis answered.
+    pub tracked_write: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -87,6 +90,7 @@ impl<'a> Ctx<'a> {
             flush: false,
             write_hot_generation: None,
             wait_ms: 0,
+            tracked_write: false,
         }
     }
 
@@ -275,6 +279,8 @@ pub struct Pending {
     write_hot_generation: Option<u64>,
     /// `None`: its parts travel on the node's shared connections.
     dedicated: Option<Box<Dedicated>>,
+    /// Its client is told of its keys once it has run (see [`Ctx::tracked_write`]).
+    tracked_write: bool,
 }
 
 impl Pending {
@@ -290,6 +296,7 @@ impl Pending {
             flush: std::mem::take(&mut ctx.flush),
             write_hot_generation: ctx.write_hot_generation.take(),
             dedicated: None,
+            tracked_write: ctx.tracked_write,
         }
     }
 
@@ -860,6 +867,24 @@ fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Byt
     }
     if p.flush {
         proxy.cache.flush(crate::cache::Cause::Flush);
+    }
+    // a tracking client hears of its own write right after the reply (everyone else from
+    // Redis), so its own cache never gives it back what it overwrote
+    if p.tracked_write {
+        match &p.finish {
+            Finish::Transaction(tx) => {
+                let keys: Vec<&[u8]> = tx.write_keys.iter().map(|k| &k[..]).collect();
+                proxy.client_side.wrote(&keys, ctx.client.id);
+            }
+            _ => {
+                if let Ok(cmd) = proxy.commands.lookup(ctx.req)
+                    && let Ok(keys) = keys_of(cmd, ctx.req)
+                {
+                    let keys: Vec<&[u8]> = keys.iter().map(|&k| ctx.req.arg(k as usize)).collect();
+                    proxy.client_side.wrote(&keys, ctx.client.id);
+                }
+            }
+        }
     }
     if let Some(g) = p.write_hot_generation
         && g != proxy.cache.hot_generation()

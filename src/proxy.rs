@@ -64,6 +64,8 @@ pub struct Proxy {
     pub clients: crate::client::Registry,
     /// Subscriptions and their shared backend connections.
     pub pubsub: Arc<crate::pubsub::Hub>,
+    /// CLIENT TRACKING: the keys each tracking client read.
+    pub client_side: Arc<crate::cache::clients::ClientSide>,
 }
 
 /// What statistics need of a reply once it has been written (the reply itself is gone).
@@ -123,6 +125,7 @@ impl Proxy {
             cache,
             locks: Arc::default(),
             pubsub: Arc::new(crate::pubsub::Hub::new(cluster.clone())),
+            client_side: Arc::new(crate::cache::clients::ClientSide::new(config.limits.tracking_max_keys)),
             scripts: Default::default(),
             clients: Default::default(),
             live: crate::config::Live::new(&config),

@@ -37,9 +37,7 @@ use crate::cluster::{Cluster, NodePool, slot};
 use crate::protocol::Request;
 use crate::protocol::reply::{ReplyScanner, Value};
 
-/// The [`Tag::seq`] of a pushed message on a session's reply channel (not a reply to any
-/// request; [`crate::client::Control::SEQ`] is the only other such value).
-pub const PUSH_SEQ: u64 = u64::MAX - 1;
+pub use crate::backend::PUSH_SEQ;
 
 /// What a subscription names: a channel, a pattern, or a shard channel.
 pub use crate::command::ChannelKind as Kind;

@@ -442,6 +442,7 @@ impl Session {
             rl: proxy.ratelimit.view(),
             watch: None,
             subs: None,
+            tracking: None,
         };
         let limits = &proxy.config.limits;
         let soft = limits.output_soft_bytes as usize;
@@ -954,6 +955,9 @@ impl Session {
         }
         if let Some(subs) = self.client.subs.take() {
             self.proxy.pubsub.gone(id, &subs);
+        }
+        if self.client.tracking.take().is_some() {
+            self.proxy.client_side.disable(id);
         }
         self.proxy.clients.remove(id);
         info!(client = id, "client disconnected");

@@ -82,6 +82,22 @@ fn subscription_replies_are_byte_for_byte_redis() {
             raw.push(c.read_full().raw);
             step(&mut c, &["SUNSUBSCRIBE"], 1, &mut raw);
             step(&mut c, &["SUNSUBSCRIBE"], 1, &mut raw);
+            // pipelined around subscriptions, in one write: the same replies in the same order
+            let mut pipe = Vec::new();
+            for cmd in [
+                &["SUBSCRIBE", "pipe1"][..],
+                &["PING", "x"],
+                &["PSUBSCRIBE", "pipe*"],
+                &["UNSUBSCRIBE", "pipe1"],
+                &["PING"],
+                &["PUNSUBSCRIBE", "pipe*"],
+            ] {
+                pipe.extend_from_slice(&common::client::encode(cmd));
+            }
+            c.send_raw(&pipe);
+            for _ in 0..6 {
+                raw.push(c.read_full().raw);
+            }
             // out of subscribe mode: everything again
             step(&mut c, &["PING"], 1, &mut raw);
             step(&mut c, &["SET", "{pubsub}k", "v"], 1, &mut raw);

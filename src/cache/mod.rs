@@ -18,6 +18,7 @@
 //!   invalidation is never kept; a hit also checks that its node still owns the slot.
 //! - Single flight: concurrent misses of one variant wait for the one fill in flight.
 
+pub mod clients;
 pub mod detect;
 pub mod tracking;
 

@@ -6,6 +6,11 @@
 //! the node leaves (failover, removal), the task closes its connection and ends, and no
 //! task reconnects to a node that left.
 //!
+//! The same connections serve client-side caching ([`super::clients`]): once some client
+//! has turned CLIENT TRACKING on, each one also turns `CLIENT TRACKING on BCAST` on for
+//! itself, so Redis reports every key written on its node, and hands the keys to the
+//! tracking clients' table as well. They then run even with the hot-key cache disabled.
+//!
 //! While a node's invalidation connection is up, its id is published in the node's
 //! [`Tracking`](crate::backend::Tracking) so new backend connections redirect to it, and
 //! connections made earlier are switched to it. When it breaks, the id is withdrawn and
@@ -19,10 +24,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use super::clients::ClientSide;
 use super::{Cause, HotCache};
 use crate::backend::{self, BackendOptions, BackendReply, BackendRequest, Prefix, Tag};
 use crate::cluster::Cluster;
@@ -30,18 +36,47 @@ use crate::cluster::NodePool;
 use crate::protocol::Request;
 use crate::protocol::reply::{ReplyScanner, Value, error_text};
 
-/// What the cache's tasks use: the cache and the cluster view, nothing else of the proxy.
+/// What the cache's tasks use: the cache, the tracking clients' table and the cluster
+/// view, nothing else of the proxy.
 struct Handles {
     cache: Arc<HotCache>,
+    clients: Arc<ClientSide>,
     cluster: Arc<Cluster>,
 }
 
-/// Starts the cache's tasks on the current runtime (the control runtime).
-pub fn start(cache: Arc<HotCache>, cluster: Arc<Cluster>) {
-    let h = Arc::new(Handles { cache, cluster });
-    if !h.cache.enabled {
-        return;
+/// Starts the cache's tasks on the current runtime (the control runtime): the fills and
+/// the detection clock when the cache is on; the invalidation connections when the cache
+/// is on or, from the first CLIENT TRACKING on, for client-side caching.
+pub fn start(cache: Arc<HotCache>, clients: Arc<ClientSide>, cluster: Arc<Cluster>) {
+    let h = Arc::new(Handles { cache, clients, cluster });
+    if h.cache.enabled {
+        start_cache(h.clone());
     }
+    let mut wanted = h.clients.wanted();
+    tokio::spawn(async move {
+        // one invalidation task per current master; a task ends by itself when its node
+        // is no longer a master
+        while !h.cache.enabled && !*wanted.borrow() {
+            if wanted.changed().await.is_err() {
+                return;
+            }
+        }
+        let mut running: HashMap<Arc<str>, tokio::task::JoinHandle<()>> = HashMap::new();
+        loop {
+            running.retain(|_, t| !t.is_finished());
+            let masters: Vec<Arc<NodePool>> = h.cluster.topology().masters.clone();
+            for pool in masters {
+                if !running.contains_key(&pool.addr) {
+                    running.insert(pool.addr.clone(), tokio::spawn(invalidations(h.clone(), pool)));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+}
+
+/// The hot-key cache's own tasks: landing fills, the detection window clock.
+fn start_cache(h: Arc<Handles>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
     if h.cache.fill_tx.set(tx).is_err() {
         return; // already started
@@ -64,21 +99,6 @@ pub fn start(cache: Arc<HotCache>, cluster: Arc<Cluster>) {
             let now = Instant::now();
             p.cache.roll(now - last);
             last = now;
-        }
-    });
-    tokio::spawn(async move {
-        // one invalidation task per current master; a task ends by itself when its node
-        // is no longer a master
-        let mut running: HashMap<Arc<str>, tokio::task::JoinHandle<()>> = HashMap::new();
-        loop {
-            running.retain(|_, t| !t.is_finished());
-            let masters: Vec<Arc<NodePool>> = h.cluster.topology().masters.clone();
-            for pool in masters {
-                if !running.contains_key(&pool.addr) {
-                    running.insert(pool.addr.clone(), tokio::spawn(invalidations(h.clone(), pool)));
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
 }
@@ -116,6 +136,15 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
         Ok((Value::Int(id), _)) if id > 0 => id as u64,
         _ => return Err(std::io::Error::other("unexpected CLIENT ID reply")),
     };
+    // client-side caching: every key written on the node, from now on (asked before any
+    // connection redirects here, so the reply is the next frame)
+    let mut wanted = h.clients.wanted();
+    let mut bcast_asked = false;
+    if *wanted.borrow_and_update() {
+        let r = backend::roundtrip(&mut s, BCAST.raw()).await?;
+        bcast_on(h, pool, &r)?;
+        bcast_asked = true;
+    }
     let tracking = &pool.tracking;
     tracking.redirect.store(id, Ordering::SeqCst);
     info!(node = %pool.addr, client_id = id, "invalidation connection up");
@@ -143,6 +172,15 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
     let mut check = tokio::time::interval(Duration::from_secs(1));
     let result = loop {
         tokio::select! {
+            r = wanted.changed(), if !bcast_asked => {
+                if r.is_ok() && *wanted.borrow_and_update() {
+                    // its reply comes among the invalidations (see `apply`)
+                    if let Err(e) = s.write_all(BCAST.raw()).await {
+                        break Err(e);
+                    }
+                    bcast_asked = true;
+                }
+            }
             _ = check.tick() => {
                 if !is_master(h, pool) {
                     break Ok(());
@@ -158,7 +196,14 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
                     match scanner.scan(&buf) {
                         Ok(Some(n)) => {
                             let frame = buf.split_to(n);
-                            apply(h, pool, &frame);
+                            if matches!(frame.first(), Some(b'+' | b'-')) {
+                                // the only command sent here since setup: BCAST's reply
+                                if let Err(e) = bcast_on(h, pool, &frame) {
+                                    return finish(h, pool, Err(e));
+                                }
+                            } else {
+                                apply(h, pool, &frame);
+                            }
                         }
                         Ok(None) => break,
                         Err(e) => return finish(h, pool, Err(std::io::Error::other(e))),
@@ -177,9 +222,28 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
     finish(h, pool, result)
 }
 
+/// `CLIENT TRACKING on BCAST` for the invalidation connection itself.
+static BCAST: std::sync::LazyLock<Request> =
+    std::sync::LazyLock::new(|| Request::from_args(&["CLIENT", "TRACKING", "on", "BCAST"]));
+
+/// BCAST's reply: from now on every key written on the node is reported. What tracking
+/// clients read from the node before now may have changed unseen: they drop everything.
+fn bcast_on(h: &Handles, pool: &NodePool, reply: &[u8]) -> std::io::Result<()> {
+    if let Some(e) = error_text(reply) {
+        return Err(std::io::Error::other(format!("CLIENT TRACKING on BCAST: {}", String::from_utf8_lossy(e))));
+    }
+    info!(node = %pool.addr, "invalidations for every key (client-side caching)");
+    h.clients.flush_all();
+    Ok(())
+}
+
 fn finish(h: &Handles, pool: &NodePool, result: std::io::Result<()>) -> std::io::Result<()> {
     pool.tracking.redirect.store(0, Ordering::SeqCst);
     h.cache.drop_node(pool, Cause::Connection);
+    if h.clients.active() {
+        // invalidations from the node may be lost from here on
+        h.clients.flush_all();
+    }
     match &result {
         Err(e) => {
             warn!(node = %pool.addr, error = %e, "invalidation connection lost; dropped what was cached from the node")
@@ -201,12 +265,21 @@ fn apply(h: &Handles, pool: &NodePool, frame: &[u8]) {
     }
     match items.get(1) {
         Some(Value::Array(keys)) => {
-            for k in keys {
-                if let Some(k) = k.as_bytes() {
+            let keys: Vec<&[u8]> = keys.iter().filter_map(|k| k.as_bytes()).collect();
+            if h.cache.enabled {
+                for k in &keys {
                     h.cache.invalidate(k, Cause::Tracking);
                 }
             }
+            if h.clients.active() {
+                h.clients.invalidate(&keys);
+            }
         }
-        _ => h.cache.drop_node(pool, Cause::Flush),
+        _ => {
+            h.cache.drop_node(pool, Cause::Flush);
+            if h.clients.active() {
+                h.clients.flush_all();
+            }
+        }
     }
 }

@@ -182,6 +182,11 @@ pub struct Command {
 
 impl Command {
     /// A command that changes data (scripts count as writes: they may).
+    /// A read-only command (Redis's `readonly` flag): its keys are what CLIENT TRACKING tracks.
+    pub fn is_read(&self) -> bool {
+        self.flags & flags::READONLY != 0
+    }
+
     pub fn is_write(&self) -> bool {
         self.flags & flags::WRITE != 0 || matches!(self.name.as_str(), "EVAL" | "EVALSHA" | "FCALL")
     }
@@ -492,10 +497,21 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "INFO" => Local(self::Local::Info),
         "RESET" => Local(self::Local::Reset),
         "READONLY" | "READWRITE" => Local(self::Local::Ok),
-        "CLIENT|SETNAME" | "CLIENT|GETNAME" | "CLIENT|ID" | "CLIENT|SETINFO" | "CLIENT|INFO" | "CLIENT|LIST"
-        | "CLIENT|KILL" | "CLIENT|REPLY" | "CLIENT|UNBLOCK" | "CLIENT|NO-EVICT" | "CLIENT|NO-TOUCH" => {
-            Local(self::Local::Client)
-        }
+        "CLIENT|SETNAME"
+        | "CLIENT|GETNAME"
+        | "CLIENT|ID"
+        | "CLIENT|SETINFO"
+        | "CLIENT|INFO"
+        | "CLIENT|LIST"
+        | "CLIENT|KILL"
+        | "CLIENT|REPLY"
+        | "CLIENT|UNBLOCK"
+        | "CLIENT|NO-EVICT"
+        | "CLIENT|NO-TOUCH"
+        | "CLIENT|TRACKING"
+        | "CLIENT|CACHING"
+        | "CLIENT|GETREDIR"
+        | "CLIENT|TRACKINGINFO" => Local(self::Local::Client),
         "MGET" => Split(self::Split::Mget),
         "MSET" => Split(self::Split::Mset),
         "DEL" | "UNLINK" | "EXISTS" | "TOUCH" => Split(self::Split::Sum),

@@ -1,0 +1,342 @@
+//! Client-side caching through the proxy (`CLIENT TRACKING`): which keys each tracking
+//! client read, and the `invalidate` messages it is owed when they change.
+//!
+//! Changes are learned from Redis: once some client tracks, each master's invalidation
+//! connection (the hot-key cache's, [`super::tracking`]) also turns on
+//! `CLIENT TRACKING on BCAST` for itself, so Redis reports every key written on that
+//! master, whoever wrote it (this heatshield, another, a direct client, expiry, eviction);
+//! keys nobody here tracks cost one lookup ([`ClientSide::invalidate`]). A tracking
+//! client's own writes through heatshield are also told to it as soon as Redis answered
+//! them ([`ClientSide::wrote`]), right after that reply as Redis sends it: so a client
+//! that was told its write succeeded never reads what it overwrote from its own cache,
+//! however late Redis's report comes. A client may therefore hear of a key more often
+//! than from Redis (once from each), never less, never later.
+//!
+//! A client's key is forgotten once it has been invalidated (it must read the key again to
+//! be told again), as Redis does. The table is bounded (`limits.tracking_max_keys`, like
+//! Redis's `tracking-table-max-keys`): past it, a key is invalidated for its clients to make
+//! room. Whenever invalidations may have been lost (an invalidation connection broke, a
+//! master changed, BCAST just came on for a master), every tracking client is told to
+//! drop everything (`invalidate` with a null key list, as after FLUSHALL).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+use tokio::sync::watch;
+
+use crate::backend::{BackendReply, PUSH_SEQ, ReplyTx, Tag};
+use crate::protocol::request::{write_array_header, write_bulk};
+
+/// How a client tracks (CLIENT TRACKING on ...).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Mode {
+    /// BCAST: told about every key matching a prefix (none: every key), read or not.
+    pub bcast: bool,
+    pub prefixes: Vec<Bytes>,
+    /// Keys are tracked only after CLIENT CACHING yes (OPTIN) / unless after CLIENT
+    /// CACHING no (OPTOUT).
+    pub optin: bool,
+    pub optout: bool,
+    /// Not told about its own writes.
+    pub noloop: bool,
+    /// Client id its invalidations go to (0: itself).
+    pub redirect: u64,
+}
+
+/// A client's tracking state, kept with the connection.
+#[derive(Debug, Clone, Default)]
+pub struct Tracking {
+    pub mode: Mode,
+    /// CLIENT CACHING yes / no for the next command.
+    pub caching: Option<bool>,
+}
+
+impl Tracking {
+    /// Whether the keys of a read sent now are tracked.
+    pub fn tracks_reads(&self) -> bool {
+        let m = &self.mode;
+        !m.bcast && (!m.optin || self.caching == Some(true)) && (!m.optout || self.caching != Some(false))
+    }
+}
+
+/// Where a client's invalidations go.
+struct Client {
+    /// Its own reply channel, or its redirect target's.
+    tx: ReplyTx,
+    /// The receiver speaks RESP3 (a push), else RESP2 (a message on `__redis__:invalidate`).
+    resp3: bool,
+    /// Whether there is anyone to tell.
+    deliver: bool,
+    /// It read keys since it was last told to drop everything (only such clients are).
+    dirty: bool,
+    noloop: bool,
+    /// BCAST prefixes (`Some(empty)`: every key).
+    bcast: Option<Vec<Bytes>>,
+}
+
+impl Client {
+    fn send(&self, r: BackendReply) {
+        if self.deliver {
+            let _ = self.tx.send(r);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    clients: HashMap<u64, Client>,
+    keys: HashMap<Bytes, SmallVec<[u64; 2]>>,
+    /// Entries in `keys` (client, key pairs).
+    pairs: usize,
+}
+
+/// The table of tracked keys (see the module comment).
+pub struct ClientSide {
+    table: Mutex<Table>,
+    /// Tracking clients now: the request path looks here first, and does nothing more
+    /// while it is 0.
+    active: AtomicUsize,
+    /// Some client has tracked since start: the invalidation connections turn BCAST on.
+    wanted: watch::Sender<bool>,
+    wanted_once: AtomicBool,
+    max_keys: usize,
+}
+
+impl ClientSide {
+    pub fn new(max_keys: usize) -> ClientSide {
+        ClientSide {
+            table: Mutex::new(Table::default()),
+            active: AtomicUsize::new(0),
+            wanted: watch::Sender::new(false),
+            wanted_once: AtomicBool::new(false),
+            max_keys: max_keys.max(1),
+        }
+    }
+
+    /// Whether any client tracks now.
+    #[inline]
+    pub fn active(&self) -> bool {
+        self.active.load(Ordering::Relaxed) > 0
+    }
+
+    /// Tracking clients now (INFO's `tracking_clients`).
+    pub fn clients(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Tracked keys now (INFO's `tracking_total_keys`).
+    pub fn keys(&self) -> usize {
+        self.table.lock().keys.len()
+    }
+
+    /// Changes to "client tracking is wanted" (the invalidation connections watch it).
+    pub fn wanted(&self) -> watch::Receiver<bool> {
+        self.wanted.subscribe()
+    }
+
+    /// Client `id` tracks now; its invalidations go to `tx` (RESP3 pushes if `resp3`), or
+    /// nowhere (`deliver` false: a RESP2 client without a redirect, as Redis allows).
+    pub fn enable(&self, id: u64, tx: ReplyTx, resp3: bool, deliver: bool, mode: &Mode) {
+        let c = Client {
+            tx,
+            resp3,
+            deliver,
+            dirty: false,
+            noloop: mode.noloop,
+            bcast: mode.bcast.then(|| mode.prefixes.clone()),
+        };
+        if self.table.lock().clients.insert(id, c).is_none() {
+            self.active.fetch_add(1, Ordering::Relaxed);
+        }
+        if !self.wanted_once.swap(true, Ordering::Relaxed) {
+            self.wanted.send_replace(true);
+        }
+    }
+
+    /// Client `id` stopped tracking (or left); its keys are forgotten lazily.
+    pub fn disable(&self, id: u64) {
+        if self.table.lock().clients.remove(&id).is_some() {
+            self.active.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Client `id` read `keys`: it is told when they change.
+    pub fn read<'k>(&self, id: u64, keys: impl Iterator<Item = &'k [u8]>) {
+        let mut t = self.table.lock();
+        if let Some(c) = t.clients.get_mut(&id) {
+            c.dirty = true;
+        }
+        for key in keys {
+            let ids = t.keys.entry(Bytes::copy_from_slice(key)).or_default();
+            if !ids.contains(&id) {
+                ids.push(id);
+                t.pairs += 1;
+            }
+        }
+        if t.keys.len() <= self.max_keys {
+            return;
+        }
+        // over the bound: make room by invalidating keys (any ones), as Redis does; their
+        // clients are told as if the keys had changed (from now on they could, untold)
+        let mut out: HashMap<u64, Vec<Bytes>> = HashMap::new();
+        while t.keys.len() > self.max_keys {
+            let Some(k) = t.keys.keys().next().cloned() else { break };
+            let ids = t.keys.remove(&k).unwrap_or_default();
+            t.pairs -= ids.len();
+            for i in ids {
+                out.entry(i).or_default().push(k.clone());
+            }
+        }
+        for (i, keys) in out {
+            if let Some(c) = t.clients.get(&i) {
+                let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+                c.send(BackendReply::one(PUSH, Ok(message(c.resp3, Some(&refs)))));
+            }
+        }
+    }
+
+    /// Tracking client `writer` wrote `keys` through heatshield, and Redis answered: it is
+    /// told now (right after that reply, as Redis tells it), unless NOLOOP, so reading its
+    /// own cache next it never finds what it overwrote. Everyone else hears from Redis
+    /// ([`ClientSide::invalidate`]), as with one Redis.
+    pub fn wrote(&self, keys: &[&[u8]], writer: u64) {
+        let mut t = self.table.lock();
+        let Some((noloop, bcast)) = t.clients.get(&writer).map(|c| (c.noloop, c.bcast.clone())) else { return };
+        let mut mine: Vec<&[u8]> = Vec::new();
+        for &key in keys {
+            let mut tracked = false;
+            if let Some(ids) = t.keys.get_mut(key)
+                && let Some(at) = ids.iter().position(|&i| i == writer)
+            {
+                ids.swap_remove(at);
+                if ids.is_empty() {
+                    t.keys.remove(key);
+                }
+                t.pairs -= 1;
+                tracked = true;
+            }
+            let prefixed = bcast.as_ref().is_some_and(|p| p.is_empty() || p.iter().any(|p| key.starts_with(p)));
+            if (tracked || prefixed) && !noloop {
+                mine.push(key);
+            }
+        }
+        if let Some(c) = t.clients.get(&writer)
+            && !mine.is_empty()
+        {
+            c.send(BackendReply::one(PUSH, Ok(message(c.resp3, Some(&mine)))));
+        }
+    }
+
+    /// NOLOOP client `writer` is about to write `keys`: it stops tracking them now (as in
+    /// Redis, which forgets a key its tracker wrote), so Redis's report of its own write
+    /// does not reach it.
+    pub fn forget(&self, keys: &[&[u8]], writer: u64) {
+        let mut t = self.table.lock();
+        for &key in keys {
+            if let Some(ids) = t.keys.get_mut(key)
+                && let Some(at) = ids.iter().position(|&i| i == writer)
+            {
+                ids.swap_remove(at);
+                if ids.is_empty() {
+                    t.keys.remove(key);
+                }
+                t.pairs -= 1;
+            }
+        }
+    }
+
+    /// Redis reported `keys` changed: every client that tracks one of them is told, once.
+    pub fn invalidate(&self, keys: &[&[u8]]) {
+        let mut out: HashMap<u64, Vec<&[u8]>> = HashMap::new();
+        let mut t = self.table.lock();
+        for &key in keys {
+            if let Some(ids) = t.keys.remove(key) {
+                t.pairs -= ids.len();
+                for id in ids {
+                    out.entry(id).or_default().push(key);
+                }
+            }
+            for (id, c) in &t.clients {
+                if let Some(prefixes) = &c.bcast
+                    && (prefixes.is_empty() || prefixes.iter().any(|p| key.starts_with(p)))
+                {
+                    out.entry(*id).or_default().push(key);
+                }
+            }
+        }
+        for (id, keys) in out {
+            let Some(c) = t.clients.get(&id) else { continue };
+            c.send(BackendReply::one(PUSH, Ok(message(c.resp3, Some(&keys)))));
+        }
+    }
+
+    /// Every tracking client that may have cached something (it read a key since it was
+    /// last told, or it is in BCAST mode) drops everything: after FLUSHALL, or when
+    /// invalidations may have been lost.
+    pub fn flush_all(&self) {
+        let mut t = self.table.lock();
+        t.keys.clear();
+        t.pairs = 0;
+        for c in t.clients.values_mut() {
+            if c.dirty || c.bcast.is_some() {
+                c.send(BackendReply::one(PUSH, Ok(message(c.resp3, None))));
+                c.dirty = false;
+            }
+        }
+    }
+}
+
+const PUSH: Tag = Tag { seq: PUSH_SEQ, part: 0 };
+
+/// `invalidate [keys]` (`None`: a null list, everything) as Redis sends it: a RESP3 push,
+/// or to a RESP2 redirect target a message on `__redis__:invalidate`.
+pub fn message(resp3: bool, keys: Option<&[&[u8]]>) -> Bytes {
+    let mut b = BytesMut::with_capacity(64);
+    if resp3 {
+        b.extend_from_slice(b">2\r\n$10\r\ninvalidate\r\n");
+    } else {
+        b.extend_from_slice(b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n");
+    }
+    match keys {
+        Some(keys) => {
+            write_array_header(&mut b, keys.len());
+            for k in keys {
+                write_bulk(&mut b, k);
+            }
+        }
+        None if resp3 => b.extend_from_slice(b"_\r\n"),
+        None => b.extend_from_slice(b"*-1\r\n"),
+    }
+    b.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_redis_bytes() {
+        assert_eq!(&message(true, Some(&[b"foo"]))[..], b">2\r\n$10\r\ninvalidate\r\n*1\r\n$3\r\nfoo\r\n");
+        assert_eq!(&message(true, None)[..], b">2\r\n$10\r\ninvalidate\r\n_\r\n");
+        assert_eq!(
+            &message(false, Some(&[b"k"]))[..],
+            b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n*1\r\n$1\r\nk\r\n"
+        );
+    }
+
+    #[test]
+    fn a_key_is_told_once_and_forgotten() {
+        let cs = ClientSide::new(100);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        cs.enable(7, tx, true, true, &Mode::default());
+        cs.read(7, [&b"a"[..], b"b"].into_iter());
+        cs.invalidate(&[b"a"]);
+        assert_eq!(&rx.try_recv().unwrap().result.unwrap()[..], &message(true, Some(&[b"a"]))[..]);
+        cs.invalidate(&[b"a"]);
+        assert!(rx.try_recv().is_err(), "told once");
+        assert_eq!(cs.keys(), 1);
+    }
+}
