@@ -4,10 +4,12 @@
 
 use bytes::Bytes;
 
+use crate::backend::{BackendReply, Tag};
 use crate::cache::clients::{Mode, Tracking};
 use crate::client::flag;
 use crate::errors;
-use crate::pending::{Ctx, Outcome};
+use crate::merge::Merge;
+use crate::pending::{Ctx, Finish, Outcome, Part, Pending, Target};
 use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request};
 use crate::proxy::Proxy;
@@ -126,7 +128,26 @@ pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     ctx.client.info.redir.store(m.redirect as i64, std::sync::atomic::Ordering::Relaxed);
     ctx.client.tracking = Some(Box::new(Tracking { mode: m, caching: None }));
     ctx.client.info.flags.store(ctx.client.flags(false), std::sync::atomic::Ordering::Relaxed);
-    ctx.reply(|w| w.ok())
+    let masters = proxy.cluster.topology().masters.len();
+    if proxy.client_side.reporting() >= masters {
+        return ctx.reply(|w| w.ok());
+    }
+    // The first client to track: every master's invalidation connection is asked to report
+    // every key. +OK once they do (at most 3 s), so nothing this client reads goes
+    // unreported (and it is not told to drop everything when they start).
+    let (cs, tx, tag) = (proxy.client_side.clone(), ctx.reply_to.clone(), Tag { seq: ctx.seq, part: 0 });
+    tokio::spawn(async move {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        while cs.reporting() < masters && std::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        let _ = tx.send(BackendReply::one(tag, Ok(Bytes::from_static(b"+OK\r\n"))));
+    });
+    Outcome::Waiting(Pending::new(
+        ctx,
+        Finish::Merge(Merge::Pass),
+        smallvec::smallvec![Part::new(Bytes::new(), Target::Slot(0))],
+    ))
 }
 
 /// `CLIENT CACHING yes|no`: whether the next command's keys are tracked (OPTIN / OPTOUT).

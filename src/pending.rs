@@ -65,6 +65,9 @@ pub struct Ctx<'a> {
     /// Set by dispatch: a write by a client with CLIENT TRACKING on, which is told of its
     /// keys once Redis answered.
     pub tracked_write: bool,
+    /// Set by the subscription commands: their confirmations are written even under
+    /// CLIENT REPLY OFF / SKIP, as Redis writes pub/sub pushes.
+    pub pushing: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -91,6 +94,7 @@ impl<'a> Ctx<'a> {
             write_hot_generation: None,
             wait_ms: 0,
             tracked_write: false,
+            pushing: false,
         }
     }
 

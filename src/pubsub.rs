@@ -161,12 +161,15 @@ struct Link {
     rx: Option<mpsc::UnboundedReceiver<Op>>,
     /// What this link is (being) subscribed to.
     has: HashSet<(Kind, Bytes)>,
+    /// Unsubscriptions sent and not yet confirmed: until they are, Redis still counts the
+    /// link as a subscriber (PUBLISH's and NUMSUB's corrections take that off).
+    leaving: HashMap<(Kind, Bytes), u32>,
 }
 
 impl Link {
     fn new(pool: Arc<NodePool>) -> Link {
         let (tx, rx) = mpsc::unbounded_channel();
-        Link { pool, tx, rx: Some(rx), has: HashSet::new() }
+        Link { pool, tx, rx: Some(rx), has: HashSet::new(), leaving: HashMap::new() }
     }
 
     fn want(&mut self, kind: Kind, name: &Bytes) {
@@ -175,8 +178,14 @@ impl Link {
         }
     }
 
+    /// Whether Redis counts this link as subscribed to `(kind, name)` now (or soon).
+    fn counts(&self, key: &(Kind, Bytes)) -> bool {
+        self.has.contains(key) || self.leaving.contains_key(key)
+    }
+
     fn drop_sub(&mut self, kind: Kind, name: &Bytes) {
         if self.has.remove(&(kind, name.clone())) {
+            *self.leaving.entry((kind, name.clone())).or_default() += 1;
             let _ = self.tx.send(Op::Unsub(kind, name.clone()));
         }
     }
@@ -352,14 +361,14 @@ impl Hub {
         let mut adjust = 0i64;
         if let Some(c) = st.subs[0].get(channel) {
             adjust += c.len() as i64;
-            if home.is_some_and(|l| l.has.contains(&(Kind::Channel, Bytes::copy_from_slice(channel)))) {
+            if home.is_some_and(|l| l.counts(&(Kind::Channel, Bytes::copy_from_slice(channel)))) {
                 adjust -= 1;
             }
         }
         for (pat, c) in &st.subs[1] {
             if crate::glob::matches(pat, channel, false) {
                 adjust += c.len() as i64;
-                if home.is_some_and(|l| l.has.contains(&(Kind::Pattern, pat.clone()))) {
+                if home.is_some_and(|l| l.counts(&(Kind::Pattern, pat.clone()))) {
                     adjust -= 1;
                 }
             }
@@ -375,7 +384,7 @@ impl Hub {
             .iter()
             .map(|ch| {
                 let key = (kind, Bytes::copy_from_slice(ch));
-                let links = st.links.values().filter(|l| l.has.contains(&key)).count() as i64;
+                let links = st.links.values().filter(|l| l.counts(&key)).count() as i64;
                 st.subs[kind as usize].get(*ch).map_or(0, |c| c.len() as i64) - links
             })
             .collect()
@@ -481,8 +490,24 @@ impl Hub {
 
     /// A link (re)connected: what it must subscribe.
     fn link_up(&self, addr: &str) -> Vec<(Kind, Bytes)> {
-        let st = self.state.lock();
-        st.links.get(addr).map(|l| l.has.iter().cloned().collect()).unwrap_or_default()
+        let mut st = self.state.lock();
+        let Some(l) = st.links.get_mut(addr) else { return Vec::new() };
+        // a new connection: nothing is leaving it
+        l.leaving.clear();
+        l.has.iter().cloned().collect()
+    }
+
+    /// The link to `addr` confirmed an unsubscription of `(kind, name)`.
+    fn left(&self, addr: &str, kind: Kind, name: &[u8]) {
+        let mut st = self.state.lock();
+        let Some(l) = st.links.get_mut(addr) else { return };
+        let key = (kind, Bytes::copy_from_slice(name));
+        if let Some(n) = l.leaving.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                l.leaving.remove(&key);
+            }
+        }
     }
 
     /// Lays the links out for the current topology: links to masters only, channels and
@@ -653,9 +678,15 @@ fn on_frame(hub: &Hub, addr: &str, frame: Bytes, fifo: &mut VecDeque<(Kind, bool
             };
             hub.confirmed(kind, at(1));
         }
+        b"unsubscribe" | b"punsubscribe" => {
+            fifo.pop_front();
+            let kind = if verb == b"unsubscribe" { Kind::Channel } else { Kind::Pattern };
+            hub.left(addr, kind, at(1));
+        }
         b"sunsubscribe" => {
             if matches!(fifo.front(), Some((Kind::Shard, false, n)) if &n[..] == at(1)) {
                 fifo.pop_front();
+                hub.left(addr, Kind::Shard, at(1));
             } else {
                 // not asked for: Redis no longer serves the channel here (its slot moved)
                 info!(node = addr, channel = %String::from_utf8_lossy(at(1)), "shard channel moved; subscribing on its new owner");

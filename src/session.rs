@@ -646,6 +646,7 @@ impl Session {
         let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, read_at);
         let outcome = crate::dispatch::dispatch(&self.proxy, &mut ctx);
         (meta.cmd, meta.cached, meta.wait_ms, meta.first_key) = (ctx.cmd, ctx.cached, ctx.wait_ms, ctx.first_key);
+        let pushing = ctx.pushing;
         self.client.rl.forget();
         // CLIENT REPLY: OFF and SKIP's own replies are not written, nor the reply of the
         // command after a SKIP
@@ -656,6 +657,10 @@ impl Session {
             }
         } else {
             *silent = self.client.reply != ReplyMode::On;
+        }
+        // pub/sub confirmations are written whatever CLIENT REPLY says, as Redis writes them
+        if pushing {
+            *silent = false;
         }
         *reply = match outcome {
             Outcome::Ready(b) => {

@@ -21,6 +21,7 @@ use crate::pubsub::{Kind, Subscriptions};
 
 /// SUBSCRIBE / PSUBSCRIBE / SSUBSCRIBE (`sub`) or their UNSUBSCRIBE.
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, kind: Kind, sub: bool) -> Outcome {
+    ctx.pushing = true;
     if sub { subscribe(proxy, ctx, kind) } else { unsubscribe(proxy, ctx, kind) }
 }
 

@@ -98,6 +98,13 @@ fn subscription_replies_are_byte_for_byte_redis() {
             for _ in 0..6 {
                 raw.push(c.read_full().raw);
             }
+            // confirmations and messages are written under CLIENT REPLY OFF too
+            c.send(&["CLIENT", "REPLY", "OFF"]);
+            step(&mut c, &["SUBSCRIBE", "quiet"], 1, &mut raw);
+            assert_eq!(p.cmd(&["PUBLISH", "quiet", "m"]).int(), 1);
+            raw.push(c.read_full().raw);
+            step(&mut c, &["UNSUBSCRIBE", "quiet"], 1, &mut raw);
+            step(&mut c, &["CLIENT", "REPLY", "ON"], 1, &mut raw);
             // out of subscribe mode: everything again
             step(&mut c, &["PING"], 1, &mut raw);
             step(&mut c, &["SET", "{pubsub}k", "v"], 1, &mut raw);

@@ -380,3 +380,28 @@ fn expiry_and_another_heatshield_are_told_and_tracked_keys_are_bounded() {
     eprintln!("{n} tracked keys: {per_key:.0} bytes of heatshield RSS per key");
     assert!(per_key < 1024.0, "{per_key:.0} bytes per tracked key");
 }
+
+#[test]
+fn the_first_tracking_client_is_answered_once_every_master_reports() {
+    // a proxy of its own: nobody has tracked through it yet
+    let env = env();
+    let proxy = common::Proxy::start_cluster(&env.cluster, &[]);
+    let mut c = Conn::connect_proto(proxy.port(), Proto::Resp3);
+    // one master slow to start reporting (paused for a moment)
+    let slow = env.owners.masters()[1];
+    assert!(Conn::connect(slow).cmd(&["CLIENT", "PAUSE", "500", "ALL"]).is_ok());
+    let t0 = Instant::now();
+    assert!(c.cmd(&["CLIENT", "TRACKING", "on"]).is_ok());
+    eprintln!("CLIENT TRACKING on answered after {:?}", t0.elapsed());
+    // read at once, then written on the master directly: the report is the key itself,
+    // not a "drop everything" because reporting started after the read
+    let key = env.owners.tag_on(env.owners.masters()[0], "first");
+    assert!(c.cmd(&["GET", &key]).is_nil());
+    assert!(Conn::connect(env.owners.masters()[0]).cmd(&["SET", &key, "v"]).is_ok());
+    let r = next_within(&mut c, 3000).expect("an invalidation");
+    assert_eq!(r.raw, invalidate(&[&key]));
+    // and no "drop everything" when the slow master starts reporting
+    if let Some(r) = next_within(&mut c, 1000) {
+        panic!("nothing more expected, got {r:?}");
+    }
+}

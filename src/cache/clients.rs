@@ -103,6 +103,8 @@ pub struct ClientSide {
     wanted: watch::Sender<bool>,
     wanted_once: AtomicBool,
     max_keys: usize,
+    /// Masters whose invalidation connection reports every key now (BCAST on).
+    reporting: AtomicUsize,
 }
 
 impl ClientSide {
@@ -113,6 +115,7 @@ impl ClientSide {
             wanted: watch::Sender::new(false),
             wanted_once: AtomicBool::new(false),
             max_keys: max_keys.max(1),
+            reporting: AtomicUsize::new(0),
         }
     }
 
@@ -154,6 +157,18 @@ impl ClientSide {
         if !self.wanted_once.swap(true, Ordering::Relaxed) {
             self.wanted.send_replace(true);
         }
+    }
+
+    /// Masters whose invalidation connection reports every key written now.
+    pub fn reporting(&self) -> usize {
+        self.reporting.load(Ordering::SeqCst)
+    }
+
+    /// A master's invalidation connection turned BCAST on; the guard counts it off again
+    /// when dropped (the connection ended).
+    pub fn reporting_on(&self) -> Reporting<'_> {
+        self.reporting.fetch_add(1, Ordering::SeqCst);
+        Reporting(self)
     }
 
     /// Client `id` stopped tracking (or left); its keys are forgotten lazily.
@@ -286,6 +301,15 @@ impl ClientSide {
                 c.dirty = false;
             }
         }
+    }
+}
+
+/// One master reporting every key (see [`ClientSide::reporting_on`]).
+pub struct Reporting<'a>(&'a ClientSide);
+
+impl Drop for Reporting<'_> {
+    fn drop(&mut self) {
+        self.0.reporting.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -140,9 +140,11 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
     // connection redirects here, so the reply is the next frame)
     let mut wanted = h.clients.wanted();
     let mut bcast_asked = false;
+    let mut _reporting = None;
     if *wanted.borrow_and_update() {
         let r = backend::roundtrip(&mut s, BCAST.raw()).await?;
         bcast_on(h, pool, &r)?;
+        _reporting = Some(h.clients.reporting_on());
         bcast_asked = true;
     }
     let tracking = &pool.tracking;
@@ -201,6 +203,7 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
                                 if let Err(e) = bcast_on(h, pool, &frame) {
                                     return finish(h, pool, Err(e));
                                 }
+                                _reporting = Some(h.clients.reporting_on());
                             } else {
                                 apply(h, pool, &frame);
                             }
