@@ -93,6 +93,20 @@ struct Table {
     pairs: usize,
 }
 
+impl Table {
+    /// Client `id` no longer tracks `key`; whether it did.
+    fn untrack(&mut self, key: &[u8], id: u64) -> bool {
+        let Some(ids) = self.keys.get_mut(key) else { return false };
+        let Some(at) = ids.iter().position(|&i| i == id) else { return false };
+        ids.swap_remove(at);
+        if ids.is_empty() {
+            self.keys.remove(key);
+        }
+        self.pairs -= 1;
+        true
+    }
+}
+
 /// The table of tracked keys (see the module comment).
 pub struct ClientSide {
     table: Mutex<Table>,
@@ -222,17 +236,7 @@ impl ClientSide {
         let Some((noloop, bcast)) = t.clients.get(&writer).map(|c| (c.noloop, c.bcast.clone())) else { return };
         let mut mine: Vec<&[u8]> = Vec::new();
         for &key in keys {
-            let mut tracked = false;
-            if let Some(ids) = t.keys.get_mut(key)
-                && let Some(at) = ids.iter().position(|&i| i == writer)
-            {
-                ids.swap_remove(at);
-                if ids.is_empty() {
-                    t.keys.remove(key);
-                }
-                t.pairs -= 1;
-                tracked = true;
-            }
+            let tracked = t.untrack(key, writer);
             let prefixed = bcast.as_ref().is_some_and(|p| p.is_empty() || p.iter().any(|p| key.starts_with(p)));
             if (tracked || prefixed) && !noloop {
                 mine.push(key);
@@ -251,15 +255,7 @@ impl ClientSide {
     pub fn forget(&self, keys: &[&[u8]], writer: u64) {
         let mut t = self.table.lock();
         for &key in keys {
-            if let Some(ids) = t.keys.get_mut(key)
-                && let Some(at) = ids.iter().position(|&i| i == writer)
-            {
-                ids.swap_remove(at);
-                if ids.is_empty() {
-                    t.keys.remove(key);
-                }
-                t.pairs -= 1;
-            }
+            t.untrack(key, writer);
         }
     }
 
