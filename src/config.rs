@@ -241,6 +241,9 @@ pub struct LimitsConfig {
     /// Keys heatshield remembers for clients with CLIENT TRACKING on (Redis's
     /// `tracking-table-max-keys`); past it, keys are invalidated to make room.
     pub tracking_max_keys: usize,
+    /// Subscriptions (client, channel/pattern/shard channel) all clients together may
+    /// hold; a SUBSCRIBE past it is refused.
+    pub max_subscriptions: usize,
 }
 
 impl Default for LimitsConfig {
@@ -257,6 +260,7 @@ impl Default for LimitsConfig {
             pubsub_output_soft_seconds: 60,
             pubsub_output_hard_bytes: 32 * 1024 * 1024,
             tracking_max_keys: 1_000_000,
+            max_subscriptions: 1_000_000,
         }
     }
 }
@@ -396,6 +400,9 @@ impl Config {
         }
         if l.output_hard_bytes < l.output_soft_bytes {
             p.push("limits.output_hard_bytes: must be at least limits.output_soft_bytes".into());
+        }
+        if l.max_subscriptions == 0 {
+            p.push("limits.max_subscriptions: must be at least 1".into());
         }
         if l.tracking_max_keys == 0 {
             p.push("limits.tracking_max_keys: must be at least 1".into());

@@ -132,6 +132,11 @@ pub fn not_in_transaction(name: &str) -> String {
     format!("ERR heatshield cannot run '{name}' inside MULTI")
 }
 
+/// A SUBSCRIBE that would take the proxy past `limits.max_subscriptions`.
+pub fn too_many_subscriptions(limit: usize) -> String {
+    format!("ERR heatshield: subscriptions are at limits.max_subscriptions ({limit})")
+}
+
 pub fn transaction_too_large(limit: usize) -> String {
     format!("ERR heatshield: the transaction is over limits.max_inflight_request_bytes ({limit} bytes)")
 }

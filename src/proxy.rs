@@ -124,7 +124,7 @@ impl Proxy {
         Proxy {
             cache,
             locks: Arc::default(),
-            pubsub: Arc::new(crate::pubsub::Hub::new(cluster.clone())),
+            pubsub: Arc::new(crate::pubsub::Hub::new(cluster.clone(), config.limits.max_subscriptions)),
             client_side: Arc::new(crate::cache::clients::ClientSide::new(config.limits.tracking_max_keys)),
             scripts: Default::default(),
             clients: Default::default(),

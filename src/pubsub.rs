@@ -263,15 +263,20 @@ struct Meters {
 /// The proxy's pub/sub state (see the module comment).
 pub struct Hub {
     cluster: Arc<Cluster>,
+    /// Subscriptions held now (client, name) and their bound (`limits.max_subscriptions`).
+    held: std::sync::atomic::AtomicUsize,
+    max: usize,
     state: Mutex<State>,
     wake: Notify,
     meters: Meters,
 }
 
 impl Hub {
-    pub fn new(cluster: Arc<Cluster>) -> Hub {
+    pub fn new(cluster: Arc<Cluster>, max: usize) -> Hub {
         Hub {
             cluster,
+            held: Default::default(),
+            max,
             state: Mutex::new(State { dirty: true, ..State::default() }),
             wake: Notify::new(),
             meters: Meters {
@@ -279,6 +284,12 @@ impl Hub {
                 resubscribed: metrics::counter!("heatshield_pubsub_resubscribes_total"),
             },
         }
+    }
+
+    /// Whether `n` more subscriptions fit under `limits.max_subscriptions` (the bound on
+    /// the memory subscriptions hold); `Err` carries the limit.
+    pub fn room(&self, n: usize) -> Result<(), usize> {
+        if self.held.load(std::sync::atomic::Ordering::Relaxed) + n > self.max { Err(self.max) } else { Ok(()) }
     }
 
     /// Adds client `id` to `names`. `reply` (its confirmations) goes to `tx` tagged `tag`
@@ -298,7 +309,10 @@ impl Hub {
         let mut st = self.state.lock();
         let mut awaited: Vec<Bytes> = Vec::new();
         for name in names {
-            st.subs[kind as usize].entry(name.clone()).or_default().insert(id, Subscriber { tx: tx.clone(), resp3 });
+            let subscriber = Subscriber { tx: tx.clone(), resp3 };
+            if st.subs[kind as usize].entry(name.clone()).or_default().insert(id, subscriber).is_none() {
+                self.held.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             let pending = st.waiting.contains_key(&(kind, name.clone()));
             if st.place(&self.cluster, kind, name) || pending {
                 awaited.push(name.clone());
@@ -332,7 +346,9 @@ impl Hub {
         for name in names {
             let map = &mut st.subs[kind as usize];
             let Some(clients) = map.get_mut(name) else { continue };
-            clients.remove(&id);
+            if clients.remove(&id).is_some() {
+                self.held.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            }
             if clients.is_empty() {
                 map.remove(name);
                 st.unplace(kind, name);

@@ -28,6 +28,9 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, kind: Kind, sub: bool) -> Outcome {
 fn subscribe(proxy: &Proxy, ctx: &mut Ctx, kind: Kind) -> Outcome {
     let req = ctx.req;
     let names: Vec<Bytes> = (1..req.argc()).map(|i| req.arg_bytes(i)).collect();
+    if let Err(limit) = proxy.pubsub.room(names.len()) {
+        return ctx.error(&crate::errors::too_many_subscriptions(limit));
+    }
     let subs = ctx.client.subs.get_or_insert_with(Box::default);
     let mut w = Writer::new(ctx.scratch, ctx.client.proto);
     for name in &names {

@@ -500,3 +500,25 @@ fn ten_thousand_subscribers_cost_redis_one_connection_per_master() {
         p.cmd(&["PUBSUB", "NUMSUB", "many:0"]).items()[1].int() == 0
     });
 }
+
+#[test]
+fn subscriptions_are_bounded_for_the_whole_proxy() {
+    let env = env();
+    let (_dir, path) = config_file("[limits]\nmax_subscriptions = 3\n");
+    let proxy = Proxy::start_cluster(&env.cluster, &["--config", &path]);
+    let mut a = Conn::connect(proxy.port());
+    a.send(&["SUBSCRIBE", "b1", "b2"]);
+    a.read_full();
+    a.read_full();
+    let mut b = Conn::connect(proxy.port());
+    // two more would pass the bound: refused whole, and the client is not subscribed
+    let r = b.cmd(&["PSUBSCRIBE", "p1*", "p2*"]);
+    assert_eq!(r.err(), Some("ERR heatshield: subscriptions are at limits.max_subscriptions (3)"));
+    assert_eq!(b.cmd(&["PING"]).text(), "PONG");
+    assert_eq!(strs(&b.cmd(&["SUBSCRIBE", "b3"])), ["subscribe", "b3", "1"]);
+    // room again once a client leaves
+    drop(a);
+    wait_until(Duration::from_secs(5), "room again", || {
+        !Conn::connect(proxy.port()).cmd(&["SUBSCRIBE", "b4"]).is_err()
+    });
+}
