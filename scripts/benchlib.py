@@ -66,12 +66,13 @@ def stop_cluster(cluster):
 
 def start_proxy(work, conf_text, cluster_port, listen_port, *extra):
     """Release heatshield (metrics off, RUST_LOG=warn) with conf_text as its configuration,
-    in front of the cluster at cluster_port; returns the process once it answers PING."""
+    in front of the cluster at cluster_port; returns the process once it answers PING.
+    HEATSHIELD_BIN names another binary (an older build, for a comparison)."""
     conf = os.path.join(work, "conf.toml")
     with open(conf, "w") as f:
         f.write(conf_text)
     proxy = subprocess.Popen(
-        [os.path.join(ROOT, "target/release/heatshield"), "-c", conf, "--cluster", f"127.0.0.1:{cluster_port}",
+        [os.environ.get("HEATSHIELD_BIN", os.path.join(ROOT, "target/release/heatshield")), "-c", conf, "--cluster", f"127.0.0.1:{cluster_port}",
          "--listen", f"127.0.0.1:{listen_port}", "--metrics", "off", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
     wait_ping(listen_port)

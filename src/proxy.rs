@@ -95,7 +95,7 @@ pub struct Answered<'a> {
     pub first_key: u32,
     /// The node that served it, when it was noted.
     pub node: Option<&'a str>,
-    pub stages: crate::stats::Stages,
+    pub moments: crate::stats::Moments,
 }
 
 impl ReplySummary {
@@ -165,7 +165,7 @@ impl Proxy {
 
     /// Records one answered command (called when its reply has been written).
     pub fn observe(&self, client: &ClientState, a: Answered) {
-        let Answered { cmd, took, reply, redirected, cached, req, first_key, node, stages } = a;
+        let Answered { cmd, took, reply, redirected, cached, req, first_key, node, moments } = a;
         let failed = reply.failed;
         let outcome = if reply.throttled {
             crate::metrics::CommandOutcome::Throttled
@@ -198,7 +198,7 @@ impl Proxy {
                 &client.info.addr,
                 &name,
                 node.unwrap_or(""),
-                stages,
+                moments.stages(),
             );
         }
         let big = self.live.bigkey_bytes.load(Ordering::Relaxed);

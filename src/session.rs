@@ -789,11 +789,7 @@ impl Session {
                 continue; // a message, not a command
             }
             self.held.requests -= m.req.as_ref().map_or(0, |r| r.raw().len());
-            let stages = crate::stats::Stages {
-                backend: m.ready_at - m.started,
-                queued: at.saturating_duration_since(m.ready_at),
-                write: written - at,
-            };
+            let moments = crate::stats::Moments { started: m.started, ready: m.ready_at, queued: at, written };
             self.proxy.observe(
                 &self.client,
                 Answered {
@@ -805,7 +801,7 @@ impl Session {
                     req: m.req.as_ref(),
                     first_key: m.first_key,
                     node: m.node.as_deref(),
-                    stages,
+                    moments,
                 },
             );
         }

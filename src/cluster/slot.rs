@@ -7,8 +7,9 @@ pub const SLOTS: usize = 16384;
 /// non-empty (the first `}` after the first `{`), otherwise the whole key.
 #[inline]
 pub fn hash_tag(key: &[u8]) -> &[u8] {
-    if let Some(open) = memchr::memchr(b'{', key)
-        && let Some(close) = memchr::memchr(b'}', &key[open + 1..])
+    use crate::protocol::find_byte;
+    if let Some(open) = find_byte(b'{', key)
+        && let Some(close) = find_byte(b'}', &key[open + 1..])
         && close > 0
     {
         return &key[open + 1..open + 1 + close];

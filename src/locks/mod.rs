@@ -397,7 +397,9 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(slot(&fence_key(&key)), slot(&key));
         }
-        assert!(t.elapsed() < std::time::Duration::from_millis(500), "{:?} for 10 fence keys", t.elapsed());
+        // a search would hash the 1 MiB key thousands of times (minutes); 30 hashes of it in
+        // a debug build on a loaded machine took up to half a second
+        assert!(t.elapsed() < std::time::Duration::from_secs(5), "{:?} for 10 fence keys", t.elapsed());
     }
 
     #[test]

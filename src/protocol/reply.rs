@@ -41,7 +41,7 @@ impl ReplyScanner {
     pub fn scan(&mut self, buf: &[u8]) -> Result<Option<usize>, ReplyError> {
         loop {
             let Some(&t) = buf.get(self.pos) else { return Ok(None) };
-            let Some(nl) = memchr::memchr(b'\n', &buf[self.pos..]) else {
+            let Some(nl) = super::find_byte(b'\n', &buf[self.pos..]) else {
                 return Ok(None);
             };
             let line_end = self.pos + nl; // index of '\n'

@@ -251,7 +251,7 @@ impl RequestReader {
 #[allow(clippy::type_complexity)]
 fn read_line_int(buf: &[u8], start: usize, too_big: &str) -> Result<Option<(Result<i64, ()>, usize)>, ProtocolError> {
     let window = &buf[start.min(buf.len())..buf.len().min(start + MAX_INLINE)];
-    let Some(cr) = memchr::memchr(b'\r', window) else {
+    let Some(cr) = super::find_byte(b'\r', window) else {
         if buf.len() - start.min(buf.len()) >= MAX_INLINE {
             return Err(ProtocolError::new(too_big));
         }

@@ -9,4 +9,4 @@ mod slowlog;
 
 pub use bigkeys::BigKeys;
 pub use commands::{CommandStats, Totals, percentile};
-pub use slowlog::{SlowLog, Stages};
+pub use slowlog::{Moments, SlowLog, Stages};
