@@ -4,6 +4,7 @@
 #   - the python3 `redis` package (used by test helpers / scripts)
 #   - prometheus and promtool (Debian package prometheus; tests/prometheus.rs)
 #   - node and npm (Debian packages nodejs, npm; tests/node_clients.rs)
+#   - prometheus-redis-exporter (Debian package; tests/info_config.rs)
 # Idempotent, and fast (no apt/pip calls) when everything is already present.
 set -euo pipefail
 
@@ -86,6 +87,12 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
 fi
 command -v prometheus >/dev/null 2>&1 || die "prometheus still missing"
 command -v promtool >/dev/null 2>&1 || die "promtool still missing"
+
+# --- prometheus-redis-exporter ----------------------------------------------
+# tests/info_config.rs runs the real exporter against heatshield (its own port).
+# The package's system service, where services may start, scrapes :6379 only.
+command -v prometheus-redis-exporter >/dev/null 2>&1 || apt_install --no-install-recommends prometheus-redis-exporter
+command -v prometheus-redis-exporter >/dev/null 2>&1 || die "prometheus-redis-exporter still missing"
 
 # --- Rust toolchain (not installed here, only checked) ------------------------
 if ! command -v cargo >/dev/null 2>&1; then

@@ -47,6 +47,7 @@ pub const UNBALANCED_STREAMS: &str =
 pub const ADMIN_DISABLED: &str = "ERR PROXY commands are disabled (admin.enabled = false)";
 pub const ADMIN_WRONGPASS: &str = "WRONGPASS invalid admin password";
 pub const ADMIN_NO_PASSWORD: &str = "ERR PROXY AUTH called without admin.password configured";
+pub const CONFIG_NOPERM: &str = "NOPERM CONFIG SET, RESETSTAT and REWRITE change every master: they need admin.password set and PROXY AUTH <password> first";
 pub const ADMIN_NOPERM: &str = "NOPERM PROXY commands need PROXY AUTH <password> first";
 pub const COUNT_AT_LEAST_MINUS_ONE: &str = "ERR count should be greater than or equal to -1";
 pub const COUNT_POSITIVE: &str = "ERR count must be a positive integer";

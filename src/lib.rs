@@ -52,6 +52,7 @@ pub mod cluster;
 pub mod cluster_face;
 pub mod command;
 pub mod config;
+pub mod config_face;
 pub mod dispatch;
 pub mod errors;
 pub mod glob;

@@ -84,11 +84,9 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
         Local::Client => crate::clients::run(proxy, ctx, req),
         Local::Proxy => crate::admin::proxy_command(proxy, ctx, req),
         Local::Cluster => crate::cluster_face::run(proxy, ctx, req),
-        Local::Info => {
-            let sections: Vec<String> =
-                req.args().skip(1).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase()).collect();
-            crate::route::info(proxy, ctx, sections, crate::info::info_text)
-        }
+        Local::Config => crate::config_face::run(proxy, ctx, req),
+        // the masters' INFO for the same sections, aggregated (crate::info)
+        Local::Info => crate::route::to_masters(proxy, ctx, req.raw().clone(), crate::info::info_text),
     }
 }
 

@@ -33,8 +33,9 @@ use crate::protocol::{Request, Writer};
 use crate::proxy::Proxy;
 use crate::retry::{self, MAX_REDIRECTS, MAX_RETRIES, RETRY_DELAY, Verdict};
 
-/// Builds the INFO reply from the requested sections and the masters' INFO texts.
-pub type InfoBuilder = fn(&Proxy, &mut Ctx, &[String], &[&[u8]]) -> Bytes;
+/// Builds the reply to a command every master answered (INFO, CONFIG) from each master's
+/// address and reply, errors included, in the order of the masters.
+pub type MastersBuilder = fn(&Proxy, &mut Ctx, &[(&str, &Bytes)]) -> Bytes;
 
 /// One request's context (see the module comment).
 pub struct Ctx<'a> {
@@ -212,10 +213,8 @@ impl Part {
 pub enum Finish {
     Merge(Merge),
     /// INFO: the caller's builder turns the masters' INFO texts into the proxy's.
-    Info {
-        sections: Vec<String>,
-        build: InfoBuilder,
-    },
+    /// Sent to every master; `build` makes the reply from all of theirs.
+    Masters(MastersBuilder),
     /// A lock script: its reply becomes the command's.
     Lock(Box<LockRequest>),
     /// A transaction sent as one message (or, `transactions.cross_slot = "per-node"`, one
@@ -947,11 +946,20 @@ fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
             }
             crate::locks::client_reply(r, &reply, ctx.client.proto, ctx.scratch)
         }
-        Finish::Info { sections, build } => {
-            let replies: Vec<Bytes> = p.parts.iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
-            let texts: Vec<&[u8]> =
-                replies.iter().filter_map(|r| Value::parse(r).ok()).filter_map(|(v, _)| v.as_bytes()).collect();
-            build(proxy, ctx, sections, &texts)
+        Finish::Masters(build) => {
+            let replies: Vec<(String, Bytes)> = p
+                .parts
+                .iter_mut()
+                .map(|x| {
+                    let addr = match &x.target {
+                        Target::Node(n) => n.addr.to_string(),
+                        _ => String::new(),
+                    };
+                    (addr, x.reply.take().unwrap_or_default())
+                })
+                .collect();
+            let each: Vec<(&str, &Bytes)> = replies.iter().map(|(a, r)| (a.as_str(), r)).collect();
+            build(proxy, ctx, &each)
         }
         Finish::Merge(merge) => {
             let replies: Vec<Bytes> = p.parts.iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();

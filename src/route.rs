@@ -16,7 +16,7 @@ use crate::command::{Command, FanOut, Split};
 use crate::errors;
 use crate::locks::{LockCmd, LockRequest, Waiter};
 use crate::merge::{Merge, scan_cursor};
-use crate::pending::{Ctx, Finish, InfoBuilder, Outcome, Part, Pending, Target, start, start_in};
+use crate::pending::{Ctx, Finish, MastersBuilder, Outcome, Part, Pending, Target, start, start_in};
 use crate::protocol::Request;
 use crate::protocol::request::{write_array_header, write_bulk};
 use crate::proxy::Proxy;
@@ -250,17 +250,16 @@ fn kill(proxy: &Proxy, ctx: &mut Ctx, masters: &[Arc<NodePool>]) -> Outcome {
     Outcome::Waiting(Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec![part]))
 }
 
-/// Sends INFO to every master and builds the proxy's INFO from the replies.
-pub fn info(proxy: &Proxy, ctx: &mut Ctx, sections: Vec<String>, build: InfoBuilder) -> Outcome {
+/// Sends `data` to every master and builds the reply from all of theirs (INFO, CONFIG).
+pub fn to_masters(proxy: &Proxy, ctx: &mut Ctx, data: Bytes, build: MastersBuilder) -> Outcome {
     let topo = proxy.cluster.topology();
-    let data = Request::from_args(&["INFO", "server", "keyspace"]).raw().clone();
     let parts: SmallVec<[Part; 1]> =
         topo.masters.iter().map(|n| Part::new(data.clone(), Target::Node(n.clone()))).collect();
     drop(topo);
     if parts.is_empty() {
-        return Outcome::Ready(build(proxy, ctx, &sections, &[]));
+        return Outcome::Ready(build(proxy, ctx, &[]));
     }
-    start(proxy, ctx, Finish::Info { sections, build }, parts)
+    start(proxy, ctx, Finish::Masters(build), parts)
 }
 
 /// LOCK.ACQUIRE / RELEASE / EXTEND / INFO ([`crate::locks`]): the lock's script to the

@@ -326,7 +326,7 @@ fn unsupported_commands_are_refused_by_name() {
             (&["MONITOR"], "MONITOR"),
             (&["CLUSTER", "FAILOVER"], "CLUSTER FAILOVER"),
             (&["CLUSTER", "ADDSLOTS", "1"], "CLUSTER ADDSLOTS"),
-            (&["CONFIG", "GET", "maxmemory"], "CONFIG GET"),
+            (&["LATENCY", "RESET"], "LATENCY RESET"),
             (&["WAIT", "1", "0"], "WAIT"),
             (&["SHUTDOWN"], "SHUTDOWN"),
             (&["DEBUG", "SLEEP", "0"], "DEBUG"),

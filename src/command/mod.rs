@@ -46,7 +46,7 @@ pub enum Split {
 /// Commands sent to every master, and how their replies merge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FanOut {
-    /// KEYS: arrays concatenated.
+    /// KEYS, LATENCY LATEST: arrays concatenated.
     Keys,
     /// SCAN: one node at a time, the node encoded in the cursor.
     Scan,
@@ -106,6 +106,9 @@ pub enum Local {
     /// `CLUSTER INFO | MYID | SLOTS | SHARDS | NODES | KEYSLOT | COUNTKEYSINSLOT |
     /// GETKEYSINSLOT`: heatshield as a one-node cluster (crate::cluster_face).
     Cluster,
+    /// `CONFIG GET | SET | RESETSTAT | REWRITE`: the masters' settings as one server's
+    /// (crate::config_face).
+    Config,
 }
 
 impl Local {
@@ -515,7 +518,8 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "MGET" => Split(self::Split::Mget),
         "MSET" => Split(self::Split::Mset),
         "DEL" | "UNLINK" | "EXISTS" | "TOUCH" => Split(self::Split::Sum),
-        "KEYS" => FanOut(self::FanOut::Keys),
+        // the masters' arrays concatenated (LATENCY LATEST: every master's latency events)
+        "KEYS" | "LATENCY|LATEST" => FanOut(self::FanOut::Keys),
         "SCAN" => FanOut(self::FanOut::Scan),
         "RANDOMKEY" => FanOut(self::FanOut::RandomKey),
         "DBSIZE" => FanOut(self::FanOut::Dbsize),
@@ -544,6 +548,7 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         | "CLUSTER|KEYSLOT"
         | "CLUSTER|COUNTKEYSINSLOT"
         | "CLUSTER|GETKEYSINSLOT" => Local(self::Local::Cluster),
+        "CONFIG|GET" | "CONFIG|SET" | "CONFIG|RESETSTAT" | "CONFIG|REWRITE" => Local(self::Local::Config),
         n if n.starts_with("CLUSTER") => Unsupported("cluster administration is not supported"),
         n if n.starts_with("CLIENT|") => Unsupported("backend connections are shared between clients"),
         "XREAD" | "XREADGROUP" => Forward, // Block at run time when BLOCK is given
@@ -744,7 +749,9 @@ mod tests {
         assert_eq!(r(&["watch", "k"]), Route::Transaction(TxCmd::Watch));
         assert_eq!(r(&["blpop", "k", "0"]), Route::Block);
         assert_eq!(r(&["bzmpop", "1", "1", "k", "MIN"]), Route::Block);
-        assert!(matches!(r(&["config", "get", "x"]), Route::Unsupported(_)));
+        assert_eq!(r(&["config", "get", "x"]), Route::Local(Local::Config));
+        assert!(matches!(r(&["debug", "sleep", "0"]), Route::Unsupported(_)));
+        assert_eq!(r(&["latency", "latest"]), Route::FanOut(FanOut::Keys));
         assert_eq!(r(&["msetnx", "a", "1"]), Route::Forward);
         assert!(t.lookup(&req(&["eval", "s", "0"])).unwrap().is_write());
         assert!(t.lookup(&req(&["set", "a", "b"])).unwrap().is_write());
