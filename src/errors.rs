@@ -162,6 +162,29 @@ pub fn backend_failed(why: &dyn std::fmt::Display) -> String {
     format!("ERR heatshield: {why}")
 }
 
+/// What heatshield adds to Redis's error when a script touched a key it did not declare
+/// (Redis's text stays as it is, in front).
+pub const UNDECLARED_KEY_HINT: &str = " (heatshield: a script runs on the master of its declared keys' slot, or of slot 0 when it declares none; declare every key it touches, in one slot)";
+
+/// A script's error reply with [`UNDECLARED_KEY_HINT`] added when Redis refused an
+/// undeclared key (a key of another node, or of another slot); `None` otherwise.
+pub fn with_undeclared_key_hint(reply: &[u8]) -> Option<Vec<u8>> {
+    if reply.first() != Some(&b'-') || !reply.ends_with(b"\r\n") {
+        return None;
+    }
+    let text = &reply[..reply.len() - 2];
+    let undeclared =
+        [&b"non local key"[..], b"do not hash to the same slot"].iter().any(|m| text.windows(m.len()).any(|w| w == *m));
+    if !undeclared {
+        return None;
+    }
+    let mut out = Vec::with_capacity(reply.len() + UNDECLARED_KEY_HINT.len());
+    out.extend_from_slice(text);
+    out.extend_from_slice(UNDECLARED_KEY_HINT.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    Some(out)
+}
+
 pub fn merge_failed(what: &str) -> String {
     format!("ERR heatshield could not merge replies: {what}")
 }
@@ -191,4 +214,20 @@ pub fn unknown_client_type(t: &str) -> String {
 /// CLIENT KILL USER with a user that does not exist (heatshield has only `default`).
 pub fn no_such_user(u: &str) -> String {
     format!("ERR No such user '{u}'")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn undeclared_key_errors_get_the_hint() {
+        let e =
+            b"-ERR Script attempted to access a non local key in a cluster node script: abc, on @user_script:1.\r\n";
+        let hinted = with_undeclared_key_hint(e).unwrap();
+        assert!(hinted.starts_with(&e[..e.len() - 2]), "Redis's text stays in front");
+        assert!(hinted.ends_with(format!("{UNDECLARED_KEY_HINT}\r\n").as_bytes()));
+        assert!(with_undeclared_key_hint(b"-ERR other\r\n").is_none());
+        assert!(with_undeclared_key_hint(b"$13\r\nnon local key\r\n").is_none());
+    }
 }

@@ -16,6 +16,9 @@ pub const SCAN_NODE_BITS: u32 = 10;
 pub enum Merge {
     /// One part; its reply is the reply.
     Pass,
+    /// EVAL, EVALSHA, FCALL and their read-only forms: one part, its reply is the reply,
+    /// with a hint added to Redis's error when the script touched an undeclared key.
+    Script,
     /// Split MGET: for each part, the positions of its keys in the request.
     Mget {
         positions: Vec<SmallVec<[u32; 4]>>,
@@ -153,7 +156,7 @@ pub fn merge_replies(
 ) -> Result<Bytes, &'static str> {
     let mut w = Writer::new(scratch, proto);
     match merge {
-        Merge::Pass => w.raw(&replies[0]),
+        Merge::Pass | Merge::Script => w.raw(&replies[0]),
         Merge::Mget { positions, total, cached } => merge_mget(replies, positions, *total, cached, w.buf)?,
         Merge::Mset => w.ok(),
         Merge::Sum | Merge::Dbsize => {

@@ -93,6 +93,10 @@ fn describe() {
         "heatshield_pubsub_resubscribes_total",
         "Shard channels subscribed again on a new owner after Redis moved or refused them."
     );
+    describe_counter!(
+        "heatshield_retries_total",
+        "Requests completed another way after a cluster state change, by reason (tryagain_per_key, readonly)."
+    );
     describe_counter!("heatshield_topology_refreshes_total", "Slot-map refreshes, by result (ok, error).");
     describe_gauge!("heatshield_slot_map_epoch", "Version of the current slot map; increases with every change.");
     describe_counter!("heatshield_client_bytes_received_total", Unit::Bytes, "Bytes read from clients.");
@@ -254,6 +258,10 @@ pub struct Global {
     pub moved: Counter,
     pub ask: Counter,
     pub redirect_refused: Counter,
+    /// Multi-key parts split key by key after TRYAGAIN.
+    pub tryagain_per_key: Counter,
+    /// Writes sent again after READONLY (a failover).
+    pub readonly_retried: Counter,
     /// Requests answered with an error because no reply came within the deadline.
     pub expired: Counter,
     disconnect_output_hard: Counter,
@@ -282,6 +290,8 @@ pub fn global() -> &'static Global {
         moved: counter!("heatshield_redirections_total", "kind" => "moved"),
         ask: counter!("heatshield_redirections_total", "kind" => "ask"),
         redirect_refused: counter!("heatshield_redirections_refused_total"),
+        tryagain_per_key: counter!("heatshield_retries_total", "reason" => "tryagain_per_key"),
+        readonly_retried: counter!("heatshield_retries_total", "reason" => "readonly"),
         expired: counter!("heatshield_requests_expired_total"),
         disconnect_output_hard: counter!("heatshield_client_disconnects_total", "reason" => "output_hard"),
         disconnect_output_soft: counter!("heatshield_client_disconnects_total", "reason" => "output_soft"),

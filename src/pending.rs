@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
 use crate::client::ClientState;
 use crate::cluster::{Cluster, Lease, NodePool};
-use crate::command::keys_of;
+use crate::command::{Route, Split, keys_of};
 use crate::errors;
 use crate::locks::LockRequest;
 use crate::merge::{Merge, merge_replies};
@@ -199,13 +199,36 @@ pub struct Part {
     retries: u16,
     reply: Option<Bytes>,
     /// A redirection to an address the topology does not announce, held while a refresh
-    /// confirms or refutes it (see [`on_reply`]).
+    /// confirms or refutes it; or READONLY from a node, held while a refresh finds the
+    /// replica promoted in its place (see [`on_reply`]).
     held: Option<Box<Bytes>>,
+    /// Split key by key after TRYAGAIN (see [`per_key`]): the part's pieces, or the part
+    /// a piece belongs to.
+    pieces: Option<Box<Pieces>>,
 }
 
 impl Part {
     pub fn new(data: Bytes, target: Target) -> Part {
-        Part { data, target, redirects: 0, retries: 0, reply: None, held: None }
+        Part { data, target, redirects: 0, retries: 0, reply: None, held: None, pieces: None }
+    }
+}
+
+/// A multi-key part split into one-key commands after TRYAGAIN, seen from either side.
+enum Pieces {
+    /// The part: its pieces are parts `first..first + count` of the request, merged into
+    /// its reply as `kind` says.
+    Whole { first: u32, count: u32, left: u32, kind: Split },
+    /// A piece of part `.0`.
+    Of(u32),
+}
+
+impl Part {
+    /// The part this one is a piece of.
+    fn parent(&self) -> Option<u32> {
+        match self.pieces.as_deref() {
+            Some(Pieces::Of(i)) => Some(*i),
+            _ => None,
+        }
     }
 }
 
@@ -575,12 +598,15 @@ fn follow(proxy: &Proxy, part: &mut Part, r: &Redirect) -> bool {
 }
 
 /// Answers part `idx` with [`BackendError::Recheck`] once the topology has been
-/// refreshed (see [`Cluster::fresh_topology`]).
-fn recheck_later(proxy: &Proxy, ctx: &Ctx, idx: u32) {
+/// refreshed (see [`Cluster::fresh_topology`]); after [`RETRY_DELAY`] first if `wait`.
+fn recheck_later(proxy: &Proxy, ctx: &Ctx, idx: u32, wait: bool) {
     let cluster = proxy.cluster.clone();
     let reply_to = ctx.reply_to.clone();
     let tag = Tag { seq: ctx.seq, part: idx };
     tokio::spawn(async move {
+        if wait {
+            tokio::time::sleep(RETRY_DELAY).await;
+        }
         cluster.fresh_topology().await;
         let _ = reply_to.send(BackendReply::one(tag, Err(BackendError::Recheck)));
     });
@@ -632,16 +658,42 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
                 // The address is not one the cluster announced (a script can return any
                 // error text): refresh the topology, then look again.
                 part.held = Some(Box::new(data));
-                recheck_later(proxy, ctx, idx as u32);
+                recheck_later(proxy, ctx, idx as u32, false);
                 return None;
             }
             p.redirected = true;
             return resend(proxy, ctx, p, idx);
         }
-        (Verdict::Busy, Ok(_)) if part.retries < MAX_RETRIES => {
+        (Verdict::Busy, Ok(data)) if part.retries < MAX_RETRIES => {
+            if part.pieces.is_none()
+                && data.starts_with(b"-TRYAGAIN")
+                && let Some(kind) = splittable(proxy, ctx.req)
+            {
+                // some of the keys have moved with their slot, some not yet: Redis would
+                // answer TRYAGAIN for as long as the migration lasts; one key at a time,
+                // each is served where it is (ASK for the moved ones)
+                return per_key(proxy, ctx, p, idx, kind);
+            }
             part.retries += 1;
             proxy.cluster.request_refresh();
             send_later(proxy, ctx, p.dedicated.is_some(), part, idx as u32, 1);
+            return None;
+        }
+        // A write sent to a master that has just become a replica (a failover): Redis
+        // answers READONLY until heatshield's map shows the new master. A slot's part
+        // goes to the slot's owner later; a part meant for that node (a keyless write
+        // sent to every master) goes to the replica promoted in its place, once a
+        // refresh shows it.
+        (Verdict::ReadOnly, Ok(data)) if part.retries < MAX_RETRIES => {
+            part.retries += 1;
+            crate::metrics::global().readonly_retried.increment(1);
+            if matches!(part.target, Target::Slot(_)) {
+                proxy.cluster.request_refresh();
+                send_later(proxy, ctx, p.dedicated.is_some(), part, idx as u32, 1);
+            } else {
+                part.held = Some(Box::new(data));
+                recheck_later(proxy, ctx, idx as u32, true);
+            }
             return None;
         }
         // A blocked command whose connection broke (its node failed over, say): it is
@@ -656,6 +708,24 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
         }
         (Verdict::Recheck, _) => {
             let held = *part.held.take()?;
+            if held.starts_with(b"-READONLY") {
+                let promoted = match &part.target {
+                    Target::Node(n) | Target::Ask(n) => proxy.cluster.topology().promoted_for(&n.addr),
+                    Target::Slot(_) => None,
+                };
+                if let Some(n) = promoted {
+                    part.target = Target::Node(n);
+                    return resend(proxy, ctx, p, idx);
+                }
+                if part.retries < MAX_RETRIES {
+                    // the map does not show the new master yet
+                    part.retries += 1;
+                    part.held = Some(Box::new(held));
+                    recheck_later(proxy, ctx, idx as u32, true);
+                    return None;
+                }
+                return complete(proxy, ctx, p, idx, held);
+            }
             let redirect = error_text(&held).and_then(parse_redirect);
             if redirect.is_some_and(|r| follow(proxy, part, &r)) {
                 p.redirected = true;
@@ -854,6 +924,9 @@ fn on_transaction_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: Ba
 fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Bytes) -> Option<Bytes> {
     p.parts[idx].reply = Some(data);
     p.remaining -= 1;
+    if let Some(parent) = p.parts[idx].parent() {
+        return piece_done(proxy, ctx, p, parent as usize);
+    }
     if p.remaining > 0 {
         return None;
     }
@@ -907,6 +980,84 @@ fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Byt
     Some(assemble(proxy, ctx, p))
 }
 
+/// The split command `req` is, if it is one (MGET, MSET, DEL, UNLINK, EXISTS, TOUCH).
+fn splittable(proxy: &Proxy, req: &Request) -> Option<Split> {
+    match proxy.commands.lookup(req).ok()?.route {
+        Route::Split(kind) => Some(kind),
+        _ => None,
+    }
+}
+
+/// Splits part `idx` (a multi-key command of one slot that met TRYAGAIN) into one
+/// command per key, sent now; their replies become the part's (see [`piece_done`]). A
+/// part with one key, or not a command, is retried as any other TRYAGAIN.
+fn per_key(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, kind: Split) -> Option<Bytes> {
+    let step = if kind == Split::Mset { 2 } else { 1 };
+    let first = p.parts.len() as u32;
+    let part = &mut p.parts[idx];
+    let cmd = Request::parse(&part.data).filter(|r| r.argc() > 1 + step);
+    let Some(cmd) = cmd else {
+        part.retries += 1;
+        proxy.cluster.request_refresh();
+        send_later(proxy, ctx, false, part, idx as u32, 1);
+        return None;
+    };
+    crate::metrics::global().tryagain_per_key.increment(1);
+    let count = ((cmd.argc() - 1) / step) as u32;
+    part.pieces = Some(Box::new(Pieces::Whole { first, count, left: count, kind }));
+    // the part is complete when its pieces are: it counts as one of them until then
+    p.remaining += count;
+    for k in 0..count as usize {
+        let a = 1 + k * step;
+        let mut args: SmallVec<[&[u8]; 3]> = smallvec::smallvec![cmd.arg(0)];
+        args.extend((a..a + step).map(|i| cmd.arg(i)));
+        let key = cmd.arg(a);
+        let mut piece = Part::new(Request::from_args(&args).raw().clone(), Target::Slot(crate::cluster::slot(key)));
+        piece.pieces = Some(Box::new(Pieces::Of(idx as u32)));
+        p.parts.push(piece);
+    }
+    for k in first as usize..p.parts.len() {
+        if let Err(e) = send_part(proxy, ctx, &mut p.dedicated, &p.parts[k], k as u32, 1)
+            && let Some(done) = complete(proxy, ctx, p, k, e)
+        {
+            return Some(done);
+        }
+    }
+    None
+}
+
+/// One piece of part `parent` is in: once all are, their replies merged are the part's
+/// (the first error among them, if any).
+fn piece_done(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, parent: usize) -> Option<Bytes> {
+    let Some(Pieces::Whole { first, count, left, kind }) = p.parts[parent].pieces.as_deref_mut() else { return None };
+    *left -= 1;
+    if *left > 0 {
+        return None;
+    }
+    let (first, count, kind) = (*first as usize, *count as usize, *kind);
+    let replies: Vec<Bytes> =
+        p.parts[first..first + count].iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
+    let merged = match replies.iter().find(|r| r.first() == Some(&b'-')) {
+        Some(e) => e.clone(),
+        None => {
+            let merge = match kind {
+                Split::Mget => Merge::Mget {
+                    positions: (0..count as u32).map(|j| smallvec::smallvec![j]).collect(),
+                    total: count,
+                    cached: Vec::new(),
+                },
+                Split::Mset => Merge::Mset,
+                Split::Sum => Merge::Sum,
+            };
+            match merge_replies(&merge, &replies, ctx.client.proto, ctx.scratch) {
+                Ok(b) => b,
+                Err(what) => errors::resp(&errors::merge_failed(what)),
+            }
+        }
+    };
+    complete(proxy, ctx, p, parent, merged)
+}
+
 /// Drops the cached replies of the request's hot keys (the rare path of
 /// [`Pending::write_hot_generation`]).
 fn invalidate_keys(proxy: &Proxy, req: &Request) {
@@ -924,6 +1075,13 @@ fn invalidate_keys(proxy: &Proxy, req: &Request) {
 fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
     match &p.finish {
         Finish::Merge(Merge::Pass) => p.parts[0].reply.take().unwrap_or_default(),
+        Finish::Merge(Merge::Script) => {
+            let reply = p.parts[0].reply.take().unwrap_or_default();
+            match errors::with_undeclared_key_hint(&reply) {
+                Some(hinted) => Bytes::from(hinted),
+                None => reply,
+            }
+        }
         Finish::Transaction(tx) if tx.positions.is_empty() => p.parts[0].reply.take().unwrap_or_default(),
         Finish::Transaction(tx) => {
             let replies: Vec<Bytes> = p.parts.iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
@@ -962,7 +1120,12 @@ fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
             build(proxy, ctx, &each)
         }
         Finish::Merge(merge) => {
-            let replies: Vec<Bytes> = p.parts.iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
+            let replies: Vec<Bytes> = p
+                .parts
+                .iter_mut()
+                .filter(|x| x.parent().is_none())
+                .map(|x| x.reply.take().unwrap_or_default())
+                .collect();
             // Any error among the parts is the answer (Redis would have failed the whole command).
             if let Some(e) = replies.iter().find(|r| r.first() == Some(&b'-')) {
                 return e.clone();

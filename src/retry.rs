@@ -33,6 +33,9 @@ pub enum Verdict {
     /// TRYAGAIN or CLUSTERDOWN: the cluster is between states; send again after
     /// [`RETRY_DELAY`] (only from a cluster).
     Busy,
+    /// READONLY: a write reached a master that a failover has just made a replica; send
+    /// it to the new master once the map shows it (only from a cluster).
+    ReadOnly,
     /// Never written to the node: safe to send again, after [`RETRY_DELAY`].
     Unsent,
     /// The connection failed after the request was written, or timed out: it may have
@@ -61,6 +64,9 @@ pub fn classify(result: &Result<Bytes, BackendError>, cluster: bool) -> Verdict 
             }
             if err.starts_with(b"TRYAGAIN") || err.starts_with(b"CLUSTERDOWN") {
                 return Verdict::Busy;
+            }
+            if err.starts_with(b"READONLY") {
+                return Verdict::ReadOnly;
             }
             Verdict::Answer
         }
@@ -109,6 +115,11 @@ mod tests {
         assert!(matches!(classify(&ok(b"-MOVED 3999 127.0.0.1:7001\r\n"), false), Verdict::Answer));
         assert!(matches!(classify(&ok(b"-TRYAGAIN Multiple keys\r\n"), true), Verdict::Busy));
         assert!(matches!(classify(&ok(b"-CLUSTERDOWN The cluster is down\r\n"), true), Verdict::Busy));
+        assert!(matches!(
+            classify(&ok(b"-READONLY You can't write against a read only replica.\r\n"), true),
+            Verdict::ReadOnly
+        ));
+        assert!(matches!(classify(&ok(b"-READONLY You can't write\r\n"), false), Verdict::Answer));
         assert!(matches!(classify(&Err(BackendError::NotSent("a".into())), true), Verdict::Unsent));
         assert!(matches!(classify(&Err(BackendError::Lost("a".into())), true), Verdict::Failed));
         assert!(matches!(classify(&Err(BackendError::Timeout("a".into())), true), Verdict::Failed));

@@ -46,28 +46,37 @@ pub fn to_slot(proxy: &Proxy, ctx: &mut Ctx, s: u16) -> Outcome {
 /// A command whose keys (`keys`: argument positions) all hash to one slot: to the master
 /// owning it. CROSSSLOT, as Redis Cluster says, when they do not.
 pub fn forward(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
-    let Some(&k0) = keys.first() else {
-        if is_script(ctx.req.arg(0)) {
-            // A keyless script has one home for every client: the master owning slot 0.
-            // (A script that touches keys it did not declare then behaves the same on
-            // every call: it works for keys of that master's slots, and fails for others.)
-            return pass(proxy, ctx, Target::Slot(0));
-        }
-        return any_master(proxy, ctx);
-    };
-    let req = ctx.req;
-    let s = slot(req.arg(k0 as usize));
-    if proxy.cluster.is_cluster() && keys[1..].iter().any(|&k| slot(req.arg(k as usize)) != s) {
-        return ctx.error(errors::CROSSSLOT);
+    let Some(&k0) = keys.first() else { return any_master(proxy, ctx) };
+    match one_slot(proxy, ctx.req, k0, keys) {
+        Some(s) => pass(proxy, ctx, Target::Slot(s)),
+        None => ctx.error(errors::CROSSSLOT),
     }
-    pass(proxy, ctx, Target::Slot(s))
 }
 
-/// EVAL, EVALSHA, FCALL and their read-only forms.
-fn is_script(name: &[u8]) -> bool {
-    [&b"EVAL"[..], b"EVALSHA", b"EVAL_RO", b"EVALSHA_RO", b"FCALL", b"FCALL_RO"]
-        .iter()
-        .any(|n| name.eq_ignore_ascii_case(n))
+/// The slot of the keys at `keys` (the first at `k0`), if they share one (any slot is one
+/// outside a cluster).
+fn one_slot(proxy: &Proxy, req: &Request, k0: u32, keys: &[u32]) -> Option<u16> {
+    let s = slot(req.arg(k0 as usize));
+    if proxy.cluster.is_cluster() && keys[1..].iter().any(|&k| slot(req.arg(k as usize)) != s) {
+        return None;
+    }
+    Some(s)
+}
+
+/// EVAL, EVALSHA, FCALL and their read-only forms: to the master of their keys' slot; a
+/// keyless script has one home for every client, the master owning slot 0. (A script
+/// that touches keys it did not declare then behaves the same on every call: it works
+/// for keys of that master's slots, and fails for others, with a hint added to Redis's
+/// error: see [`Merge::Script`].)
+pub fn script(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
+    let s = match keys.first() {
+        None => 0,
+        Some(&k0) => match one_slot(proxy, ctx.req, k0, keys) {
+            Some(s) => s,
+            None => return ctx.error(errors::CROSSSLOT),
+        },
+    };
+    start(proxy, ctx, Finish::Merge(Merge::Script), smallvec![Part::new(ctx.req.raw().clone(), Target::Slot(s))])
 }
 
 /// A blocking command: its keys share one slot (CROSSSLOT otherwise, as Redis Cluster

@@ -308,3 +308,49 @@ fn transactions_and_a_blocked_client_ride_out_a_manual_failover() {
     cluster.wait_ok(Duration::from_secs(30));
     assert!(proxy.is_alive());
 }
+
+/// A keyless write goes to every master as the proxy's map names them. Right after a
+/// failover (before any refresh) the old master is a replica and answers READONLY; the
+/// proxy finds the replica promoted in its place and sends the write there instead.
+#[test]
+fn a_keyless_write_right_after_a_failover_reaches_the_new_master() {
+    let cluster = RedisCluster::start();
+    // no periodic refresh during the test: only the READONLY itself can teach the proxy
+    let (_d, conf) = common::config_file("[backend]\nrefresh_interval_ms = 600000\n");
+    let proxy = Proxy::start_cluster(&cluster, &["--config", &conf]);
+    let owners = SlotOwners::read(&cluster);
+    let old = owners.masters()[0];
+    let new = cluster.replica_of(old);
+    wait_replica_known(&cluster, old, new);
+    let lib = |v: u32| format!("#!lua name=folib\nredis.register_function('fo_v', function() return {v} end)");
+    let mut c = Conn::connect(proxy.port());
+    assert_eq!(c.cmd(&["FUNCTION", "LOAD", "REPLACE", &lib(1)]), V::s("folib"));
+    wait_until(Duration::from_secs(10), "the library on the replica", || {
+        cmd_text(new, &["FUNCTION", "LIST"]).contains("folib")
+    });
+
+    assert_eq!(cmd_text(new, &["CLUSTER", "FAILOVER"]), "OK");
+    wait_until(Duration::from_secs(15), "replica to become master", || {
+        role(new).as_deref() == Some("master") && role(old).as_deref() == Some("slave")
+    });
+    // the proxy's map still names `old`, which refuses writes now
+    let direct = cmd_text(old, &["FUNCTION", "LOAD", "REPLACE", &lib(2)]);
+    assert!(direct.starts_with("READONLY"), "the old master should refuse the write, got {direct:?}");
+    for proto in Proto::BOTH {
+        let mut c = Conn::connect_proto(proxy.port(), proto);
+        let t = Instant::now();
+        assert_eq!(c.cmd(&["FUNCTION", "LOAD", "REPLACE", &lib(2)]), V::s("folib"), "{proto:?}");
+        eprintln!("{proto:?}: FUNCTION LOAD right after the failover answered in {:?}", t.elapsed());
+    }
+    cluster.wait_ok(Duration::from_secs(30));
+    for m in cluster.masters() {
+        assert_eq!(cmd_text(m, &["FCALL", "fo_v", "0"]), "2", "the new library on master {m}");
+    }
+    let metrics = common::http::http_get(&proxy.metrics_addr().unwrap(), "/metrics").1;
+    let readonly = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("heatshield_retries_total{reason=\"readonly\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(readonly.is_some_and(|n| n >= 1.0), "writes sent again after READONLY: {readonly:?}");
+    assert!(proxy.is_alive());
+}

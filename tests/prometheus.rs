@@ -46,6 +46,7 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_client_connections_rejected_total", "counter", &[]),
     ("heatshield_redirections_total", "counter", &["kind"]),
     ("heatshield_redirections_refused_total", "counter", &[]),
+    ("heatshield_retries_total", "counter", &["reason"]),
     ("heatshield_requests_expired_total", "counter", &[]),
     ("heatshield_client_disconnects_total", "counter", &["reason"]),
     ("heatshield_topology_refreshes_total", "counter", &["result"]),

@@ -83,6 +83,18 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
     c.cmd(&["SET", &ctr, "10"]);
     c.cmd(&["HSET", &hash, "f", "1", "g", "2"]);
     assert_eq!(cmd_text(src, &["GET", &key(3)]), "v3", "keys must start on the source");
+    // per protocol, two keys that will move and two that will stay, for multi-key
+    // commands whose keys end up on both sides
+    let split_key = |side: &str, i: usize, proto: Proto| format!("{tag}:{side}{i}-{}", proto.tag());
+    let mut movers = vec![];
+    for proto in Proto::BOTH {
+        for i in 0..2 {
+            for side in ["moves", "stays"] {
+                assert_eq!(c.cmd(&["SET", &split_key(side, i, proto), "old"]), V::ok());
+            }
+            movers.push(split_key("moves", i, proto));
+        }
+    }
 
     // a client working on the slot for the whole migration
     let stop = Arc::new(AtomicBool::new(false));
@@ -100,6 +112,7 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
     first.push(ctr.clone());
     first.push(hash.clone());
     first.extend(bg_keys[..5].iter().cloned());
+    first.extend(movers.iter().cloned());
     let dst_port = dst.to_string();
     let mut migrate = vec!["MIGRATE", "127.0.0.1", dst_port.as_str(), "", "0", "5000", "KEYS"];
     migrate.extend(first.iter().map(String::as_str));
@@ -142,7 +155,35 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
             "{proto:?} MGET of moved keys"
         );
         assert_eq!(c.cmd(&["MGET", &key(12), &key(13)]), V::strs(&["v12", "v13"]), "{proto:?} MGET of unmoved keys");
+        // ... and so do those whose keys are on both sides, which Redis itself refuses
+        // with TRYAGAIN while the slot moves: heatshield completes them key by key
+        let (m0, s0) = (split_key("moves", 0, proto), split_key("stays", 0, proto));
+        let (m1, s1) = (split_key("moves", 1, proto), split_key("stays", 1, proto));
+        let none = format!("{tag}:none");
+        assert!(
+            cmd_text(src, &["MGET", &m0, &s0]).starts_with("TRYAGAIN"),
+            "Redis itself must answer TRYAGAIN here, or this tests nothing"
+        );
+        let mixed = c.cmd(&["MGET", &key(2), &key(12), &none, &key(3)]);
+        assert_eq!(mixed, V::Arr(vec![V::s("v2"), V::s("v12"), V::Nil, V::s("v3")]), "{proto:?} MGET across the move");
+        assert_eq!(c.cmd(&["EXISTS", &m0, &s0, &none, &m0]), V::Int(3), "{proto:?} EXISTS across the move");
+        assert_eq!(c.cmd(&["TOUCH", &m0, &s0, &none]), V::Int(2), "{proto:?} TOUCH across the move");
+        assert_eq!(c.cmd(&["MSET", &m0, "new-m", &s0, "new-s"]), V::ok(), "{proto:?} MSET across the move");
+        assert_eq!(c.cmd(&["MGET", &s0, &m0]), V::strs(&["new-s", "new-m"]));
+        let mut on_dst = Conn::connect(dst);
+        assert_eq!(on_dst.cmd(&["ASKING"]), V::ok());
+        assert_eq!(on_dst.cmd(&["GET", &m0]), V::s("new-m"), "the moved key was written where it lives");
+        assert_eq!(cmd_text(src, &["GET", &s0]), "new-s", "the unmoved key was written where it lives");
+        assert_eq!(c.cmd(&["DEL", &m0, &s0, &none]), V::Int(2), "{proto:?} DEL across the move");
+        assert_eq!(c.cmd(&["UNLINK", &s1, &m1]), V::Int(2), "{proto:?} UNLINK across the move");
+        assert_eq!(c.cmd(&["EXISTS", &m0, &s0, &m1, &s1]), V::Int(0));
     }
+    let metrics = common::http::http_get(&proxy.metrics_addr().unwrap(), "/metrics").1;
+    let per_key = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("heatshield_retries_total{reason=\"tryagain_per_key\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(per_key.is_some_and(|n| n >= 12.0), "parts split key by key: {per_key:?}");
     // the new keys really are on the target
     let on_dst: usize = cmd_text(dst, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]).parse().unwrap();
     assert!(on_dst >= n / 2 + 4, "target holds {on_dst} keys of the slot (moved + new)");

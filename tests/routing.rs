@@ -463,6 +463,10 @@ fn keyless_scripts_run_on_one_home_for_every_client() {
         } else {
             // one answer for all twelve clients: the home master refuses a key of another
             assert!(replies.iter().all(|r| r.err().is_some() && *r == replies[0]), "{replies:?}");
+            // Redis's refusal, with heatshield's hint after it
+            let e = replies[0].err().unwrap();
+            assert!(e.starts_with("ERR Script attempted to access a non local key in a cluster node"), "{e}");
+            assert!(e.ends_with(heatshield::errors::UNDECLARED_KEY_HINT), "{e}");
         }
     }
 }

@@ -249,6 +249,16 @@ impl Topology {
         out
     }
 
+    /// The master that `addr` replicates now, if `addr` is no master any more (after a
+    /// failover made it a replica of the one promoted in its place).
+    pub fn promoted_for(&self, addr: &str) -> Option<Arc<NodePool>> {
+        if self.masters.iter().any(|m| &*m.addr == addr) {
+            return None;
+        }
+        let i = self.replicas.iter().position(|r| r.iter().any(|a| a == addr))?;
+        Some(self.masters[i].clone())
+    }
+
     /// Whether the cluster announced a node at `addr`.
     pub fn announces(&self, addr: &str) -> bool {
         self.nodes.contains(addr) || self.masters.iter().any(|m| &*m.addr == addr)

@@ -32,6 +32,12 @@ pub enum KeySpec {
     GeoStore,
 }
 
+impl KeySpec {
+    /// EVAL, EVALSHA, FCALL and their read-only forms (numkeys after the script or
+    /// function). BLMPOP and BZMPOP share it, but are routed as blocking commands first.
+    pub const SCRIPT: KeySpec = KeySpec::NumKeys { dest: None, at: 2 };
+}
+
 /// How a split multi-key command is sent and merged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Split {
@@ -467,7 +473,7 @@ fn build(raw: &'static RawSpec, parent: Option<&'static RawSpec>, next_id: &mut 
 
 fn keyspec_of(name: &str, raw: &RawSpec) -> KeySpec {
     match name {
-        "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" | "FCALL" | "FCALL_RO" => KeySpec::NumKeys { dest: None, at: 2 },
+        "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" | "FCALL" | "FCALL_RO" => KeySpec::SCRIPT,
         "ZUNIONSTORE" | "ZINTERSTORE" | "ZDIFFSTORE" => KeySpec::NumKeys { dest: Some(1), at: 2 },
         "ZUNION" | "ZINTER" | "ZDIFF" | "ZINTERCARD" | "SINTERCARD" | "LMPOP" | "ZMPOP" => {
             KeySpec::NumKeys { dest: None, at: 1 }
@@ -599,9 +605,9 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
                 Some(0) => Some(NumKeys::Zero),
                 _ => None,
             };
-            if bad.is_some() && matches!(cmd.name.as_str(), "FCALL" | "FCALL_RO") {
-                // Redis looks the function up first ("Function not found"): a master
-                // answers, and with a bad numkeys nothing runs there
+            if bad.is_some() && matches!(cmd.name.as_str(), "FCALL" | "FCALL_RO" | "EVALSHA" | "EVALSHA_RO") {
+                // Redis looks the function or script up first ("Function not found",
+                // NOSCRIPT): a master answers, and with a bad numkeys nothing runs there
                 return Ok(out);
             }
             if let Some(bad) = bad

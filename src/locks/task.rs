@@ -378,6 +378,11 @@ fn on_reply(h: &Handles, st: &mut State, rtx: &mpsc::UnboundedSender<BackendRepl
                 Some(RETRY_DELAY)
             }
         },
+        // a master that a failover has just made a replica: to the new one, once known
+        Verdict::ReadOnly => {
+            h.cluster.request_refresh();
+            Some(RETRY_DELAY)
+        }
         // a lock script is safe to send again whatever became of it: its owner decides
         Verdict::Busy | Verdict::Unsent | Verdict::Failed | Verdict::Resend | Verdict::Recheck => Some(RETRY_DELAY),
         Verdict::Answer => None,
