@@ -95,7 +95,7 @@ fn describe() {
     );
     describe_counter!(
         "heatshield_retries_total",
-        "Requests completed another way after a cluster state change, by reason (tryagain_per_key, readonly)."
+        "Requests completed another way after a cluster state change, by reason (tryagain_per_key, readonly, function_loaded)."
     );
     describe_counter!("heatshield_topology_refreshes_total", "Slot-map refreshes, by result (ok, error).");
     describe_gauge!("heatshield_slot_map_epoch", "Version of the current slot map; increases with every change.");
@@ -262,6 +262,8 @@ pub struct Global {
     pub tryagain_per_key: Counter,
     /// Writes sent again after READONLY (a failover).
     pub readonly_retried: Counter,
+    /// FCALLs run again after their library was loaded where it was missing.
+    pub function_loaded: Counter,
     /// Requests answered with an error because no reply came within the deadline.
     pub expired: Counter,
     disconnect_output_hard: Counter,
@@ -292,6 +294,7 @@ pub fn global() -> &'static Global {
         redirect_refused: counter!("heatshield_redirections_refused_total"),
         tryagain_per_key: counter!("heatshield_retries_total", "reason" => "tryagain_per_key"),
         readonly_retried: counter!("heatshield_retries_total", "reason" => "readonly"),
+        function_loaded: counter!("heatshield_retries_total", "reason" => "function_loaded"),
         expired: counter!("heatshield_requests_expired_total"),
         disconnect_output_hard: counter!("heatshield_client_disconnects_total", "reason" => "output_hard"),
         disconnect_output_soft: counter!("heatshield_client_disconnects_total", "reason" => "output_soft"),

@@ -762,6 +762,34 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             tracing::warn!(error = %e, command = proxy.command_name(ctx.cmd), client = ctx.client.id, "backend request failed");
             errors::resp(&errors::backend_failed(&e))
         }
+        // FCALL of a function this master lacks (it joined later, or its functions were
+        // flushed): the library heatshield saw register it is loaded there first, on the
+        // connection the call goes on again, so it runs before it; once
+        (Verdict::Answer, Ok(data))
+            if data.starts_with(b"-ERR Function not found")
+                && p.dedicated.is_none()
+                && part.redirects < MAX_REDIRECTS
+                && matches!(part.target, Target::Slot(_) | Target::Node(_)) =>
+        {
+            let load = proxy.scripts.function_load(&part.data);
+            match (load, resolve(proxy, &part.target)) {
+                (Some(load), Ok((node, _))) => {
+                    part.redirects = MAX_REDIRECTS;
+                    crate::metrics::global().function_loaded.increment(1);
+                    node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
+                        data: load,
+                        count: 1,
+                        prefix: Prefix::None,
+                        // no part has this tag: its reply is dropped (the call's reply says
+                        // whether it worked)
+                        tag: Tag { seq: ctx.seq, part: u32::MAX },
+                        reply_to: ctx.reply_to.clone(),
+                    });
+                    return resend(proxy, ctx, p, idx);
+                }
+                _ => data,
+            }
+        }
         // an answer, or a redirection or retry past its limit: passed on as it is
         (_, Ok(data)) => data,
     };

@@ -1,11 +1,14 @@
-//! The Lua scripts heatshield has seen go by (`EVAL`, `EVAL_RO`, `SCRIPT LOAD`), by SHA1.
+//! The Lua scripts heatshield has seen go by (`EVAL`, `EVAL_RO`, `SCRIPT LOAD`), by SHA1,
+//! and the function libraries loaded through it (`FUNCTION LOAD`), by name.
 //!
 //! Redis caches a script on the node that ran it; behind the proxy that is one master of
 //! several, and a flush or a failover can empty a master's cache. With the bodies kept
 //! here, an `EVALSHA` that meets `NOSCRIPT` where its keys live is sent again as `EVAL`
 //! (once, unseen by the client, see [`crate::pending`]), and `SCRIPT EXISTS` answers 1
-//! for a script heatshield can run. Bounded by bytes ([`MAX_BYTES`]); the least recently
-//! used bodies go first (moka).
+//! for a script heatshield can run. Likewise an `FCALL` that meets `Function not found`
+//! (a master that joined later, or whose functions were flushed behind heatshield's back)
+//! has the library that registers the function loaded there first, then runs again.
+//! Bounded by bytes ([`MAX_BYTES`] each); the least recently used go first (moka).
 
 use bytes::Bytes;
 
@@ -17,6 +20,8 @@ const ENTRY_OVERHEAD: u32 = 64;
 
 pub struct Scripts {
     bodies: moka::sync::Cache<[u8; 20], Bytes>,
+    /// Function libraries: name -> code.
+    libraries: moka::sync::Cache<Bytes, Bytes>,
 }
 
 impl Default for Scripts {
@@ -26,17 +31,23 @@ impl Default for Scripts {
                 .max_capacity(MAX_BYTES)
                 .weigher(|_, b: &Bytes| (b.len() as u32).saturating_add(ENTRY_OVERHEAD))
                 .build(),
+            libraries: moka::sync::Cache::builder()
+                .max_capacity(MAX_BYTES)
+                .weigher(|k: &Bytes, b: &Bytes| (k.len() as u32).saturating_add(b.len() as u32 + ENTRY_OVERHEAD))
+                .build(),
         }
     }
 }
 
 impl Scripts {
-    /// Notes the body of an `EVAL` / `EVAL_RO` / `SCRIPT LOAD` (`name` is the command's
-    /// name as the command table spells it); other commands are ignored.
+    /// Notes the body of an `EVAL` / `EVAL_RO` / `SCRIPT LOAD`, and the libraries of
+    /// `FUNCTION LOAD` / `DELETE` / `FLUSH` (`name` is the command's name as the command
+    /// table spells it); other commands are ignored.
     pub fn note(&self, name: &str, req: &Request) {
         let at = match name {
             "EVAL" | "EVAL_RO" => 1,
             "SCRIPT|LOAD" => 2,
+            "FUNCTION|LOAD" | "FUNCTION|DELETE" | "FUNCTION|FLUSH" => return self.note_library(name, req),
             _ => return,
         };
         if req.argc() <= at {
@@ -48,6 +59,46 @@ impl Scripts {
             // alive, and the byte bound counts only the body
             self.bodies.insert(sha, Bytes::copy_from_slice(req.arg(at)));
         }
+    }
+
+    fn note_library(&self, name: &str, req: &Request) {
+        match name {
+            "FUNCTION|FLUSH" => self.libraries.invalidate_all(),
+            "FUNCTION|DELETE" if req.argc() == 3 => self.libraries.invalidate(req.arg(2)),
+            "FUNCTION|LOAD" if req.argc() >= 3 => {
+                let code = req.arg(req.argc() - 1);
+                let replace = req.argc() == 4 && req.arg(2).eq_ignore_ascii_case(b"REPLACE");
+                let Some(lib) = library_name(code) else { return };
+                // without REPLACE, Redis keeps the library it has (the load fails)
+                if replace || !self.libraries.contains_key(lib) {
+                    self.libraries.insert(Bytes::copy_from_slice(lib), Bytes::copy_from_slice(code));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// For an `FCALL` / `FCALL_RO` of a function a master does not have: `FUNCTION LOAD
+    /// REPLACE` of the library heatshield saw register it (its code names the function in
+    /// quotes), if any.
+    pub fn function_load(&self, data: &[u8]) -> Option<Bytes> {
+        let req = Request::parse(data)?;
+        let name = req.arg(0);
+        if req.argc() < 3 || !(name.eq_ignore_ascii_case(b"FCALL") || name.eq_ignore_ascii_case(b"FCALL_RO")) {
+            return None;
+        }
+        let f = req.arg(1);
+        let quoted = |q: u8| {
+            let mut v = Vec::with_capacity(f.len() + 2);
+            v.push(q);
+            v.extend_from_slice(f);
+            v.push(q);
+            v
+        };
+        let (single, double) = (quoted(b'\''), quoted(b'"'));
+        let has = |code: &[u8], n: &[u8]| code.windows(n.len()).any(|w| w == n);
+        let (_, code) = self.libraries.iter().find(|(_, code)| has(code, &single) || has(code, &double))?;
+        Some(Request::from_args(&[&b"FUNCTION"[..], b"LOAD", b"REPLACE", &code]).raw().clone())
     }
 
     /// Whether heatshield can run the script with this (hex) SHA1.
@@ -72,6 +123,15 @@ impl Scripts {
         a.extend(req.args().skip(2));
         Some(Request::from_args(&a).raw().clone())
     }
+}
+
+/// The library name in a function library's first line (`#!lua name=mylib`).
+fn library_name(code: &[u8]) -> Option<&[u8]> {
+    let first = code.split(|&c| c == b'\n').next()?;
+    if !first.starts_with(b"#!") {
+        return None;
+    }
+    first.split(|c| c.is_ascii_whitespace()).find_map(|w| w.strip_prefix(b"name=")).filter(|n| !n.is_empty())
 }
 
 /// A 40-digit hex SHA1 (either case, as Redis accepts it) as bytes.
@@ -113,5 +173,31 @@ mod tests {
         s.note("SCRIPT|LOAD", &Request::from_args(&["SCRIPT", "LOAD", "return 2"]));
         assert!(s.knows(sha1_smol::Sha1::from("return 2").digest().to_string().as_bytes()));
         assert!(!s.knows(b"not-a-sha"));
+    }
+
+    #[test]
+    fn function_libraries_serve_fcall() {
+        let s = Scripts::default();
+        let lib = "#!lua name=mylib\nredis.register_function('f1', function() return 1 end)\n\
+                   redis.register_function{function_name=\"f2\", callback=function() return 2 end}";
+        let fcall = |f: &str| Request::from_args(&["FCALL", f, "0"]).raw().clone();
+        assert_eq!(s.function_load(&fcall("f1")), None);
+        s.note("FUNCTION|LOAD", &Request::from_args(&["FUNCTION", "LOAD", lib]));
+        let load = Request::from_args(&["FUNCTION", "LOAD", "REPLACE", lib]).raw().clone();
+        assert_eq!(s.function_load(&fcall("f1")), Some(load.clone()));
+        assert_eq!(s.function_load(&fcall("f2")), Some(load));
+        assert_eq!(s.function_load(&fcall("f")), None, "a name only part of another's");
+        assert_eq!(s.function_load(Request::from_args(&["GET", "f1"]).raw()), None);
+        // without REPLACE a second load of the library fails in Redis: the first is kept
+        s.note("FUNCTION|LOAD", &Request::from_args(&["FUNCTION", "LOAD", "#!lua name=mylib\nreturn"]));
+        assert!(s.function_load(&fcall("f1")).is_some());
+        s.note("FUNCTION|DELETE", &Request::from_args(&["FUNCTION", "DELETE", "mylib"]));
+        assert_eq!(s.function_load(&fcall("f1")), None);
+        s.note("FUNCTION|LOAD", &Request::from_args(&["FUNCTION", "LOAD", "REPLACE", lib]));
+        s.note("FUNCTION|FLUSH", &Request::from_args(&["FUNCTION", "FLUSH"]));
+        s.libraries.run_pending_tasks();
+        assert_eq!(s.function_load(&fcall("f1")), None);
+        assert_eq!(library_name(b"#!lua name=x y=z\nbody"), Some(&b"x"[..]));
+        assert_eq!(library_name(b"no shebang"), None);
     }
 }

@@ -117,8 +117,15 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
         (None, c) => c,
         (t, _) => t,
     };
+    // An EVALSHA of a script heatshield knows is queued as EVAL: a NOSCRIPT inside a
+    // transaction cannot be repaired (the transaction has run when it comes back).
+    let queued = match cmd.name.as_str() {
+        "EVALSHA" | "EVALSHA_RO" => proxy.scripts.eval_form(req.raw()).and_then(|e| Request::parse(&e)),
+        _ => None,
+    };
+    let queued = queued.as_ref().unwrap_or(req);
     // what queuing it holds: its bytes, its parsed form, and the keys of a write
-    let cost = req.raw().len()
+    let cost = queued.raw().len()
         + std::mem::size_of::<Request>()
         + std::mem::size_of::<Option<u16>>()
         + if cmd.is_write() { keys.len() * std::mem::size_of::<bytes::Bytes>() } else { 0 };
@@ -138,9 +145,9 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
     }
     q.slot = s;
     q.slots.push(cs);
-    q.bytes += req.raw().len();
+    q.bytes += queued.raw().len();
     q.held += cost;
-    q.commands.push(req.clone());
+    q.commands.push(queued.clone());
     proxy.scripts.note(&cmd.name, req);
     ctx.reply(|w| w.simple("QUEUED"))
 }

@@ -533,3 +533,50 @@ fn function_restore_reaches_every_master() {
         assert_eq!(c.cmd(&["FCALL", "restore_get", "1", &k]), V::s(format!("v{master}")), "master {master}");
     }
 }
+
+/// A library loaded through heatshield is loaded again where a master lost it (its
+/// functions flushed behind heatshield's back, as after a failover to a replica that never
+/// had it): FCALL works there, unseen by the client.
+#[test]
+fn fcall_reloads_a_library_a_master_lost() {
+    let env = env();
+    let mut c = Conn::connect(env.proxy.port());
+    let lib =
+        "#!lua name=lostlib\nredis.register_function('lost_get', function(keys) return redis.call('GET', keys[1]) end)";
+    assert_eq!(c.cmd(&["FUNCTION", "LOAD", "REPLACE", lib]), V::s("lostlib"));
+    let keys = env.owners.key_per_master("route:lost:");
+    let (victim, key) = &keys[0];
+    assert_eq!(c.cmd(&["SET", key, "there"]), V::ok());
+    assert_eq!(cmd_text(*victim, &["FUNCTION", "DELETE", "lostlib"]), "OK");
+    let direct = cmd_text(*victim, &["FCALL", "lost_get", "1", key]);
+    assert!(direct.contains("Function not found"), "the master lost it: {direct}");
+    for proto in Proto::BOTH {
+        let mut c = Conn::connect_proto(env.proxy.port(), proto);
+        assert_eq!(c.cmd(&["FCALL", "lost_get", "1", key]), V::s("there"), "{proto:?}");
+    }
+    assert!(cmd_text(*victim, &["FUNCTION", "LIST"]).contains("lostlib"), "loaded again on the master");
+    // a function heatshield never saw loaded stays unknown
+    let e = c.cmd(&["FCALL", "never_loaded", "1", key]);
+    assert!(e.err().is_some_and(|e| e.contains("Function not found")), "{e:?}");
+}
+
+/// Inside MULTI an EVALSHA of a script heatshield knows goes as EVAL: a NOSCRIPT in EXEC's
+/// reply could not be repaired (the transaction has run by then).
+#[test]
+fn evalsha_inside_multi_runs_where_the_script_was_never_loaded() {
+    let env = env();
+    let keys = env.owners.key_per_master("route:txsha:");
+    let body = "return 'tx:' .. KEYS[1]";
+    let mut c = Conn::connect(env.proxy.port());
+    assert_eq!(c.cmd(&["EVAL", body, "1", &keys[0].1]), V::s(format!("tx:{}", keys[0].1)));
+    let sha = cmd_text(keys[0].0, &["SCRIPT", "LOAD", body]);
+    for proto in Proto::BOTH {
+        let mut c = Conn::connect_proto(env.proxy.port(), proto);
+        for (master, key) in &keys[1..] {
+            assert_eq!(cmd_text(*master, &["SCRIPT", "FLUSH"]), "OK");
+            assert_eq!(c.cmd(&["MULTI"]), V::ok());
+            assert_eq!(c.cmd(&["EVALSHA", &sha, "1", key.as_str()]), V::s("QUEUED"));
+            assert_eq!(c.cmd(&["EXEC"]), V::Arr(vec![V::s(format!("tx:{key}"))]), "{proto:?} master {master}");
+        }
+    }
+}
