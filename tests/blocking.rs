@@ -35,6 +35,8 @@ fn blocked_on(port: u16) -> i64 {
 
 #[test]
 fn blocking_commands_answer_as_redis_does() {
+    // blocks clients on the shared masters (see exclusive_traffic)
+    let _traffic = common::shared_traffic();
     let env = env();
     for proto in Proto::BOTH {
         let t = format!("{{blk:{proto:?}}}");
@@ -98,6 +100,8 @@ fn blocking_commands_answer_as_redis_does() {
 
 #[test]
 fn a_blocked_client_is_served_by_a_later_push() {
+    // blocks clients on the shared masters (see exclusive_traffic)
+    let _traffic = common::shared_traffic();
     let env = env();
     let port = env.proxy.port();
     for proto in Proto::BOTH {
@@ -122,6 +126,8 @@ fn a_blocked_client_is_served_by_a_later_push() {
 
 #[test]
 fn a_blocking_command_waits_past_the_command_timeout() {
+    // blocks clients on the shared masters (see exclusive_traffic)
+    let _traffic = common::shared_traffic();
     let env = env();
     let (_dir, path) = config_file("[backend]\ncommand_timeout_ms = 300\n");
     let proxy = Proxy::start_cluster(&env.cluster, &["--config", &path]);
@@ -143,6 +149,8 @@ fn a_blocking_command_waits_past_the_command_timeout() {
 
 #[test]
 fn replies_before_a_blocked_command_are_not_held() {
+    // blocks clients on the shared masters (see exclusive_traffic)
+    let _traffic = common::shared_traffic();
     let env = env();
     let mut c = Conn::connect(env.proxy.port());
     let l = "{before}l";
@@ -160,6 +168,8 @@ fn replies_before_a_blocked_command_are_not_held() {
 
 #[test]
 fn later_commands_wait_behind_a_blocked_one() {
+    // blocks clients on the shared masters (see exclusive_traffic)
+    let _traffic = common::shared_traffic();
     let env = env();
     let mut c = Conn::connect(env.proxy.port());
     let l = "{order}l";
@@ -170,6 +180,8 @@ fn later_commands_wait_behind_a_blocked_one() {
 
 #[test]
 fn a_client_that_leaves_while_blocked_takes_nothing() {
+    // counts the masters' blocked clients: no other test of this binary blocks meanwhile
+    let _traffic = common::exclusive_traffic();
     let env = env();
     let port = env.proxy.port();
     let l = "{leave}l";
@@ -200,6 +212,8 @@ fn a_client_that_leaves_while_blocked_takes_nothing() {
 
 #[test]
 fn a_thousand_blocked_clients_are_served_then_their_connections_return() {
+    // counts the masters' blocked clients: no other test of this binary blocks meanwhile
+    let _traffic = common::exclusive_traffic();
     // a proxy of its own: its dedicated connections are counted
     let env = env();
     let proxy = Proxy::start_cluster(&env.cluster, &[]);
