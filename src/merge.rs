@@ -126,6 +126,23 @@ pub fn kill_reply(replies: &[Bytes]) -> Bytes {
     replies.iter().find(|r| !r.starts_with(b"-NOTBUSY")).or(replies.first()).cloned().unwrap_or_default()
 }
 
+/// FUNCTION STATS sent to every master, answered as one Redis would: the reply of the
+/// master running a function (`running_script` not nil), else the first master's.
+pub fn stats_reply(replies: &[Bytes]) -> Bytes {
+    let running = |r: &Bytes| {
+        let named = |k: &Value, v: &Value| {
+            matches!(k, Value::Bulk(k) | Value::Simple(k) if k.eq_ignore_ascii_case(b"running_script"))
+                && !matches!(v, Value::Nil)
+        };
+        match Value::parse(r) {
+            Ok((Value::Array(items), _)) => items.chunks(2).any(|kv| matches!(kv, [k, v] if named(k, v))),
+            Ok((Value::Map(pairs), _)) => pairs.iter().any(|(k, v)| named(k, v)),
+            _ => false,
+        }
+    };
+    replies.iter().find(|r| running(r)).or(replies.first()).cloned().unwrap_or_default()
+}
+
 /// The elements of an array reply, as raw byte slices.
 fn array_elements(r: &[u8]) -> Result<(usize, Vec<&[u8]>), &'static str> {
     let nl = memchr::memchr(b'\n', r).ok_or("truncated")?;

@@ -206,10 +206,11 @@ pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
     start(proxy, ctx, Finish::Merge(merge), parts)
 }
 
-/// SCRIPT KILL / FUNCTION KILL to every master, each on a connection leased for it: the
-/// connection a busy script came on is not read until the script ends, and a shared
-/// connection may be that one. A task sends them and hands the request its answer
-/// ([`crate::merge::kill_reply`]); the leases go back (or close) when it is done.
+/// SCRIPT KILL / FUNCTION KILL / FUNCTION STATS to every master, each on a connection
+/// leased for it: the connection a busy script came on is not read until the script ends,
+/// and a shared connection may be that one. A task sends them and hands the request its
+/// answer ([`crate::merge::kill_reply`], [`crate::merge::stats_reply`]); the leases go
+/// back (or close) when it is done.
 fn kill(proxy: &Proxy, ctx: &mut Ctx, masters: &[Arc<NodePool>]) -> Outcome {
     let mut leases = Vec::with_capacity(masters.len());
     for m in masters {
@@ -219,6 +220,7 @@ fn kill(proxy: &Proxy, ctx: &mut Ctx, masters: &[Arc<NodePool>]) -> Outcome {
         }
     }
     let data = ctx.req.raw().clone();
+    let stats = ctx.req.arg(1).eq_ignore_ascii_case(b"STATS");
     let (reply_to, tag) = (ctx.reply_to.clone(), Tag { seq: ctx.seq, part: 0 });
     let timeout = Duration::from_millis(proxy.config.backend.command_timeout_ms);
     tokio::spawn(async move {
@@ -248,7 +250,9 @@ fn kill(proxy: &Proxy, ctx: &mut Ctx, masters: &[Arc<NodePool>]) -> Outcome {
                 l.release(false);
             } // else dropped: closed
         }
-        let reply = if answered {
+        let reply = if answered && stats {
+            crate::merge::stats_reply(&replies)
+        } else if answered {
             crate::merge::kill_reply(&replies)
         } else {
             errors::resp(&errors::backend_failed(&crate::backend::BackendError::Timeout("a master".into())))

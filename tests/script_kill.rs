@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::client::{Conn, V};
+use common::client::{Conn, Proto, V};
 use common::{ClusterEnv, wait_until};
 
 const NOTBUSY: &str = "NOTBUSY No scripts in execution right now.";
@@ -58,6 +58,13 @@ fn script_kill_and_function_kill_reach_the_busy_master() {
         let mut busy = Conn::connect(port);
         busy.send(&["FCALL_RO", "spin", "1", key.as_str()]);
         wait_busy(*master);
+        // FUNCTION STATS, allowed while busy, names the running function whichever
+        // master runs it, as one Redis would
+        for proto in Proto::BOTH {
+            let stats = Conn::connect_proto(port, proto).cmd(&["FUNCTION", "STATS"]);
+            let running = stats.get("running_script").unwrap_or(V::Nil);
+            assert_eq!(running.get("name"), Some(V::s("spin")), "{proto:?} master {master}: {stats:?}");
+        }
         assert_eq!(Conn::connect(port).cmd(&["FUNCTION", "KILL"]), V::ok(), "master {master}");
         let e = busy.read_reply();
         assert!(e.err().is_some_and(|e| e.contains("killed by user")), "{e:?}");

@@ -67,8 +67,9 @@ pub enum FanOut {
     AllSame,
     /// SCRIPT EXISTS: element-wise AND of the 0/1 arrays.
     ScriptExists,
-    /// SCRIPT KILL / FUNCTION KILL: every master, each on a dedicated connection; `+OK`
-    /// if one of them killed its script.
+    /// SCRIPT KILL / FUNCTION KILL / FUNCTION STATS (Redis allows them while a script is
+    /// busy): every master, each on a dedicated connection; `+OK` if one of them killed
+    /// its script; the STATS of the master running a function, if one does.
     Kill,
     /// PUBSUB CHANNELS / SHARDCHANNELS: arrays merged without repeats.
     Channels,
@@ -533,10 +534,10 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "SCRIPT|LOAD" | "SCRIPT|FLUSH" | "FUNCTION|LOAD" | "FUNCTION|DELETE" | "FUNCTION|FLUSH"
         | "FUNCTION|RESTORE" => FanOut(self::FanOut::AllSame),
         "SCRIPT|EXISTS" => FanOut(self::FanOut::ScriptExists),
-        "SCRIPT|KILL" | "FUNCTION|KILL" => FanOut(self::FanOut::Kill),
+        "SCRIPT|KILL" | "FUNCTION|KILL" | "FUNCTION|STATS" => FanOut(self::FanOut::Kill),
         "COMMAND" => AnyMaster,
         n if n.starts_with("COMMAND|") => AnyMaster,
-        "FUNCTION|LIST" | "FUNCTION|DUMP" | "FUNCTION|STATS" => AnyMaster,
+        "FUNCTION|LIST" | "FUNCTION|DUMP" => AnyMaster,
         "MULTI" => Transaction(TxCmd::Multi),
         "EXEC" => Transaction(TxCmd::Exec),
         "DISCARD" => Transaction(TxCmd::Discard),
