@@ -164,6 +164,22 @@ fn config_set_needs_the_admin_and_reaches_every_master() {
     let direct = cmd(env.owners.masters()[0], &["CONFIG", "SET", "no-such-parameter", "1"]);
     assert_eq!(c.cmd(&["CONFIG", "SET", "no-such-parameter", "1"]), direct);
     assert_eq!(c.cmd(&["CONFIG", "RESETSTAT"]), V::ok());
+
+    // one master refuses, the others apply it: that master's default user (the one
+    // heatshield connects as) may not CONFIG SET for a while
+    let masters = env.owners.masters();
+    assert_eq!(cmd(masters[1], &["ACL", "SETUSER", "default", "-config|set"]), V::ok());
+    let mixed = c.cmd(&["CONFIG", "SET", "maxmemory-samples", "6"]);
+    assert_eq!(cmd(masters[1], &["ACL", "SETUSER", "default", "+config|set"]), V::ok());
+    let e = mixed.err().unwrap_or_else(|| panic!("a partial CONFIG SET must be an error: {mixed:?}"));
+    let applied = format!("ERR heatshield: applied on {} of {} masters; not on ", masters.len() - 1, masters.len());
+    assert!(e.starts_with(&applied), "{e}");
+    assert!(e.contains(&format!("127.0.0.1:{}: NOPERM", masters[1])), "{e}");
+    for m in [masters[0], masters[2]] {
+        assert!(!e.contains(&format!("127.0.0.1:{m}")), "{e}");
+        assert_eq!(cmd(m, &["CONFIG", "GET", "maxmemory-samples"]).items()[1].text(), "6", "master {m}");
+    }
+    assert_eq!(c.cmd(&["CONFIG", "SET", "maxmemory-samples", "5"]), V::ok());
 }
 
 #[test]
