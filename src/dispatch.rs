@@ -28,6 +28,9 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
             // a known command used wrongly still counts as that command
             if let Some(c) = proxy.commands.get(req.arg(0)) {
                 ctx.cmd = c.id;
+                if c.name == "EXEC" {
+                    return transaction::exec_refused(ctx, e.message());
+                }
             }
             return transaction::refuse(ctx, e.message());
         }

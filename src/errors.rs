@@ -185,6 +185,11 @@ pub fn with_undeclared_key_hint(reply: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// EXEC refused before it ran (Redis discards the transaction).
+pub fn exec_aborted_because(why: &str) -> String {
+    format!("EXECABORT Transaction discarded because of: {why}")
+}
+
 pub fn merge_failed(what: &str) -> String {
     format!("ERR heatshield could not merge replies: {what}")
 }

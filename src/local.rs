@@ -9,6 +9,21 @@ use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request};
 use crate::proxy::Proxy;
 
+/// PING while some master runs a script: asked of those masters (on connections the
+/// script cannot hold up), so a master busy with a script answers BUSY, as one Redis
+/// does. `None` (heatshield answers PONG itself) when no script is out, or no connection
+/// to spare.
+fn ping_busy(proxy: &Proxy, ctx: &mut Ctx) -> Option<Outcome> {
+    let running: Vec<_> = {
+        let topo = proxy.cluster.topology();
+        if topo.masters.iter().all(|m| m.scripts.load(std::sync::atomic::Ordering::Relaxed) == 0) {
+            return None;
+        }
+        topo.masters.iter().filter(|m| m.scripts.load(std::sync::atomic::Ordering::Relaxed) > 0).cloned().collect()
+    };
+    crate::route::while_busy(proxy, ctx, &running, crate::merge::ping_reply).ok()
+}
+
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
     match l {
         // RESP2 with subscriptions: Redis answers PING as a message-shaped array
@@ -21,6 +36,12 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
                 w.bulk(b"pong");
                 w.bulk(if req.argc() == 2 { req.arg(1) } else { b"" });
             })
+        }
+        Local::Ping
+            if req.argc() <= 2
+                && let Some(o) = ping_busy(proxy, ctx) =>
+        {
+            o
         }
         Local::Ping => match req.argc() {
             1 => ctx.reply(|w| w.simple("PONG")),

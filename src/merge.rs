@@ -16,9 +16,6 @@ pub const SCAN_NODE_BITS: u32 = 10;
 pub enum Merge {
     /// One part; its reply is the reply.
     Pass,
-    /// EVAL, EVALSHA, FCALL and their read-only forms: one part, its reply is the reply,
-    /// with a hint added to Redis's error when the script touched an undeclared key.
-    Script,
     /// Split MGET: for each part, the positions of its keys in the request.
     Mget {
         positions: Vec<SmallVec<[u32; 4]>>,
@@ -143,6 +140,12 @@ pub fn stats_reply(replies: &[Bytes]) -> Bytes {
     replies.iter().find(|r| running(r)).or(replies.first()).cloned().unwrap_or_default()
 }
 
+/// PING sent to the masters running a script: a master's BUSY if one is busy (as one
+/// Redis answers while a script runs too long), else the first master's reply.
+pub fn ping_reply(replies: &[Bytes]) -> Bytes {
+    replies.iter().find(|r| r.starts_with(b"-BUSY")).or(replies.first()).cloned().unwrap_or_default()
+}
+
 /// The elements of an array reply, as raw byte slices.
 fn array_elements(r: &[u8]) -> Result<(usize, Vec<&[u8]>), &'static str> {
     let nl = memchr::memchr(b'\n', r).ok_or("truncated")?;
@@ -173,7 +176,7 @@ pub fn merge_replies(
 ) -> Result<Bytes, &'static str> {
     let mut w = Writer::new(scratch, proto);
     match merge {
-        Merge::Pass | Merge::Script => w.raw(&replies[0]),
+        Merge::Pass => w.raw(&replies[0]),
         Merge::Mget { positions, total, cached } => merge_mget(replies, positions, *total, cached, w.buf)?,
         Merge::Mset => w.ok(),
         Merge::Sum | Merge::Dbsize => {

@@ -243,6 +243,27 @@ pub enum Finish {
     /// A transaction sent as one message (or, `transactions.cross_slot = "per-node"`, one
     /// per slot); its reply is EXEC's.
     Transaction(Box<Tx>),
+    /// EVAL, EVALSHA, FCALL and their read-only forms: one part, its reply is the reply,
+    /// with a hint added to Redis's error when the script touched an undeclared key.
+    /// Counted in its master's [`NodePool::scripts`] meanwhile.
+    Script(Option<ScriptRun>),
+}
+
+/// A script counted in its master's [`NodePool::scripts`] for as long as it exists (until
+/// its reply, or its client, is gone).
+pub struct ScriptRun(Arc<NodePool>);
+
+impl ScriptRun {
+    pub fn new(node: Arc<NodePool>) -> ScriptRun {
+        node.scripts.fetch_add(1, Ordering::Relaxed);
+        ScriptRun(node)
+    }
+}
+
+impl Drop for ScriptRun {
+    fn drop(&mut self) {
+        self.0.scripts.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A client's transaction as native transactions: one, or one per slot.
@@ -1103,7 +1124,7 @@ fn invalidate_keys(proxy: &Proxy, req: &Request) {
 fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
     match &p.finish {
         Finish::Merge(Merge::Pass) => p.parts[0].reply.take().unwrap_or_default(),
-        Finish::Merge(Merge::Script) => {
+        Finish::Script(_) => {
             let reply = p.parts[0].reply.take().unwrap_or_default();
             match errors::with_undeclared_key_hint(&reply) {
                 Some(hinted) => Bytes::from(hinted),

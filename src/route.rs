@@ -16,7 +16,7 @@ use crate::command::{Command, FanOut, Split};
 use crate::errors;
 use crate::locks::{LockCmd, LockRequest, Waiter};
 use crate::merge::{Merge, scan_cursor};
-use crate::pending::{Ctx, Finish, MastersBuilder, Outcome, Part, Pending, Target, start, start_in};
+use crate::pending::{Ctx, Finish, MastersBuilder, Outcome, Part, Pending, ScriptRun, Target, start, start_in};
 use crate::protocol::Request;
 use crate::protocol::request::{write_array_header, write_bulk};
 use crate::proxy::Proxy;
@@ -67,7 +67,7 @@ fn one_slot(proxy: &Proxy, req: &Request, k0: u32, keys: &[u32]) -> Option<u16> 
 /// keyless script has one home for every client, the master owning slot 0. (A script
 /// that touches keys it did not declare then behaves the same on every call: it works
 /// for keys of that master's slots, and fails for others, with a hint added to Redis's
-/// error: see [`Merge::Script`].)
+/// error: see [`Finish::Script`].)
 pub fn script(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
     let s = match keys.first() {
         None => 0,
@@ -76,7 +76,8 @@ pub fn script(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
             None => return ctx.error(errors::CROSSSLOT),
         },
     };
-    start(proxy, ctx, Finish::Merge(Merge::Script), smallvec![Part::new(ctx.req.raw().clone(), Target::Slot(s))])
+    let run = proxy.cluster.topology().master_for_slot(s).cloned().map(ScriptRun::new);
+    start(proxy, ctx, Finish::Script(run), smallvec![Part::new(ctx.req.raw().clone(), Target::Slot(s))])
 }
 
 /// A blocking command: its keys share one slot (CROSSSLOT otherwise, as Redis Cluster
@@ -206,21 +207,47 @@ pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
     start(proxy, ctx, Finish::Merge(merge), parts)
 }
 
-/// SCRIPT KILL / FUNCTION KILL / FUNCTION STATS to every master, each on a connection
-/// leased for it: the connection a busy script came on is not read until the script ends,
-/// and a shared connection may be that one. A task sends them and hands the request its
-/// answer ([`crate::merge::kill_reply`], [`crate::merge::stats_reply`]); the leases go
-/// back (or close) when it is done.
+/// SCRIPT KILL / FUNCTION KILL / FUNCTION STATS to every master, on connections no busy
+/// script holds up (see [`while_busy`]): `+OK` if one was killed
+/// ([`crate::merge::kill_reply`]), the running function's STATS
+/// ([`crate::merge::stats_reply`]).
 fn kill(proxy: &Proxy, ctx: &mut Ctx, masters: &[Arc<NodePool>]) -> Outcome {
+    let merge = if ctx.req.arg(1).eq_ignore_ascii_case(b"STATS") {
+        crate::merge::stats_reply
+    } else {
+        crate::merge::kill_reply
+    };
+    match while_busy(proxy, ctx, masters, merge) {
+        Ok(o) => o,
+        Err(e) => ctx.error(&e),
+    }
+}
+
+/// The request to each of `masters`, each on a connection leased for it: the connection a
+/// busy script came on is not read until the script ends, and a shared connection may be
+/// that one, so commands Redis answers while a script is busy (the KILLs, FUNCTION STATS,
+/// PING) go this way. A task sends them and hands the request `merge` of the replies; the
+/// leases go back (or close) when it is done. The error when a master has no dedicated
+/// connection to spare.
+pub fn while_busy(
+    proxy: &Proxy,
+    ctx: &mut Ctx,
+    masters: &[Arc<NodePool>],
+    merge: fn(&[Bytes]) -> Bytes,
+) -> Result<Outcome, String> {
     let mut leases = Vec::with_capacity(masters.len());
     for m in masters {
         match m.lease(ctx.client.proto) {
             Some(l) => leases.push(l),
-            None => return ctx.error(&errors::no_dedicated(&m.addr, m.options().dedicated_max)),
+            None => {
+                for l in leases {
+                    l.release(false);
+                }
+                return Err(errors::no_dedicated(&m.addr, m.options().dedicated_max));
+            }
         }
     }
     let data = ctx.req.raw().clone();
-    let stats = ctx.req.arg(1).eq_ignore_ascii_case(b"STATS");
     let (reply_to, tag) = (ctx.reply_to.clone(), Tag { seq: ctx.seq, part: 0 });
     let timeout = Duration::from_millis(proxy.config.backend.command_timeout_ms);
     tokio::spawn(async move {
@@ -250,17 +277,15 @@ fn kill(proxy: &Proxy, ctx: &mut Ctx, masters: &[Arc<NodePool>]) -> Outcome {
                 l.release(false);
             } // else dropped: closed
         }
-        let reply = if answered && stats {
-            crate::merge::stats_reply(&replies)
-        } else if answered {
-            crate::merge::kill_reply(&replies)
+        let reply = if answered {
+            merge(&replies)
         } else {
             errors::resp(&errors::backend_failed(&crate::backend::BackendError::Timeout("a master".into())))
         };
         let _ = reply_to.send(BackendReply::one(tag, Ok(reply)));
     });
     let part = Part::new(ctx.req.raw().clone(), Target::Node(masters[0].clone()));
-    Outcome::Waiting(Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec![part]))
+    Ok(Outcome::Waiting(Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec![part])))
 }
 
 /// Sends `data` to every master and builds the reply from all of theirs (INFO, CONFIG).

@@ -62,6 +62,14 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, t: TxCmd) -> Outcome {
     }
 }
 
+/// EXEC refused before it runs (wrong number of arguments; `text` is the EXECABORT): as
+/// Redis, the transaction (if any) is discarded and the watch dropped.
+pub fn exec_refused(ctx: &mut Ctx, text: &str) -> Outcome {
+    ctx.client.mode = Mode::Normal;
+    ctx.client.unwatch();
+    ctx.error(text)
+}
+
 /// A refusal while a transaction is being queued: the error now, EXECABORT at EXEC.
 pub fn refuse(ctx: &mut Ctx, text: &str) -> Outcome {
     if let Mode::Multi(q) = &mut ctx.client.mode {

@@ -207,3 +207,61 @@ fn keys_match_redis_command_getkeys() {
     assert!(with_keys >= 200, "too few argument lists with keys compared ({with_keys}): the test would prove little");
     assert!(problems.is_empty(), "{} differences:\n{}", problems.len(), problems.join("\n"));
 }
+
+/// The errors heatshield answers before a command reaches Redis (wrong number of
+/// arguments, unknown subcommand) are Redis's own texts. Redis checks both before it runs
+/// anything, so every command can be tried against it safely.
+#[test]
+fn arity_and_unknown_subcommand_errors_match_redis() {
+    let server = RedisStandalone::start();
+    let mut c = Conn::connect(server.port());
+    let table = CommandTable::new();
+    let (mut compared, mut problems) = (0, vec![]);
+    for id in 0..table.count() {
+        let full = table.name_of(id);
+        let mut args: Vec<String> = full.split('|').map(str::to_string).collect();
+        if args[0].starts_with("LOCK.") {
+            continue; // heatshield's own
+        }
+        let mut cases = vec![];
+        // one argument too few and one too many, where the arity says so
+        for extra in 0..8 {
+            let mut a = args.clone();
+            a.extend((0..extra).map(|i| format!("a{i}")));
+            if table.lookup(&Request::from_args(&a)).is_ok() {
+                if extra > 0 || args.len() > 1 {
+                    let mut fewer = a.clone();
+                    fewer.pop();
+                    cases.push(fewer);
+                }
+                let mut more = a.clone();
+                more.push("extra".into());
+                cases.push(more);
+                break;
+            }
+        }
+        if args.len() == 2 {
+            args[1] = "NO-SUCH-SUBCOMMAND".into();
+            cases.push(args.clone());
+        }
+        for a in cases {
+            let Err(ours) = table.lookup(&Request::from_args(&a)) else { continue };
+            compared += 1;
+            let theirs = c.cmd(&a);
+            if theirs
+                .err()
+                .is_some_and(|e| e.starts_with("ERR unknown command") || e.starts_with("ERR unknown subcommand"))
+                && !a[a.len() - 1].eq_ignore_ascii_case("NO-SUCH-SUBCOMMAND")
+            {
+                // a command of a later Redis (CLIENT SETINFO) or heatshield's own (PROXY)
+                continue;
+            }
+            if theirs != V::Err(ours.message().to_string()) {
+                problems.push(format!("{a:?}: heatshield {:?}, Redis {theirs:?}", ours.message()));
+            }
+        }
+    }
+    eprintln!("{compared} refused argument lists compared; {} differ", problems.len());
+    assert!(compared >= 100, "too few refusals compared ({compared})");
+    assert!(problems.is_empty(), "{} differences:\n{}", problems.len(), problems.join("\n"));
+}

@@ -40,12 +40,18 @@ fn script_kill_and_function_kill_reach_the_busy_master() {
             let mut busy = Conn::connect(port);
             busy.send(&["EVAL", "while true do end", "1", key.as_str()]);
             wait_busy(*master);
+            // PING says BUSY while a script is busy, as one Redis does, in either form
+            let direct = Conn::connect(*master).cmd(&["PING"]);
+            assert_eq!(Conn::connect(port).cmd(&["PING"]), direct, "round {round}, master {master}");
+            assert_eq!(Conn::connect(port).cmd(&["PING", "hi"]), direct);
             let reply = Conn::connect(port).cmd(&["SCRIPT", "KILL"]);
             assert_eq!(reply, V::ok(), "round {round}, master {master}");
             let e = busy.read_reply();
             assert!(e.err().is_some_and(|e| e.contains("Script killed by user")), "{e:?}");
             // the master serves again, through heatshield too
             assert_eq!(Conn::connect(port).cmd(&["SET", key.as_str(), "after"]), V::ok());
+            assert_eq!(Conn::connect(port).cmd(&["PING"]), V::s("PONG"));
+            assert_eq!(Conn::connect(port).cmd(&["PING", "hi"]), V::s("hi"));
         }
     }
     assert_eq!(killer.cmd(&["SCRIPT", "KILL"]), V::Err(NOTBUSY.into()));

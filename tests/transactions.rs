@@ -331,3 +331,19 @@ fn per_node_runs_a_cross_slot_transaction_as_one_per_slot() {
         assert_eq!(c.cmd(&["DEL", &a, &b, &a2]), V::Int(3));
     }
 }
+
+/// EXEC with a wrong number of arguments: Redis's EXECABORT, and the transaction is gone
+/// (in or out of MULTI).
+#[test]
+fn exec_with_arguments_discards_the_transaction() {
+    let env = env();
+    let abort =
+        V::Err("EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command".into());
+    let mut c = Conn::connect(env.proxy.port());
+    assert_eq!(c.cmd(&["EXEC", "x"]), abort);
+    assert_eq!(c.cmd(&["MULTI"]), V::ok());
+    assert_eq!(c.cmd(&["SET", "tx:execargs", "1"]), V::s("QUEUED"));
+    assert_eq!(c.cmd(&["EXEC", "x"]), abort);
+    assert_eq!(c.cmd(&["EXEC"]), V::Err("ERR EXEC without MULTI".into()));
+    assert_eq!(c.cmd(&["EXISTS", "tx:execargs"]), V::Int(0));
+}

@@ -60,6 +60,9 @@ pub struct NodePool {
     idle: Mutex<[Vec<Backend>; 2]>,
     /// Dedicated connections alive (leased and idle), at most `opts.dedicated_max`.
     dedicated: AtomicUsize,
+    /// Scripts (EVAL, FCALL, ...) sent here whose reply has not come yet: while there are
+    /// some, a PING asks this node whether it is busy (see `crate::local`).
+    pub scripts: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -80,6 +83,7 @@ impl NodePool {
             metrics: Arc::new(crate::metrics::NodeMetrics::new(addr, opts.latency_sample_every)),
             idle: Mutex::new([Vec::new(), Vec::new()]),
             dedicated: AtomicUsize::new(0),
+            scripts: AtomicUsize::new(0),
         }
     }
 

@@ -429,8 +429,14 @@ impl CommandTable {
     }
 }
 
+/// Redis's text for a wrong number of arguments; for EXEC an EXECABORT (Redis discards
+/// the transaction: see `crate::transaction::exec_refused`).
 fn arity_text(lower: &str) -> String {
-    crate::errors::wrong_arity(lower)
+    let text = crate::errors::wrong_arity(lower);
+    if lower == "exec" {
+        return crate::errors::exec_aborted_because(text.strip_prefix("ERR ").unwrap_or(&text));
+    }
+    text
 }
 
 fn truncate_lossy(b: &[u8], max: usize) -> String {
