@@ -377,14 +377,26 @@ impl Hub {
         let mut adjust = 0i64;
         if let Some(c) = st.subs[0].get(channel) {
             adjust += c.len() as i64;
-            if home.is_some_and(|l| l.counts(&(Kind::Channel, Bytes::copy_from_slice(channel)))) {
-                adjust -= 1;
-            }
+        }
+        // the link counts while it is subscribed, and until Redis confirmed it left (even
+        // when no client of heatshield subscribes any more)
+        if home.is_some_and(|l| l.counts(&(Kind::Channel, Bytes::copy_from_slice(channel)))) {
+            adjust -= 1;
         }
         for (pat, c) in &st.subs[1] {
             if crate::glob::matches(pat, channel, false) {
                 adjust += c.len() as i64;
-                if home.is_some_and(|l| l.counts(&(Kind::Pattern, pat.clone()))) {
+                if home.is_some_and(|l| l.has.contains(&(Kind::Pattern, pat.clone()))) {
+                    adjust -= 1;
+                }
+            }
+        }
+        if let Some(l) = home {
+            for (kind, pat) in l.leaving.keys() {
+                if *kind == Kind::Pattern
+                    && !l.has.contains(&(Kind::Pattern, pat.clone()))
+                    && crate::glob::matches(pat, channel, false)
+                {
                     adjust -= 1;
                 }
             }

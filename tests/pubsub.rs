@@ -522,3 +522,35 @@ fn subscriptions_are_bounded_for_the_whole_proxy() {
         !Conn::connect(proxy.port()).cmd(&["SUBSCRIBE", "b4"]).is_err()
     });
 }
+
+/// Right after its subscriber left (UNSUBSCRIBE, PUNSUBSCRIBE), a PUBLISH counts nobody,
+/// also while heatshield's own unsubscription is still on its way to Redis.
+#[test]
+fn publish_right_after_the_last_unsubscribe_counts_nobody() {
+    let env = env();
+    let port = env.proxy.port();
+    let mut publisher = Conn::connect(port);
+    for round in 0..20 {
+        let chans: Vec<String> = (0..3).map(|i| format!("gone:{round}:{i}")).collect();
+        let pattern = format!("gonep:{round}:*");
+        let mut sub = Conn::connect(port);
+        let mut args = vec!["SUBSCRIBE"];
+        args.extend(chans.iter().map(String::as_str));
+        sub.send(&args);
+        for _ in 0..3 {
+            sub.read_reply();
+        }
+        sub.send(&["PSUBSCRIBE", &pattern]);
+        sub.read_reply();
+        sub.send(&["UNSUBSCRIBE"]);
+        for _ in 0..3 {
+            sub.read_reply();
+        }
+        sub.send(&["PUNSUBSCRIBE"]);
+        sub.read_reply();
+        for ch in &chans {
+            assert_eq!(publisher.cmd(&["PUBLISH", ch, "m"]), V::Int(0), "round {round}, {ch}");
+        }
+        assert_eq!(publisher.cmd(&["PUBLISH", &format!("gonep:{round}:x"), "m"]), V::Int(0), "round {round}");
+    }
+}
