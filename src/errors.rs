@@ -11,6 +11,8 @@ pub const NESTED_MULTI: &str = "ERR MULTI calls can not be nested";
 pub const EXECABORT: &str = "EXECABORT Transaction discarded because of previous errors.";
 pub const EXEC_WITHOUT_MULTI: &str = "ERR EXEC without MULTI";
 pub const WATCH_IN_MULTI: &str = "ERR WATCH inside MULTI is not allowed";
+/// Redis's refusal of a `no-multi` command (SAVE, SHUTDOWN, ...) inside MULTI.
+pub const NO_MULTI: &str = "ERR Command not allowed inside a transaction";
 pub const DISCARD_WITHOUT_MULTI: &str = "ERR DISCARD without MULTI";
 pub const NO_SLOT_MAP: &str = "CLUSTERDOWN heatshield has no slot map yet";
 pub const INVALID_CURSOR: &str = "ERR invalid cursor";

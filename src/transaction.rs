@@ -93,6 +93,9 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
         Route::Block => true,
         _ => false,
     };
+    if !allowed && cmd.flags & crate::command::flags::NO_MULTI != 0 {
+        return refuse(ctx, errors::NO_MULTI);
+    }
     if !allowed {
         let name = if cmd.name.contains('|') { cmd.name.replace('|', " ") } else { cmd.name.clone() };
         return refuse(ctx, &errors::not_in_transaction(&name));

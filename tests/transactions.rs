@@ -347,3 +347,23 @@ fn exec_with_arguments_discards_the_transaction() {
     assert_eq!(c.cmd(&["EXEC"]), V::Err("ERR EXEC without MULTI".into()));
     assert_eq!(c.cmd(&["EXISTS", "tx:execargs"]), V::Int(0));
 }
+
+/// A command Redis never runs in a transaction (SAVE, SHUTDOWN: `no-multi`) gets Redis's
+/// text, and the transaction aborts at EXEC, as in Redis.
+#[test]
+fn no_multi_commands_are_refused_with_redis_text() {
+    let env = env();
+    let mut c = Conn::connect(env.proxy.port());
+    let direct = {
+        let mut m = Conn::connect(env.owners.masters()[0]);
+        assert_eq!(m.cmd(&["MULTI"]), V::ok());
+        let e = m.cmd(&["SAVE"]);
+        m.cmd(&["DISCARD"]);
+        e
+    };
+    for cmd in [&["SAVE"][..], &["SHUTDOWN"][..]] {
+        assert_eq!(c.cmd(&["MULTI"]), V::ok());
+        assert_eq!(c.cmd(cmd), direct, "{cmd:?}");
+        assert!(c.cmd(&["EXEC"]).err().is_some_and(|e| e.starts_with("EXECABORT")));
+    }
+}

@@ -11,7 +11,8 @@ pub(crate) mod spec;
 use std::collections::HashMap;
 
 use smallvec::SmallVec;
-use spec::{RawSpec, flags};
+use spec::RawSpec;
+pub use spec::flags;
 
 use crate::protocol::Request;
 
