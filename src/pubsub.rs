@@ -18,7 +18,8 @@
 //!
 //! A client's confirmation waits until the backend confirmed every channel it named that
 //! was not live yet, so a message published after the client saw its confirmation reaches
-//! it. The confirmation's counts are the client's own (a connection's subscriptions are
+//! it; for a channel live already, until a barrier (a PING on the link) passed, and only
+//! then do its messages reach the client, so none published before its SUBSCRIBE does. The confirmation's counts are the client's own (a connection's subscriptions are
 //! its [`Subscriptions`]). Messages are delivered at most once, as Redis does: while a
 //! link reconnects, what is published meanwhile is not seen.
 
@@ -144,6 +145,9 @@ fn may_start_with(pat: &[u8], prefix: &[u8]) -> bool {
 struct Subscriber {
     tx: ReplyTx,
     resp3: bool,
+    /// Messages reach it (false until a barrier showed that Redis sent every message
+    /// published before its SUBSCRIBE: see [`Hub::subscribe`]).
+    ready: bool,
 }
 
 /// A change asked of a link.
@@ -151,6 +155,15 @@ struct Subscriber {
 enum Op {
     Sub(Kind, Bytes),
     Unsub(Kind, Bytes),
+    /// A PING for waiter `.0`: its reply comes after every message Redis sent before.
+    Barrier(u64),
+}
+
+/// What a link sent and awaits the reply to, in order.
+enum Sent {
+    /// (P|S)SUBSCRIBE (`true`) or (P|S)UNSUBSCRIBE of a name.
+    Sub(Kind, bool, Bytes),
+    Barrier(u64),
 }
 
 /// A subscription connection to one master.
@@ -164,12 +177,19 @@ struct Link {
     /// Unsubscriptions sent and not yet confirmed: until they are, Redis still counts the
     /// link as a subscriber (PUBLISH's and NUMSUB's corrections take that off).
     leaving: HashMap<(Kind, Bytes), u32>,
+    /// Waiters whose barrier is out on this link, in order.
+    barriers: Vec<u64>,
 }
 
 impl Link {
     fn new(pool: Arc<NodePool>) -> Link {
         let (tx, rx) = mpsc::unbounded_channel();
-        Link { pool, tx, rx: Some(rx), has: HashSet::new(), leaving: HashMap::new() }
+        Link { pool, tx, rx: Some(rx), has: HashSet::new(), leaving: HashMap::new(), barriers: Vec::new() }
+    }
+
+    fn barrier(&mut self, w: u64) {
+        self.barriers.push(w);
+        let _ = self.tx.send(Op::Barrier(w));
     }
 
     fn want(&mut self, kind: Kind, name: &Bytes) {
@@ -197,7 +217,11 @@ struct Waiter {
     tx: ReplyTx,
     tag: Tag,
     reply: Bytes,
+    /// Confirmations and barriers still awaited.
     remaining: usize,
+    kind: Kind,
+    /// Names that were live already: the client gets their messages once it is done.
+    live: Vec<Bytes>,
 }
 
 #[derive(Default)]
@@ -250,6 +274,31 @@ impl State {
     fn unplace(&mut self, kind: Kind, name: &Bytes) {
         for link in self.links.values_mut() {
             link.drop_sub(kind, name);
+        }
+    }
+
+    /// One of what waiter `w` awaits is in; once all are, its client's subscriptions to
+    /// names that were live take messages, and its confirmation goes out.
+    fn step(&mut self, w: u64) {
+        let Some(waiter) = self.waiters.get_mut(&w) else { return };
+        waiter.remaining -= 1;
+        if waiter.remaining > 0 {
+            return;
+        }
+        let Some(waiter) = self.waiters.remove(&w) else { return };
+        for name in &waiter.live {
+            if let Some(s) = self.subs[waiter.kind as usize].get_mut(name).and_then(|m| m.get_mut(&waiter.client)) {
+                s.ready = true;
+            }
+        }
+        let _ = waiter.tx.send(BackendReply::one(waiter.tag, Ok(waiter.reply)));
+    }
+
+    /// The barriers out on a link that is gone or new: nothing sent before them will come
+    /// on its connection.
+    fn release_barriers(&mut self, barriers: Vec<u64>) {
+        for w in barriers {
+            self.step(w);
         }
     }
 }
@@ -308,18 +357,35 @@ impl Hub {
     ) -> Option<Bytes> {
         let mut st = self.state.lock();
         let mut awaited: Vec<Bytes> = Vec::new();
+        // names live already (another client subscribes them): a message Redis sent before
+        // this SUBSCRIBE may still be on its way; a barrier on each link they are on lets
+        // the client have only what comes after it, as Redis would
+        let mut live: Vec<Bytes> = Vec::new();
+        let mut barrier_on: Vec<Arc<NodePool>> = Vec::new();
         for name in names {
-            let subscriber = Subscriber { tx: tx.clone(), resp3 };
-            if st.subs[kind as usize].entry(name.clone()).or_default().insert(id, subscriber).is_none() {
+            let clients = st.subs[kind as usize].entry(name.clone()).or_default();
+            let new = !clients.contains_key(&id);
+            if new {
+                clients.insert(id, Subscriber { tx: tx.clone(), resp3, ready: true });
                 self.held.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             let pending = st.waiting.contains_key(&(kind, name.clone()));
             if st.place(&self.cluster, kind, name) || pending {
                 awaited.push(name.clone());
+            } else if new {
+                for pool in st.targets(&self.cluster, kind, name) {
+                    if !barrier_on.iter().any(|p| Arc::ptr_eq(p, &pool)) {
+                        barrier_on.push(pool);
+                    }
+                }
+                if let Some(s) = st.subs[kind as usize].get_mut(name).and_then(|m| m.get_mut(&id)) {
+                    s.ready = false;
+                }
+                live.push(name.clone());
             }
         }
         let new_links = st.links.values().any(|l| l.rx.is_some());
-        if awaited.is_empty() {
+        if awaited.is_empty() && barrier_on.is_empty() {
             drop(st);
             if new_links {
                 self.wake.notify_one();
@@ -331,7 +397,11 @@ impl Hub {
         for name in &awaited {
             st.waiting.entry((kind, name.clone())).or_default().push(w);
         }
-        st.waiters.insert(w, Waiter { client: id, tx: tx.clone(), tag, reply, remaining: awaited.len() });
+        let remaining = awaited.len() + barrier_on.len();
+        st.waiters.insert(w, Waiter { client: id, tx: tx.clone(), tag, reply, remaining, kind, live });
+        for pool in &barrier_on {
+            st.link(pool).barrier(w);
+        }
         drop(st);
         if new_links {
             self.wake.notify_one();
@@ -449,17 +519,17 @@ impl Hub {
         let mut st = self.state.lock();
         let Some(ids) = st.waiting.remove(&(kind, Bytes::copy_from_slice(name))) else { return };
         for w in ids {
-            let done = match st.waiters.get_mut(&w) {
-                Some(waiter) => {
-                    waiter.remaining -= 1;
-                    waiter.remaining == 0
-                }
-                None => false,
-            };
-            if done && let Some(waiter) = st.waiters.remove(&w) {
-                let _ = waiter.tx.send(BackendReply::one(waiter.tag, Ok(waiter.reply)));
-            }
+            st.step(w);
         }
+    }
+
+    /// The link to `addr` passed waiter `w`'s barrier.
+    fn barrier_passed(&self, addr: &str, w: u64) {
+        let mut st = self.state.lock();
+        let Some(l) = st.links.get_mut(addr) else { return };
+        let Some(i) = l.barriers.iter().position(|&b| b == w) else { return };
+        l.barriers.remove(i);
+        st.step(w);
     }
 
     /// A message from the link to `addr`: `kind` and `name` say whose subscribers get it,
@@ -482,7 +552,9 @@ impl Hub {
         }
         let Some(clients) = st.subs[kind as usize].get(name) else { return };
         let mut resp2: Option<Bytes> = None;
-        for s in clients.values() {
+        let mut delivered = 0;
+        for s in clients.values().filter(|s| s.ready) {
+            delivered += 1;
             let bytes = if s.resp3 {
                 frame.clone()
             } else {
@@ -498,7 +570,7 @@ impl Hub {
             };
             let _ = s.tx.send(BackendReply::one(Tag { seq: PUSH_SEQ, part: 0 }, Ok(bytes)));
         }
-        self.meters.delivered.increment(clients.len() as u64);
+        self.meters.delivered.increment(delivered);
     }
 
     /// Redis no longer serves shard channel `name` on `addr` (its slot moved, or it
@@ -520,9 +592,12 @@ impl Hub {
     fn link_up(&self, addr: &str) -> Vec<(Kind, Bytes)> {
         let mut st = self.state.lock();
         let Some(l) = st.links.get_mut(addr) else { return Vec::new() };
-        // a new connection: nothing is leaving it
+        // a new connection: nothing is leaving it, and nothing came before its barriers
         l.leaving.clear();
-        l.has.iter().cloned().collect()
+        let subs = l.has.iter().cloned().collect();
+        let barriers = std::mem::take(&mut l.barriers);
+        st.release_barriers(barriers);
+        subs
     }
 
     /// The link to `addr` confirmed an unsubscription of `(kind, name)`.
@@ -554,7 +629,12 @@ impl Hub {
             }
             // links to nodes that are no longer masters go (their tasks end)
             let masters: HashSet<Arc<str>> = topo.masters.iter().map(|m| m.addr.clone()).collect();
-            st.links.retain(|addr, _| masters.contains(addr));
+            let gone: Vec<Arc<str>> = st.links.keys().filter(|a| !masters.contains(*a)).cloned().collect();
+            for addr in gone {
+                if let Some(l) = st.links.remove(&addr) {
+                    st.release_barriers(l.barriers);
+                }
+            }
             let mut want: HashMap<Arc<str>, HashSet<(Kind, Bytes)>> = HashMap::new();
             let mut pools: HashMap<Arc<str>, Arc<NodePool>> = HashMap::new();
             for kind in Kind::ALL {
@@ -616,13 +696,18 @@ async fn link(hub: Arc<Hub>, pool: Arc<NodePool>, mut rx: mpsc::UnboundedReceive
     debug!(node = %pool.addr, "pub/sub link ends");
 }
 
-fn encode(op: &Op, out: &mut BytesMut, fifo: &mut VecDeque<(Kind, bool, Bytes)>) {
+fn encode(op: &Op, out: &mut BytesMut, fifo: &mut VecDeque<Sent>) {
     let (kind, sub, name) = match op {
         Op::Sub(k, n) => (*k, true, n),
         Op::Unsub(k, n) => (*k, false, n),
+        Op::Barrier(w) => {
+            out.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
+            fifo.push_back(Sent::Barrier(*w));
+            return;
+        }
     };
     out.extend_from_slice(Request::from_args(&[kind.command(sub), &name[..]]).raw());
-    fifo.push_back((kind, sub, name.clone()));
+    fifo.push_back(Sent::Sub(kind, sub, name.clone()));
 }
 
 /// One connection's life: returns `Ok` when the hub dropped the link, an error when the
@@ -637,7 +722,7 @@ async fn serve(
     backend::roundtrip(&mut s, Request::from_args(&["CLIENT", "SETNAME", "heatshield-pubsub"]).raw()).await?;
     // what was asked while down is in the link's set already
     while rx.try_recv().is_ok() {}
-    let mut fifo: VecDeque<(Kind, bool, Bytes)> = VecDeque::new();
+    let mut fifo: VecDeque<Sent> = VecDeque::new();
     let mut out = BytesMut::new();
     for (kind, name) in hub.link_up(&pool.addr) {
         encode(&Op::Sub(kind, name), &mut out, &mut fifo);
@@ -672,13 +757,13 @@ async fn serve(
 }
 
 /// One frame from a link: a message to fan out, or the reply to a command it sent.
-fn on_frame(hub: &Hub, addr: &str, frame: Bytes, fifo: &mut VecDeque<(Kind, bool, Bytes)>) {
+fn on_frame(hub: &Hub, addr: &str, frame: Bytes, fifo: &mut VecDeque<Sent>) {
     let Ok((v, _)) = Value::parse(&frame) else { return };
     let items = match v {
         Value::Array(items) => items,
         Value::Error(e) => {
             // a subscription Redis refused (SSUBSCRIBE to a node that does not own the slot)
-            if let Some((kind, true, name)) = fifo.pop_front() {
+            if let Some(Sent::Sub(kind, true, name)) = fifo.pop_front() {
                 warn!(node = addr, error = %String::from_utf8_lossy(e), "subscription refused; placing it again");
                 if kind == Kind::Shard {
                     hub.shard_lost(addr, &name);
@@ -687,7 +772,10 @@ fn on_frame(hub: &Hub, addr: &str, frame: Bytes, fifo: &mut VecDeque<(Kind, bool
             return;
         }
         _ => {
-            fifo.pop_front();
+            // a barrier's PONG
+            if let Some(Sent::Barrier(w)) = fifo.pop_front() {
+                hub.barrier_passed(addr, w);
+            }
             return;
         }
     };
@@ -712,7 +800,7 @@ fn on_frame(hub: &Hub, addr: &str, frame: Bytes, fifo: &mut VecDeque<(Kind, bool
             hub.left(addr, kind, at(1));
         }
         b"sunsubscribe" => {
-            if matches!(fifo.front(), Some((Kind::Shard, false, n)) if &n[..] == at(1)) {
+            if matches!(fifo.front(), Some(Sent::Sub(Kind::Shard, false, n)) if &n[..] == at(1)) {
                 fifo.pop_front();
                 hub.left(addr, Kind::Shard, at(1));
             } else {

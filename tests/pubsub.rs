@@ -554,3 +554,29 @@ fn publish_right_after_the_last_unsubscribe_counts_nobody() {
         assert_eq!(publisher.cmd(&["PUBLISH", &format!("gonep:{round}:x"), "m"]), V::Int(0), "round {round}");
     }
 }
+
+/// A client that subscribes to a channel others keep live gets only what is published
+/// after its SUBSCRIBE, as from Redis: a message published (and answered) before it was
+/// still on its way to heatshield's shared link must not reach it.
+#[test]
+fn a_new_subscriber_gets_nothing_published_before_its_subscribe() {
+    let env = env();
+    let port = env.proxy.port();
+    let ch = "before:live";
+    // keeps the channel live on heatshield's link
+    let mut keeper = Conn::connect(port);
+    keeper.send(&["SUBSCRIBE", ch]);
+    keeper.read_reply();
+    let mut publisher = Conn::connect(port);
+    for round in 0..200 {
+        let before = format!("before-{round}");
+        assert!(publisher.cmd(&["PUBLISH", ch, &before]).int() >= 1);
+        let mut late = Conn::connect(port);
+        late.send(&["SUBSCRIBE", ch]);
+        late.read_reply();
+        let after = format!("after-{round}");
+        assert!(publisher.cmd(&["PUBLISH", ch, &after]).int() >= 2);
+        let first = late.read_reply();
+        assert_eq!(first, V::strs(&["message", ch, &after]), "round {round}");
+    }
+}
