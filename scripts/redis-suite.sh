@@ -99,9 +99,10 @@ tp=0 tf=0 n=0
 for u in $UNITS; do
   line=$(bash "$S/run.sh" --target "$target" ${shim:+--nodes "$shim"} --units "$u" --out "$OUT" | grep -v '^logs:\|^redis-suite:')
   log="$OUT/$(echo "$u" | tr / _).log"
-  grep -q '^\[TIMEOUT\]' "$log" && line="$line  (aborted: timeout)"
+  if grep -q '^\[TIMEOUT\]' "$log"; then line="$line  (aborted: timeout)"; fi
   echo "$line"
-  tp=$((tp + $(grep -c '^\[ok\]' "$log"))) tf=$((tf + $(grep -c '^\[err\]' "$log"))) n=$((n + 1))
+  ok=$(grep -c '^\[ok\]' "$log" || true) err=$(grep -c '^\[err\]' "$log" || true)
+  tp=$((tp + ok)) tf=$((tf + err)) n=$((n + 1))
   restore_settings
 done
 echo "logs: $OUT"
