@@ -21,6 +21,10 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     if proxy.config.admin.password.is_none() || !ctx.client.admin {
         return ctx.error(errors::CONFIG_NOPERM);
     }
+    if req.arg(1).eq_ignore_ascii_case(b"RESETSTAT") {
+        // heatshield's own statistics in INFO (commandstats, latencystats) too
+        proxy.command_stats.reset();
+    }
     route::to_masters(proxy, ctx, req.raw().clone(), each_reply)
 }
 

@@ -40,13 +40,16 @@ impl Default for Scripts {
 }
 
 impl Scripts {
-    /// Notes the body of an `EVAL` / `EVAL_RO` / `SCRIPT LOAD`, and the libraries of
+    /// Notes the body of an `EVAL` / `EVAL_RO` / `SCRIPT LOAD` (`SCRIPT FLUSH` forgets them
+    /// all), and the libraries of
     /// `FUNCTION LOAD` / `DELETE` / `FLUSH` (`name` is the command's name as the command
     /// table spells it); other commands are ignored.
     pub fn note(&self, name: &str, req: &Request) {
         let at = match name {
             "EVAL" | "EVAL_RO" => 1,
             "SCRIPT|LOAD" => 2,
+            // every master's cache is emptied: as on one Redis, EVALSHA says NOSCRIPT now
+            "SCRIPT|FLUSH" => return self.bodies.invalidate_all(),
             "FUNCTION|LOAD" | "FUNCTION|DELETE" | "FUNCTION|FLUSH" => return self.note_library(name, req),
             _ => return,
         };

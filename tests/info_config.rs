@@ -164,6 +164,10 @@ fn config_set_needs_the_admin_and_reaches_every_master() {
     let direct = cmd(env.owners.masters()[0], &["CONFIG", "SET", "no-such-parameter", "1"]);
     assert_eq!(c.cmd(&["CONFIG", "SET", "no-such-parameter", "1"]), direct);
     assert_eq!(c.cmd(&["CONFIG", "RESETSTAT"]), V::ok());
+    // heatshield's own command statistics count from zero again too
+    assert!(c.cmd(&["SET", "cfg:after-reset", "1"]).is_ok());
+    let info = c.cmd(&["INFO", "commandstats"]).text();
+    assert!(info.contains("cmdstat_set:calls=1,"), "{info}");
 
     // one master refuses, the others apply it: that master's default user (the one
     // heatshield connects as) may not CONFIG SET for a while

@@ -86,3 +86,20 @@ fn script_kill_and_function_kill_reach_the_busy_master() {
     // only SHUTDOWN NOSAVE would end it; the cluster is this test's own and goes with it
     drop(busy);
 }
+
+/// SCRIPT FLUSH through heatshield empties every master's cache and heatshield's own
+/// memory of the bodies: EVALSHA then says NOSCRIPT, as on one Redis (a flush behind
+/// heatshield's back is repaired instead: tests/routing.rs). A cluster of its own: the
+/// flush would empty the scripts of other tests.
+#[test]
+fn script_flush_through_heatshield_forgets_every_script() {
+    let env = ClusterEnv::start(None);
+    let mut c = Conn::connect(env.proxy.port());
+    let (_, key) = &env.owners.key_per_master("flush:")[0];
+    let sha = c.cmd(&["SCRIPT", "LOAD", "return 'loaded'"]).text();
+    assert_eq!(c.cmd(&["EVALSHA", &sha, "1", key.as_str()]), V::s("loaded"));
+    assert_eq!(c.cmd(&["SCRIPT", "FLUSH"]), V::ok());
+    let e = c.cmd(&["EVALSHA", &sha, "1", key.as_str()]);
+    assert!(e.err().is_some_and(|e| e.starts_with("NOSCRIPT")), "{e:?}");
+    assert_eq!(c.cmd(&["SCRIPT", "EXISTS", &sha]), V::Arr(vec![V::Int(0)]));
+}

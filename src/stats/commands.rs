@@ -11,6 +11,10 @@ use crate::metrics::bump;
 pub struct CommandStats {
     /// `[worker][command id]`
     workers: Box<[Box<[CmdStat]>]>,
+    /// What the counters held at the last CONFIG RESETSTAT (subtracted when read): a
+    /// worker's counters are written by that worker alone, with plain stores, so another
+    /// thread cannot zero them safely.
+    base: parking_lot::Mutex<Vec<Totals>>,
 }
 
 /// Latency buckets: 4 per power of two of microseconds, up to ~2^26 µs.
@@ -61,7 +65,15 @@ impl CommandStats {
     pub fn new(workers: usize, commands: usize) -> CommandStats {
         CommandStats {
             workers: (0..workers.max(1)).map(|_| (0..commands).map(|_| CmdStat::default()).collect()).collect(),
+            base: parking_lot::Mutex::new(Vec::new()),
         }
+    }
+
+    /// CONFIG RESETSTAT: every command counts from zero again.
+    pub fn reset(&self) {
+        let n = self.workers.first().map_or(0, |w| w.len());
+        let now: Vec<Totals> = (0..n).map(|c| self.raw_total(c)).collect();
+        *self.base.lock() = now;
     }
 
     #[inline]
@@ -77,8 +89,21 @@ impl CommandStats {
         bump(&s.hist[bucket_of(us)], 1);
     }
 
-    /// (calls, usec, failed, histogram) summed over workers.
+    /// (calls, usec, failed, histogram) summed over workers, since the last reset.
     pub(crate) fn total(&self, cmd: usize) -> Totals {
+        let mut t = self.raw_total(cmd);
+        if let Some(b) = self.base.lock().get(cmd) {
+            t.0 = t.0.saturating_sub(b.0);
+            t.1 = t.1.saturating_sub(b.1);
+            t.2 = t.2.saturating_sub(b.2);
+            for (a, x) in t.3.iter_mut().zip(b.3.iter()) {
+                *a = a.saturating_sub(*x);
+            }
+        }
+        t
+    }
+
+    fn raw_total(&self, cmd: usize) -> Totals {
         let mut t = (0, 0, 0, [0u64; HIST_BUCKETS]);
         for w in self.workers.iter() {
             let s = &w[cmd];
