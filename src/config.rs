@@ -138,7 +138,7 @@ pub struct ServerConfig {
     /// Address to listen on for Redis clients.
     pub listen: String,
     /// Worker threads (each a single-threaded runtime with its own listener and backend
-    /// connections); 0 means one per CPU core.
+    /// connections); 0 means one per CPU core but one (at least one).
     pub threads: usize,
     /// Client connections beyond this are refused with an error reply.
     pub max_clients: usize,

@@ -28,7 +28,7 @@ struct Cli {
     /// One standalone Redis server, HOST:PORT (overrides [backend]).
     #[arg(long)]
     standalone: Option<String>,
-    /// Worker threads, 0 = one per core (overrides server.threads).
+    /// Worker threads, 0 = one per core but one, at least one (overrides server.threads).
     #[arg(long)]
     threads: Option<usize>,
     /// Prometheus metrics listener, ADDR or "off" (overrides [metrics] listen).

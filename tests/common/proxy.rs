@@ -39,6 +39,20 @@ pub struct Proxy {
     dir: TempDir,
 }
 
+/// `--threads 2` unless `args` (or the configuration file they name) set the worker count:
+/// the default on a 2-core machine is one worker, and the tests should exercise what is
+/// shared between workers (client lists, statistics, the pub/sub hub) as well.
+fn threads_arg(args: &[String]) -> Vec<String> {
+    let set_in_file = args.windows(2).any(|w| {
+        (w[0] == "--config" || w[0] == "-c")
+            && std::fs::read_to_string(&w[1]).is_ok_and(|t| t.lines().any(|l| l.trim_start().starts_with("threads")))
+    });
+    if set_in_file || args.iter().any(|a| a == "--threads" || a.starts_with("--threads=")) {
+        return Vec::new();
+    }
+    vec!["--threads".to_string(), "2".to_string()]
+}
+
 /// The value of `--metrics` in `args` (`--metrics ADDR` or `--metrics=ADDR`),
 /// if present. `Some(None)` means the flag is present without a value.
 fn metrics_arg(args: &[String]) -> Option<Option<String>> {
@@ -129,6 +143,7 @@ impl Proxy {
             .arg("--listen")
             .arg(local(port))
             .args(&metrics_args)
+            .args(threads_arg(args))
             .args(args)
             .env("RUST_LOG", rust_log)
             .current_dir(dir.path())
