@@ -346,11 +346,8 @@ fn a_keyless_write_right_after_a_failover_reaches_the_new_master() {
     for m in cluster.masters() {
         assert_eq!(cmd_text(m, &["FCALL", "fo_v", "0"]), "2", "the new library on master {m}");
     }
-    let metrics = common::http::http_get(&proxy.metrics_addr().unwrap(), "/metrics").1;
-    let readonly = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("heatshield_retries_total{reason=\"readonly\"} "))
-        .and_then(|v| v.trim().parse::<f64>().ok());
+    let readonly =
+        common::http::scrape_series(&proxy.metrics_addr().unwrap(), "heatshield_retries_total{reason=\"readonly\"}");
     assert!(readonly.is_some_and(|n| n >= 1.0), "writes sent again after READONLY: {readonly:?}");
     assert!(proxy.is_alive());
 }

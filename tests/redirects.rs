@@ -180,11 +180,10 @@ fn reads_and_writes_follow_ask_and_moved_during_a_live_migration() {
         assert_eq!(c.cmd(&["UNLINK", &s1, &m1]), V::Int(2), "{proto:?} UNLINK across the move");
         assert_eq!(c.cmd(&["EXISTS", &m0, &s0, &m1, &s1]), V::Int(0));
     }
-    let metrics = common::http::http_get(&proxy.metrics_addr().unwrap(), "/metrics").1;
-    let per_key = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("heatshield_retries_total{reason=\"tryagain_per_key\"} "))
-        .and_then(|v| v.trim().parse::<f64>().ok());
+    let per_key = common::http::scrape_series(
+        &proxy.metrics_addr().unwrap(),
+        "heatshield_retries_total{reason=\"tryagain_per_key\"}",
+    );
     assert!(per_key.is_some_and(|n| n >= 12.0), "parts split key by key: {per_key:?}");
     // the new keys really are on the target
     let on_dst: usize = cmd_text(dst, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]).parse().unwrap();

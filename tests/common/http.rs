@@ -70,3 +70,10 @@ fn dechunk(mut data: &[u8]) -> Result<Vec<u8>, String> {
         data = &data[size + 2..];
     }
 }
+
+/// The value of one series (`name{labels}` exactly as exposed) scraped from the metrics
+/// endpoint at `addr`; `None` when it is not there.
+pub fn scrape_series(addr: &str, series: &str) -> Option<f64> {
+    let (_, body) = http_get(addr, "/metrics");
+    body.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
