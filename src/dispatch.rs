@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::client::Mode;
-use crate::command::{Command, Local, Route, keys_of};
+use crate::command::{Command, FanOut, KeySpec, Local, Route, keys_of};
 use crate::errors;
 use crate::local;
 use crate::pending::{Ctx, Outcome};
@@ -74,7 +74,11 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
             subscribe::publish(proxy, ctx, cmd.name == "SPUBLISH")
         }
         route => {
-            proxy.scripts.note(&cmd.name, req);
+            // only scripts and SCRIPT / FUNCTION subcommands sent to every master are noted:
+            // two comparisons, not one per name, for every other command
+            if cmd.keys == KeySpec::SCRIPT || route == Route::FanOut(FanOut::AllSame) {
+                proxy.scripts.note(&cmd.name, req);
+            }
             policy::admit(proxy, ctx, cmd, route)
         }
     }

@@ -198,18 +198,38 @@ pub struct Part {
     /// follow the redirections that come after it.
     retries: u16,
     reply: Option<Bytes>,
+    /// What only the rare paths need, boxed: every request has a part, and its size is
+    /// copied with it.
+    rare: Option<Box<Rare>>,
+}
+
+/// The rarely used state of a [`Part`].
+#[derive(Default)]
+struct Rare {
     /// A redirection to an address the topology does not announce, held while a refresh
     /// confirms or refutes it; or READONLY from a node, held while a refresh finds the
     /// replica promoted in its place (see [`on_reply`]).
-    held: Option<Box<Bytes>>,
+    held: Option<Bytes>,
     /// Split key by key after TRYAGAIN (see [`per_key`]): the part's pieces, or the part
     /// a piece belongs to.
-    pieces: Option<Box<Pieces>>,
+    pieces: Option<Pieces>,
 }
 
 impl Part {
     pub fn new(data: Bytes, target: Target) -> Part {
-        Part { data, target, redirects: 0, retries: 0, reply: None, held: None, pieces: None }
+        Part { data, target, redirects: 0, retries: 0, reply: None, rare: None }
+    }
+
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    fn take_held(&mut self) -> Option<Bytes> {
+        self.rare.as_mut()?.held.take()
+    }
+
+    fn pieces(&self) -> Option<&Pieces> {
+        self.rare.as_ref()?.pieces.as_ref()
     }
 }
 
@@ -225,7 +245,7 @@ enum Pieces {
 impl Part {
     /// The part this one is a piece of.
     fn parent(&self) -> Option<u32> {
-        match self.pieces.as_deref() {
+        match self.pieces() {
             Some(Pieces::Of(i)) => Some(*i),
             _ => None,
         }
@@ -678,7 +698,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             if !follow(proxy, part, &r) {
                 // The address is not one the cluster announced (a script can return any
                 // error text): refresh the topology, then look again.
-                part.held = Some(Box::new(data));
+                part.rare().held = Some(data);
                 recheck_later(proxy, ctx, idx as u32, false);
                 return None;
             }
@@ -686,7 +706,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             return resend(proxy, ctx, p, idx);
         }
         (Verdict::Busy, Ok(data)) if part.retries < MAX_RETRIES => {
-            if part.pieces.is_none()
+            if part.pieces().is_none()
                 && data.starts_with(b"-TRYAGAIN")
                 && let Some(kind) = splittable(proxy, ctx.req)
             {
@@ -712,7 +732,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
                 proxy.cluster.request_refresh();
                 send_later(proxy, ctx, p.dedicated.is_some(), part, idx as u32, 1);
             } else {
-                part.held = Some(Box::new(data));
+                part.rare().held = Some(data);
                 recheck_later(proxy, ctx, idx as u32, true);
             }
             return None;
@@ -728,7 +748,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             return None;
         }
         (Verdict::Recheck, _) => {
-            let held = *part.held.take()?;
+            let held = part.take_held()?;
             if held.starts_with(b"-READONLY") {
                 let promoted = match &part.target {
                     Target::Node(n) | Target::Ask(n) => proxy.cluster.topology().promoted_for(&n.addr),
@@ -741,7 +761,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
                 if part.retries < MAX_RETRIES {
                     // the map does not show the new master yet
                     part.retries += 1;
-                    part.held = Some(Box::new(held));
+                    part.rare().held = Some(held);
                     recheck_later(proxy, ctx, idx as u32, true);
                     return None;
                 }
@@ -787,7 +807,8 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
         // flushed): the library heatshield saw register it is loaded there first, on the
         // connection the call goes on again, so it runs before it; once
         (Verdict::Answer, Ok(data))
-            if data.starts_with(b"-ERR Function not found")
+            if data.first() == Some(&b'-')
+                && data.starts_with(b"-ERR Function not found")
                 && p.dedicated.is_none()
                 && part.redirects < MAX_REDIRECTS
                 && matches!(part.target, Target::Slot(_) | Target::Node(_)) =>
@@ -1053,7 +1074,7 @@ fn per_key(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, kind: Spli
     };
     crate::metrics::global().tryagain_per_key.increment(1);
     let count = ((cmd.argc() - 1) / step) as u32;
-    part.pieces = Some(Box::new(Pieces::Whole { first, count, left: count, kind }));
+    part.rare().pieces = Some(Pieces::Whole { first, count, left: count, kind });
     // the part is complete when its pieces are: it counts as one of them until then
     p.remaining += count;
     for k in 0..count as usize {
@@ -1062,7 +1083,7 @@ fn per_key(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, kind: Spli
         args.extend((a..a + step).map(|i| cmd.arg(i)));
         let key = cmd.arg(a);
         let mut piece = Part::new(Request::from_args(&args).raw().clone(), Target::Slot(crate::cluster::slot(key)));
-        piece.pieces = Some(Box::new(Pieces::Of(idx as u32)));
+        piece.rare().pieces = Some(Pieces::Of(idx as u32));
         p.parts.push(piece);
     }
     for k in first as usize..p.parts.len() {
@@ -1078,7 +1099,11 @@ fn per_key(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, kind: Spli
 /// One piece of part `parent` is in: once all are, their replies merged are the part's
 /// (the first error among them, if any).
 fn piece_done(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, parent: usize) -> Option<Bytes> {
-    let Some(Pieces::Whole { first, count, left, kind }) = p.parts[parent].pieces.as_deref_mut() else { return None };
+    let Some(Pieces::Whole { first, count, left, kind }) =
+        p.parts[parent].rare.as_mut().and_then(|r| r.pieces.as_mut())
+    else {
+        return None;
+    };
     *left -= 1;
     if *left > 0 {
         return None;
@@ -1169,12 +1194,10 @@ fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
             build(proxy, ctx, &each)
         }
         Finish::Merge(merge) => {
-            let replies: Vec<Bytes> = p
-                .parts
-                .iter_mut()
-                .filter(|x| x.parent().is_none())
-                .map(|x| x.reply.take().unwrap_or_default())
-                .collect();
+            // the pieces of a part split after TRYAGAIN come after every part: not replies
+            // of their own (one allocation, of the exact size: a filter would lose it)
+            let whole = p.parts.iter().position(|x| x.parent().is_some()).unwrap_or(p.parts.len());
+            let replies: Vec<Bytes> = p.parts[..whole].iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
             // Any error among the parts is the answer (Redis would have failed the whole command).
             if let Some(e) = replies.iter().find(|r| r.first() == Some(&b'-')) {
                 return e.clone();
