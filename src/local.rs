@@ -2,6 +2,8 @@
 //! ECHO, QUIT, SELECT, HELLO, AUTH, TIME, RESET, CLIENT (crate::clients) and
 //! INFO (whose keyspace part is gathered from the masters). Replies follow Redis's texts.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use crate::command::Local;
 use crate::errors;
 use crate::pending::{Ctx, Outcome};
@@ -9,19 +11,39 @@ use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request};
 use crate::proxy::Proxy;
 
+/// PINGs asking busy masters at once, proxy-wide, at most: each holds a dedicated
+/// connection per master it asks, and a client pipelining PINGs while a script runs must
+/// not open connections without bound (past it, heatshield answers PONG itself).
+const MAX_PING_PROBES: usize = 8;
+static PING_PROBES: AtomicUsize = AtomicUsize::new(0);
+
+/// One of [`MAX_PING_PROBES`], given back when dropped.
+struct PingProbe;
+
+impl Drop for PingProbe {
+    fn drop(&mut self) {
+        PING_PROBES.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// PING while some master runs a script: asked of those masters (on connections the
 /// script cannot hold up), so a master busy with a script answers BUSY, as one Redis
-/// does. `None` (heatshield answers PONG itself) when no script is out, or no connection
-/// to spare.
+/// does. `None` (heatshield answers PONG itself) when no script is out, or no probe or
+/// connection to spare.
 fn ping_busy(proxy: &Proxy, ctx: &mut Ctx) -> Option<Outcome> {
     let running: Vec<_> = {
         let topo = proxy.cluster.topology();
-        if topo.masters.iter().all(|m| m.scripts.load(std::sync::atomic::Ordering::Relaxed) == 0) {
-            return None;
+        let busy = |m: &&std::sync::Arc<crate::cluster::NodePool>| m.scripts.load(Ordering::Relaxed) > 0;
+        if !topo.masters.iter().any(|m| busy(&m)) {
+            return None; // the usual case: no allocation
         }
-        topo.masters.iter().filter(|m| m.scripts.load(std::sync::atomic::Ordering::Relaxed) > 0).cloned().collect()
+        topo.masters.iter().filter(busy).cloned().collect()
     };
-    crate::route::while_busy(proxy, ctx, &running, crate::merge::ping_reply).ok()
+    if PING_PROBES.fetch_add(1, Ordering::Relaxed) >= MAX_PING_PROBES {
+        PING_PROBES.fetch_sub(1, Ordering::Relaxed);
+        return None;
+    }
+    crate::route::while_busy(proxy, ctx, &running, crate::merge::ping_reply, PingProbe).ok()
 }
 
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {

@@ -217,7 +217,7 @@ fn kill(proxy: &Proxy, ctx: &mut Ctx, masters: &[Arc<NodePool>]) -> Outcome {
     } else {
         crate::merge::kill_reply
     };
-    match while_busy(proxy, ctx, masters, merge) {
+    match while_busy(proxy, ctx, masters, merge, ()) {
         Ok(o) => o,
         Err(e) => ctx.error(&e),
     }
@@ -227,13 +227,14 @@ fn kill(proxy: &Proxy, ctx: &mut Ctx, masters: &[Arc<NodePool>]) -> Outcome {
 /// busy script came on is not read until the script ends, and a shared connection may be
 /// that one, so commands Redis answers while a script is busy (the KILLs, FUNCTION STATS,
 /// PING) go this way. A task sends them and hands the request `merge` of the replies; the
-/// leases go back (or close) when it is done. The error when a master has no dedicated
-/// connection to spare.
-pub fn while_busy(
+/// leases go back (or close) when it is done, and `hold` is dropped then. The error when
+/// a master has no dedicated connection to spare.
+pub fn while_busy<H: Send + 'static>(
     proxy: &Proxy,
     ctx: &mut Ctx,
     masters: &[Arc<NodePool>],
     merge: fn(&[Bytes]) -> Bytes,
+    hold: H,
 ) -> Result<Outcome, String> {
     let mut leases = Vec::with_capacity(masters.len());
     for m in masters {
@@ -251,6 +252,7 @@ pub fn while_busy(
     let (reply_to, tag) = (ctx.reply_to.clone(), Tag { seq: ctx.seq, part: 0 });
     let timeout = Duration::from_millis(proxy.config.backend.command_timeout_ms);
     tokio::spawn(async move {
+        let _hold = hold;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         for (i, l) in leases.iter().enumerate() {
             l.conn().send(BackendRequest {

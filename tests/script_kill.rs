@@ -103,3 +103,39 @@ fn script_flush_through_heatshield_forgets_every_script() {
     assert!(e.err().is_some_and(|e| e.starts_with("NOSCRIPT")), "{e:?}");
     assert_eq!(c.cmd(&["SCRIPT", "EXISTS", &sha]), V::Arr(vec![V::Int(0)]));
 }
+
+/// A client pipelining PINGs while a script keeps a master busy cannot make heatshield
+/// open backend connections without bound: only a few PINGs ask the masters at once (the
+/// rest are answered by heatshield), and every PING is answered.
+#[test]
+fn pipelined_pings_during_a_busy_script_open_few_connections() {
+    let env = ClusterEnv::start(None);
+    let port = env.proxy.port();
+    let (master, key) = env.owners.key_per_master("pingflood:").remove(0);
+    assert_eq!(Conn::connect(master).cmd(&["CONFIG", "SET", "busy-reply-threshold", "100"]), V::ok());
+    let received = || -> i64 {
+        let info = common::cmd_text(master, &["INFO", "stats"]);
+        common::info_field(&info, "total_connections_received").unwrap().parse().unwrap()
+    };
+    // counted before the script: a busy master answers INFO only once it is over
+    let before = received();
+    let mut busy = Conn::connect(port);
+    busy.send(&["EVAL", "while true do end", "1", key.as_str()]);
+    let mut direct = Conn::connect(master);
+    wait_until(Duration::from_secs(10), "the master to be busy", || {
+        direct.cmd(&["PING"]).err().is_some_and(|e| e.starts_with("BUSY"))
+    });
+    let mut c = Conn::connect(port);
+    let pings: Vec<Vec<Vec<u8>>> = (0..500).map(|_| common::client::args(&["PING"])).collect();
+    let replies = c.pipeline(&pings);
+    assert_eq!(replies.len(), 500);
+    let busy_replies = replies.iter().filter(|r| r.err().is_some_and(|e| e.starts_with("BUSY"))).count();
+    assert!(replies.iter().all(|r| *r == V::s("PONG") || r.err().is_some_and(|e| e.starts_with("BUSY"))));
+    assert!(busy_replies >= 1, "some PING asked the busy master");
+    assert_eq!(Conn::connect(port).cmd(&["SCRIPT", "KILL"]), V::ok());
+    let _ = busy.read_reply();
+    // ours: the direct one, and this INFO's; the KILL's, one per master at most
+    let opened = received() - before - 2 - env.owners.masters().len() as i64;
+    eprintln!("500 pipelined PINGs: {busy_replies} BUSY, at most {opened} backend connections opened for them");
+    assert!(opened <= 8, "{opened} connections opened for 500 PINGs");
+}
