@@ -175,8 +175,9 @@ pub fn with_undeclared_key_hint(reply: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     let text = &reply[..reply.len() - 2];
-    let undeclared =
-        [&b"non local key"[..], b"do not hash to the same slot"].iter().any(|m| text.windows(m.len()).any(|w| w == *m));
+    let undeclared = [&b"non local key"[..], b"do not hash to the same slot"]
+        .iter()
+        .any(|m| memchr::memmem::find(text, m).is_some());
     if !undeclared {
         return None;
     }

@@ -99,7 +99,8 @@ impl Scripts {
             v
         };
         let (single, double) = (quoted(b'\''), quoted(b'"'));
-        let has = |code: &[u8], n: &[u8]| code.windows(n.len()).any(|w| w == n);
+        // linear in the code's length whatever the name (a naive window search is not)
+        let has = |code: &[u8], n: &[u8]| memchr::memmem::find(code, n).is_some();
         let (_, code) = self.libraries.iter().find(|(_, code)| has(code, &single) || has(code, &double))?;
         Some(Request::from_args(&[&b"FUNCTION"[..], b"LOAD", b"REPLACE", &code]).raw().clone())
     }
