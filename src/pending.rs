@@ -667,7 +667,12 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
         // Redis let a blocked client go because its node stopped being a master
         verdict = Verdict::Busy;
     }
-    if p.pinned() && matches!(verdict, Verdict::Redirect(_) | Verdict::Busy | Verdict::Unsent | Verdict::Failed) {
+    if p.pinned()
+        && matches!(
+            verdict,
+            Verdict::Redirect(_) | Verdict::Busy | Verdict::ReadOnly | Verdict::Unsent | Verdict::Failed
+        )
+    {
         // the watched keys' master is not where the WATCH ran any more
         void_watch(ctx);
         match &mut p.dedicated {
