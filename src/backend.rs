@@ -43,6 +43,49 @@ pub struct BackendRequest {
     /// Opaque to the backend: identifies the request to its session.
     pub tag: Tag,
     pub reply_to: ReplyTx,
+    /// A blocking command's place in its node's send order (see [`SendOrder`]).
+    pub order: Option<Box<OrderTicket>>,
+}
+
+/// Blocking commands for one node reach it in the order heatshield took them from its
+/// clients, as on one Redis, where the first client to block on a key is the first
+/// served. Each is written on a dedicated connection of its own, and those connections
+/// are separate tasks (one may still be connecting), so nothing else orders them: each
+/// takes a ticket here and its connection writes it only once the one before has been
+/// written (or given up), waiting at most [`ORDER_WAIT`] so a stalled connection cannot
+/// hold up the rest.
+#[derive(Default)]
+pub struct SendOrder {
+    /// Resolved when the newest ticket's command has been written.
+    tail: parking_lot::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+}
+
+/// How long a blocking command waits for the one taken before it to be written.
+pub const ORDER_WAIT: Duration = Duration::from_millis(250);
+
+impl SendOrder {
+    /// The next place in the order.
+    pub fn ticket(&self) -> Box<OrderTicket> {
+        let (done, rx) = tokio::sync::oneshot::channel();
+        let prev = self.tail.lock().replace(rx);
+        Box::new(OrderTicket { prev, _done: done })
+    }
+}
+
+/// One place in a [`SendOrder`]: dropping it (once its command is written, or when the
+/// command is dropped unsent) lets the next one go.
+pub struct OrderTicket {
+    prev: Option<tokio::sync::oneshot::Receiver<()>>,
+    _done: tokio::sync::oneshot::Sender<()>,
+}
+
+impl OrderTicket {
+    /// Until the command taken before this one has been written (or [`ORDER_WAIT`]).
+    async fn turn(&mut self) {
+        if let Some(prev) = self.prev.take() {
+            let _ = tokio::time::timeout(ORDER_WAIT, prev).await;
+        }
+    }
 }
 
 /// A command sent just before a request, on the same connection, whose reply the client
@@ -414,7 +457,17 @@ async fn serve(
                 *carry.lock() = Some(first);
                 // Let the sessions that are ready right now run first: their requests join
                 // this batch, so one write (and one read of the replies) serves many clients.
-                tokio::task::yield_now().await;
+                // (Not on a dedicated connection: it has one client, and tokio wakes tasks
+                // that yielded together last-first, which would turn two blocking commands
+                // for one key around.)
+                if !opts.dedicated {
+                    tokio::task::yield_now().await;
+                }
+            }
+            // a blocking command goes after those taken before it for this node
+            let mut order = carry.lock().as_mut().and_then(|r| r.order.take());
+            if let Some(t) = order.as_mut() {
+                t.turn().await;
             }
             let now = Instant::now();
             let mut next = carry.lock().take();
@@ -441,6 +494,10 @@ async fn serve(
                 }
                 if wbuf.len() < BATCH_BYTES {
                     next = rx.try_recv().ok();
+                    if next.as_ref().is_some_and(|r| r.order.is_some()) {
+                        // it waits for its turn first: it starts the next batch
+                        *carry.lock() = next.take();
+                    }
                 }
             }
             if !wbuf.is_empty() {
@@ -450,6 +507,7 @@ async fn serve(
                     wbuf = BytesMut::with_capacity(buf_cap);
                 }
             }
+            drop(order); // written: the next blocking command for this node may go
         }
     };
 

@@ -436,6 +436,7 @@ pub fn start_in(
             prefix: if asking { Prefix::Asking } else { Prefix::None },
             tag: Tag { seq: ctx.seq, part: i as u32 },
             reply_to: ctx.reply_to.clone(),
+            order: None,
         });
         i = j;
     }
@@ -524,11 +525,18 @@ fn send_part(
         prefix: if asking { Prefix::Asking } else { Prefix::None },
         tag: Tag { seq: ctx.seq, part: idx },
         reply_to: ctx.reply_to.clone(),
+        order: None,
     };
     let Some(d) = dedicated else {
         node.conn(ctx.client.proto, ctx.client.id).send(req);
         return Ok(());
     };
+    let mut req = req;
+    if d.block.is_some() {
+        // blocked clients are served first-come: this one reaches the node after those
+        // heatshield took before it
+        req.order = Some(node.order.ticket());
+    }
     if matches!(d.via, Via::Watch) {
         match ctx.client.watch.as_ref().and_then(|w| w.lease.as_ref()) {
             Some(l) if Arc::ptr_eq(l.node(), &node) && !l.broken() => {
@@ -606,6 +614,7 @@ fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &Part, idx: u32, 
                 prefix: if matches!(target, Target::Ask(_)) { Prefix::Asking } else { Prefix::None },
                 tag,
                 reply_to,
+                order: None,
             }),
             None => {
                 for k in 0..count {
@@ -831,6 +840,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
                         // whether it worked)
                         tag: Tag { seq: ctx.seq, part: u32::MAX },
                         reply_to: ctx.reply_to.clone(),
+                        order: None,
                     });
                     return resend(proxy, ctx, p, idx);
                 }

@@ -261,6 +261,7 @@ pub fn while_busy<H: Send + 'static>(
                 prefix: Prefix::None,
                 tag: Tag { seq: 0, part: i as u32 },
                 reply_to: tx.clone(),
+                order: None,
             });
         }
         drop(tx);

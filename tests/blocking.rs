@@ -290,3 +290,49 @@ fn a_blocked_client_follows_its_slot_to_the_new_owner() {
     assert_eq!(Conn::connect(port).cmd(&["RPUSH", l, "moved"]), V::Int(1));
     assert_eq!(c.read_reply(), V::strs(&[l, "moved"]));
 }
+
+#[test]
+fn clients_blocked_on_one_key_are_served_in_the_order_they_blocked() {
+    // counts the masters' blocked clients: no other test of this binary blocks meanwhile
+    let _traffic = common::exclusive_traffic();
+    let env = env();
+    // one worker reads both clients, so the order heatshield took them in is their send
+    // order (across workers it is the order the workers took them; see docs/transactions.md)
+    let proxy = Proxy::start_cluster(&env.cluster, &["--threads", "1"]);
+    let mut reversed = Vec::new();
+    for round in 0..30 {
+        let l = format!("{{order}}l{round}");
+        let owner = env.owners.of_key(l.as_bytes());
+        let before = blocked_on(owner);
+        let (mut first, mut second) = (Conn::connect(proxy.port()), Conn::connect(proxy.port()));
+        // back to back, as a test suite's deferred clients send them; the first rounds
+        // find no idle dedicated connection (both connect), later ones reuse them
+        let (a, b) = (format!("{{order}}a{round}"), format!("{{order}}b{round}"));
+        if round % 2 == 0 {
+            first.send(&["BLPOP", &l, "0"]);
+            second.send(&["BLPOP", &l, "0"]);
+        } else {
+            first.send(&["BRPOPLPUSH", &l, &a, "0"]);
+            second.send(&["BRPOPLPUSH", &l, &b, "0"]);
+        }
+        wait_until(Duration::from_secs(5), "both to block", || blocked_on(owner) == before + 2);
+        let mut d = Conn::connect(owner);
+        assert_eq!(d.cmd(&["RPUSH", &l, "one"]), V::Int(1));
+        // Redis serves the client that blocked first
+        first.stream().set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        match first.try_read_full() {
+            Ok(_) => {
+                assert_eq!(d.cmd(&["RPUSH", &l, "two"]), V::Int(1));
+                second.read_reply();
+            }
+            Err(_) => {
+                reversed.push(round);
+                second.read_reply();
+                assert_eq!(d.cmd(&["RPUSH", &l, "two"]), V::Int(1));
+                first.read_reply();
+            }
+        }
+        d.cmd(&["DEL", &l, &a, &b]);
+    }
+    assert!(reversed.is_empty(), "the second client was served first in rounds {reversed:?}");
+}

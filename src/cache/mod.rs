@@ -513,6 +513,7 @@ impl HotCache {
             prefix: Prefix::CachingYes,
             tag: Tag { seq: id, part: 0 },
             reply_to: fill_tx.clone(),
+            order: None,
         });
         true
     }

@@ -164,6 +164,7 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
                 prefix: Prefix::None,
                 tag: Tag { seq: conns.len() as u64, part: 0 },
                 reply_to: rearm_tx.clone(),
+                order: None,
             });
             conns.push(b.stats.clone());
         }

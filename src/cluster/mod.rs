@@ -63,6 +63,8 @@ pub struct NodePool {
     /// Scripts (EVAL, FCALL, ...) sent here whose reply has not come yet: while there are
     /// some, a PING asks this node whether it is busy (see `crate::local`).
     pub scripts: AtomicUsize,
+    /// The order blocking commands for this node are written in.
+    pub order: backend::SendOrder,
 }
 
 #[derive(Default)]
@@ -84,6 +86,7 @@ impl NodePool {
             idle: Mutex::new([Vec::new(), Vec::new()]),
             dedicated: AtomicUsize::new(0),
             scripts: AtomicUsize::new(0),
+            order: backend::SendOrder::default(),
         }
     }
 
@@ -192,6 +195,7 @@ impl Lease {
                     prefix: backend::Prefix::None,
                     tag: backend::Tag { seq: 0, part: 0 },
                     reply_to: tx,
+                    order: None,
                 });
             }
             list.push(conn);

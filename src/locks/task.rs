@@ -341,7 +341,14 @@ fn send_to(
     let tag = Tag { seq: id, part: 0 };
     let node = node.or_else(|| h.cluster.topology().master_for_slot(slot(key)).cloned());
     match node {
-        Some(n) => n.conn(Proto::Resp2, id).send(BackendRequest { data, count: 1, prefix, tag, reply_to: rtx.clone() }),
+        Some(n) => n.conn(Proto::Resp2, id).send(BackendRequest {
+            data,
+            count: 1,
+            prefix,
+            tag,
+            reply_to: rtx.clone(),
+            order: None,
+        }),
         None => {
             let _ = rtx.send(BackendReply::one(tag, Err(BackendError::NotSent("unserved slot".into()))));
         }
