@@ -216,6 +216,22 @@ pub struct ConnStats {
     pub inflight: AtomicUsize,
     /// The invalidation connection this connection's tracked reads report to (0: none).
     pub tracking_id: AtomicU64,
+    /// Scripts sent on this connection whose reply has not come (see [`ConnStats::held`]).
+    scripts: AtomicUsize,
+    /// While `scripts` > 0: when the connection last saw one sent first or answered, in
+    /// milliseconds of [`clock_ms`] (0: no script out).
+    script_since: AtomicU64,
+}
+
+/// A connection whose script has been running this long without a reply holds up the
+/// requests behind it: Redis reads nothing more from a connection whose script runs.
+pub const SCRIPT_HOLDS_AFTER: Duration = Duration::from_millis(50);
+
+/// Milliseconds since the process's first call (at least 1), for timestamps in atomics.
+pub fn clock_ms(now: Instant) -> u64 {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    now.saturating_duration_since(base).as_millis() as u64 + 1
 }
 
 impl ConnStats {
@@ -228,6 +244,31 @@ impl ConnStats {
     }
     fn set(&self, s: ConnState) {
         self.state.store(s as u8, Ordering::Relaxed);
+    }
+
+    /// A script was sent on this connection.
+    pub fn script_sent(&self, now: Instant) {
+        if self.scripts.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.script_since.store(clock_ms(now), Ordering::Relaxed);
+        }
+    }
+
+    /// A script sent on this connection was answered (or its client left).
+    pub fn script_done(&self) {
+        let left = self.scripts.fetch_sub(1, Ordering::Relaxed) - 1;
+        // the scripts still out were sent after this one: count from now
+        let since = if left == 0 { 0 } else { clock_ms(Instant::now()) };
+        self.script_since.store(since, Ordering::Relaxed);
+    }
+
+    /// A script sent on this connection has gone unanswered for [`SCRIPT_HOLDS_AFTER`]:
+    /// a request written behind it waits until the script ends, where on one Redis it
+    /// would wait only until `busy-reply-threshold` and then be answered BUSY. One
+    /// relaxed load when no script is out.
+    #[inline]
+    pub fn held(&self, now: Instant) -> bool {
+        let since = self.script_since.load(Ordering::Relaxed);
+        since != 0 && clock_ms(now).saturating_sub(since) >= SCRIPT_HOLDS_AFTER.as_millis() as u64
     }
 }
 

@@ -97,6 +97,10 @@ fn describe() {
         "heatshield_retries_total",
         "Requests completed another way after a cluster state change, by reason (tryagain_per_key, readonly, function_loaded)."
     );
+    describe_counter!(
+        "heatshield_script_detours_total",
+        "Requests sent on a dedicated connection because a long-running script held their shared one."
+    );
     describe_counter!("heatshield_topology_refreshes_total", "Slot-map refreshes, by result (ok, error).");
     describe_gauge!("heatshield_slot_map_epoch", "Version of the current slot map; increases with every change.");
     describe_counter!("heatshield_client_bytes_received_total", Unit::Bytes, "Bytes read from clients.");
@@ -264,6 +268,8 @@ pub struct Global {
     pub readonly_retried: Counter,
     /// FCALLs run again after their library was loaded where it was missing.
     pub function_loaded: Counter,
+    /// Requests sent on a dedicated connection because a script held their shared one.
+    pub script_detours: Counter,
     /// Requests answered with an error because no reply came within the deadline.
     pub expired: Counter,
     disconnect_output_hard: Counter,
@@ -295,6 +301,7 @@ pub fn global() -> &'static Global {
         tryagain_per_key: counter!("heatshield_retries_total", "reason" => "tryagain_per_key"),
         readonly_retried: counter!("heatshield_retries_total", "reason" => "readonly"),
         function_loaded: counter!("heatshield_retries_total", "reason" => "function_loaded"),
+        script_detours: counter!("heatshield_script_detours_total"),
         expired: counter!("heatshield_requests_expired_total"),
         disconnect_output_hard: counter!("heatshield_client_disconnects_total", "reason" => "output_hard"),
         disconnect_output_soft: counter!("heatshield_client_disconnects_total", "reason" => "output_soft"),

@@ -21,7 +21,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
-use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
+use crate::backend::{BackendError, BackendReply, BackendRequest, ConnStats, Prefix, ReplyTx, Tag};
 use crate::client::ClientState;
 use crate::cluster::{Cluster, Lease, NodePool};
 use crate::command::{Route, Split, keys_of};
@@ -271,18 +271,30 @@ pub enum Finish {
 
 /// A script counted in its master's [`NodePool::scripts`] for as long as it exists (until
 /// its reply, or its client, is gone).
-pub struct ScriptRun(Arc<NodePool>);
+/// Also counted in its shared connection's [`ConnStats`] once sent on one, so requests
+/// of other clients do not queue behind it there once it runs long (see [`start_in`]).
+pub struct ScriptRun(Arc<NodePool>, Option<Arc<ConnStats>>);
 
 impl ScriptRun {
     pub fn new(node: Arc<NodePool>) -> ScriptRun {
         node.scripts.fetch_add(1, Ordering::Relaxed);
-        ScriptRun(node)
+        ScriptRun(node, None)
+    }
+
+    fn sent_on(&mut self, conn: &Arc<ConnStats>, now: Instant) {
+        if self.1.is_none() {
+            conn.script_sent(now);
+            self.1 = Some(conn.clone());
+        }
     }
 }
 
 impl Drop for ScriptRun {
     fn drop(&mut self) {
         self.0.scripts.fetch_sub(1, Ordering::Relaxed);
+        if let Some(c) = &self.1 {
+            c.script_done();
+        }
     }
 }
 
@@ -430,7 +442,25 @@ pub fn start_in(
             j += 1;
         }
         let data = if j - i == 1 { p.parts[i].data.clone() } else { joined(buffer.as_ref(), &p.parts[i..j]) };
-        node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
+        let conn = node.conn(ctx.client.proto, ctx.client.id);
+        if n == 1 && conn.stats.held(ctx.now) && ctx.client.inflight == 0 && !asking {
+            // A script has held this shared connection for a while: Redis reads nothing
+            // behind it until it ends. A client with nothing else on its way can take
+            // another connection without reordering its own commands, and gets what one
+            // Redis would answer (the wait until busy-reply-threshold, then BUSY).
+            if let Some(lease) = node.lease(ctx.client.proto) {
+                crate::metrics::global().script_detours.increment(1);
+                p.dedicated = Some(Box::new(Dedicated { via: Via::Own(Some(lease)), block: None }));
+                return match send_part(proxy, ctx, &mut p.dedicated, &p.parts[0], 0, 1) {
+                    Ok(()) => Outcome::Waiting(p),
+                    Err(e) => Outcome::Ready(e),
+                };
+            }
+        }
+        if let Finish::Script(Some(run)) = &mut p.finish {
+            run.sent_on(&conn.stats, ctx.now);
+        }
+        conn.send(BackendRequest {
             data,
             count: (j - i) as u32,
             prefix: if asking { Prefix::Asking } else { Prefix::None },

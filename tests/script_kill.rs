@@ -139,3 +139,41 @@ fn pipelined_pings_during_a_busy_script_open_few_connections() {
     eprintln!("500 pipelined PINGs: {busy_replies} BUSY, at most {opened} backend connections opened for them");
     assert!(opened <= 8, "{opened} connections opened for 500 PINGs");
 }
+
+#[test]
+fn other_clients_are_answered_busy_not_held_behind_a_busy_script() {
+    // one worker and one shared connection per master: every client's commands to a
+    // master travel on the connection the busy script came on
+    let env = ClusterEnv::start(Some("[server]\nthreads = 1\n[backend]\nconnections_per_node = 1\n"));
+    let port = env.proxy.port();
+    let (master, key) = env.owners.key_per_master("held:").remove(0);
+    let other = key.clone(); // the script's own key: its value is read around the script
+    assert_eq!(Conn::connect(port).cmd(&["SET", other.as_str(), "v"]), V::ok());
+    assert_eq!(Conn::connect(master).cmd(&["CONFIG", "SET", "busy-reply-threshold", "100"]), V::ok());
+    let mut busy = Conn::connect(port);
+    busy.send(&["EVAL", "while true do end", "1", key.as_str()]);
+    wait_busy(master);
+    let direct = Conn::connect(master).cmd(&["GET", other.as_str()]);
+    assert!(direct.err().is_some_and(|e| e.starts_with("BUSY")), "{direct:?}");
+    // another client's GET gets Redis's BUSY at once, in either protocol, several times
+    // (the dedicated connections it takes go back to the pool)
+    for proto in [Proto::Resp2, Proto::Resp3, Proto::Resp2] {
+        let mut c = Conn::connect_proto(port, proto);
+        c.stream().set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let started = std::time::Instant::now();
+        let got = c.try_cmd(&["GET", other.as_str()]).expect("an answer, not a wait behind the script");
+        assert_eq!(got, direct, "{proto:?}");
+        assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    }
+    assert_eq!(Conn::connect(port).cmd(&["SCRIPT", "KILL"]), V::ok());
+    let e = busy.read_reply();
+    assert!(e.err().is_some_and(|e| e.contains("Script killed by user")), "{e:?}");
+    // and once it is over, the value, on the shared connection again
+    assert_eq!(Conn::connect(port).cmd(&["GET", other.as_str()]), V::s("v"));
+    if let Some(m) = env.proxy.metrics_addr() {
+        let detours = common::http::scrape_series(&m, "heatshield_script_detours_total").unwrap_or(0.0);
+        // the two RESP2 GETs (a RESP3 client's shared connection is another one, which
+        // the script does not hold: Redis answers BUSY there directly)
+        assert!(detours >= 2.0, "{detours} detours counted");
+    }
+}
