@@ -224,6 +224,17 @@ struct Waiter {
     live: Vec<Bytes>,
 }
 
+/// A name subscribed on links that have not all confirmed it yet.
+#[derive(Default)]
+struct Awaited {
+    /// Links whose confirmation is still to come (a pattern that can see keyspace
+    /// notifications is subscribed on every master: its subscribers wait for all of them,
+    /// or a notification from a master that had not subscribed yet would be lost).
+    links: usize,
+    /// The waiters that go on once every link confirmed.
+    waiters: Vec<u64>,
+}
+
 #[derive(Default)]
 struct State {
     /// Per kind: name → subscribers by client id.
@@ -232,8 +243,8 @@ struct State {
     links: HashMap<Arc<str>, Link>,
     /// The master channels and patterns are subscribed on.
     home: Option<Arc<str>>,
-    /// Backend confirmations awaited: (kind, name) → waiter ids.
-    waiting: HashMap<(Kind, Bytes), Vec<u64>>,
+    /// Backend confirmations awaited, by (kind, name).
+    waiting: HashMap<(Kind, Bytes), Awaited>,
     waiters: HashMap<u64, Waiter>,
     next_waiter: u64,
     /// The topology version the links were last laid out for.
@@ -257,15 +268,15 @@ impl State {
         self.links.entry(pool.addr.clone()).or_insert_with(|| Link::new(pool.clone()))
     }
 
-    /// Subscribes `(kind, name)` where it must be; returns whether a confirmation is
-    /// awaited (false: live already).
-    fn place(&mut self, cluster: &Cluster, kind: Kind, name: &Bytes) -> bool {
-        let mut awaited = false;
+    /// Subscribes `(kind, name)` where it must be; returns on how many links a
+    /// confirmation is awaited (0: live already).
+    fn place(&mut self, cluster: &Cluster, kind: Kind, name: &Bytes) -> usize {
+        let mut awaited = 0;
         for pool in self.targets(cluster, kind, name) {
             let link = self.link(&pool);
             if !link.has.contains(&(kind, name.clone())) {
                 link.want(kind, name);
-                awaited = true;
+                awaited += 1;
             }
         }
         awaited
@@ -370,7 +381,11 @@ impl Hub {
                 self.held.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             let pending = st.waiting.contains_key(&(kind, name.clone()));
-            if st.place(&self.cluster, kind, name) || pending {
+            let links = st.place(&self.cluster, kind, name);
+            if links > 0 {
+                st.waiting.entry((kind, name.clone())).or_default().links += links;
+            }
+            if links > 0 || pending {
                 awaited.push(name.clone());
             } else if new {
                 for pool in st.targets(&self.cluster, kind, name) {
@@ -395,7 +410,7 @@ impl Hub {
         let w = st.next_waiter;
         st.next_waiter += 1;
         for name in &awaited {
-            st.waiting.entry((kind, name.clone())).or_default().push(w);
+            st.waiting.entry((kind, name.clone())).or_default().waiters.push(w);
         }
         let remaining = awaited.len() + barrier_on.len();
         st.waiters.insert(w, Waiter { client: id, tx: tx.clone(), tag, reply, remaining, kind, live });
@@ -514,11 +529,18 @@ impl Hub {
         self.numsub_adjust(Kind::Shard, &[channel])[0]
     }
 
-    /// A backend confirmed `(kind, name)`: confirmations waiting only for it go out.
+    /// A backend confirmed `(kind, name)`: once every link it was asked of did,
+    /// confirmations waiting only for it go out.
     fn confirmed(&self, kind: Kind, name: &[u8]) {
         let mut st = self.state.lock();
-        let Some(ids) = st.waiting.remove(&(kind, Bytes::copy_from_slice(name))) else { return };
-        for w in ids {
+        let key = (kind, Bytes::copy_from_slice(name));
+        let Some(a) = st.waiting.get_mut(&key) else { return };
+        a.links = a.links.saturating_sub(1);
+        if a.links > 0 {
+            return;
+        }
+        let Some(a) = st.waiting.remove(&key) else { return };
+        for w in a.waiters {
             st.step(w);
         }
     }

@@ -47,6 +47,7 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_redirections_total", "counter", &["kind"]),
     ("heatshield_redirections_refused_total", "counter", &[]),
     ("heatshield_retries_total", "counter", &["reason"]),
+    ("heatshield_script_detours_total", "counter", &[]),
     ("heatshield_requests_expired_total", "counter", &[]),
     ("heatshield_client_disconnects_total", "counter", &["reason"]),
     ("heatshield_topology_refreshes_total", "counter", &["result"]),

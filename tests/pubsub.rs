@@ -175,6 +175,26 @@ fn keyspace_notifications_arrive_from_every_master() {
     Conn::connect(env.owners.masters()[1]).cmd(&["PUBLISH", "plain-once", "once"]);
     assert_eq!(strs(&all.read_reply()), ["pmessage", "*plain-once", "plain-once", "once"]);
     assert!(next_within(&mut all, 300).is_none());
+    // a PSUBSCRIBE that can see notifications is confirmed once every master subscribed
+    // it: with another master than the home one stalled by a script for 600 ms, the
+    // confirmation waits for it, and its notification then arrives
+    let home = env.owners.of_slot(0);
+    let slow = *env.owners.masters().iter().find(|&&m| m != home).unwrap();
+    let stall = "local t0 = redis.call('TIME') \
+        while true do local t = redis.call('TIME') \
+        if (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 600000 then break end end";
+    let mut staller = Conn::connect(slow);
+    staller.send(&["EVAL", stall, "0"]);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut late = Conn::connect(env.proxy.port());
+    let started = Instant::now();
+    late.cmd(&["PSUBSCRIBE", "__keyspace@0__:ksl*"]);
+    let waited = started.elapsed();
+    let _ = staller.read_reply();
+    assert!(waited >= Duration::from_millis(300), "confirmed after {waited:?}, before the stalled master subscribed");
+    let key = channel_on(&env, slow, "ksl");
+    assert!(c.cmd(&["SET", &key, "v"]).is_ok());
+    assert_eq!(strs(&late.read_reply())[2], format!("__keyspace@0__:{key}"));
     for &port in &env.owners.masters() {
         Conn::connect(port).cmd(&["CONFIG", "SET", "notify-keyspace-events", ""]);
     }
