@@ -388,6 +388,19 @@ async fn run(
     }
 }
 
+/// Moves the batch's entries into the FIFO under one lock, and counts them in flight.
+fn hand_over(
+    fifo: &parking_lot::Mutex<VecDeque<Inflight>>,
+    batch: &mut Vec<Inflight>,
+    added: &mut usize,
+    stats: &ConnStats,
+) {
+    if !batch.is_empty() {
+        fifo.lock().extend(batch.drain(..));
+        stats.inflight.fetch_add(std::mem::take(added), Ordering::Relaxed);
+    }
+}
+
 /// Answers every command of a request with `e`.
 fn fail_all(tag: Tag, count: u32, reply_to: &ReplyTx, e: &BackendError) {
     for k in 0..count.max(1) {
@@ -481,6 +494,7 @@ async fn serve(
 
     let writer = async {
         let mut wbuf = BytesMut::with_capacity(buf_cap);
+        let mut batch: Vec<Inflight> = Vec::with_capacity(if opts.dedicated { 1 } else { 64 });
         loop {
             if carry.lock().is_none() {
                 let Some(first) = rx.recv().await else {
@@ -512,6 +526,9 @@ async fn serve(
             }
             let now = Instant::now();
             let mut next = carry.lock().take();
+            // entries for the FIFO, handed over under one lock before anything is written
+            // (a reply can only follow the write)
+            let mut added = 0usize;
             while let Some(req) = next.take() {
                 wbuf.extend_from_slice(req.prefix.bytes());
                 let big = req.data.len() > 64 * 1024;
@@ -519,16 +536,11 @@ async fn serve(
                     wbuf.extend_from_slice(&req.data);
                 }
                 let count = req.count.max(1);
-                fifo.lock().push_back(Inflight {
-                    tag: req.tag,
-                    count,
-                    reply_to: req.reply_to,
-                    prefix: req.prefix,
-                    sent: now,
-                });
-                stats.inflight.fetch_add(count as usize, Ordering::Relaxed);
+                batch.push(Inflight { tag: req.tag, count, reply_to: req.reply_to, prefix: req.prefix, sent: now });
+                added += count as usize;
                 if big {
                     // large values go straight from the client's buffer to the socket
+                    hand_over(&fifo, &mut batch, &mut added, stats);
                     wr.write_all(&wbuf).await?;
                     wbuf.clear();
                     wr.write_all(&req.data).await?;
@@ -541,6 +553,7 @@ async fn serve(
                     }
                 }
             }
+            hand_over(&fifo, &mut batch, &mut added, stats);
             if !wbuf.is_empty() {
                 wr.write_all(&wbuf).await?;
                 wbuf.clear();
@@ -566,6 +579,9 @@ async fn serve(
             if rd.read_buf(&mut rbuf).await? == 0 {
                 return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed by peer"));
             }
+            // one lock for every reply of this read (the writer does not run meanwhile)
+            let mut q = fifo.lock();
+            let mut answered = 0usize;
             while let Some(n) = scanner.scan(&rbuf[held..]).map_err(std::io::Error::other)? {
                 if rbuf[held] == b'>' {
                     // a RESP3 push we did not ask for: cut out, behind what is held
@@ -573,7 +589,6 @@ async fn serve(
                     rbuf.advance(n);
                     continue;
                 }
-                let mut q = fifo.lock();
                 let Some(front) = q.front_mut() else {
                     return Err(std::io::Error::other("reply with no request"));
                 };
@@ -596,14 +611,17 @@ async fn serve(
                     continue; // more replies of this multi-command request follow
                 }
                 let inf = q.pop_front().expect("front exists");
-                drop(q);
-                stats.inflight.fetch_sub(held_n as usize, Ordering::Relaxed);
+                answered += held_n as usize;
                 if crate::metrics::sampled(1, metrics.sample_every) {
                     metrics.duration.record(inf.sent.elapsed().as_secs_f64());
                 }
                 let frame = rbuf.split_to(held).freeze();
                 let _ = inf.reply_to.send(BackendReply { tag: inf.tag, result: Ok(frame), more: held_n - 1 });
                 (held, held_n) = (0, 0);
+            }
+            drop(q);
+            if answered > 0 {
+                stats.inflight.fetch_sub(answered, Ordering::Relaxed);
             }
         }
     };
