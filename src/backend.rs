@@ -30,7 +30,9 @@ use crate::protocol::reply::{ReplyScanner, error_text};
 use crate::protocol::request::Request;
 
 /// Where a reply goes: the session's channel, with the request's place in it.
-pub type ReplyTx = mpsc::UnboundedSender<BackendReply>;
+/// Shared behind an `Arc`: every request carries one, and an `Arc` clone is one atomic
+/// where a channel sender's is two (its reference and its sender count), as is a drop.
+pub type ReplyTx = Arc<mpsc::UnboundedSender<BackendReply>>;
 
 /// A request for one backend connection.
 pub struct BackendRequest {

@@ -254,6 +254,7 @@ pub fn while_busy<H: Send + 'static>(
     tokio::spawn(async move {
         let _hold = hold;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let tx = Arc::new(tx);
         for (i, l) in leases.iter().enumerate() {
             l.conn().send(BackendRequest {
                 data: data.clone(),

@@ -305,6 +305,7 @@ struct Session {
 pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
     let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
+    let tx = Arc::new(tx);
     let mut s = Session::new(proxy, &stream, tx);
     let id = s.client.id;
     // Buffers start small, so idle clients cost little, and grow with the traffic.

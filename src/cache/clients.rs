@@ -351,7 +351,7 @@ mod tests {
     fn a_key_is_told_once_and_forgotten() {
         let cs = ClientSide::new(100);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        cs.enable(7, tx, true, true, &Mode::default());
+        cs.enable(7, std::sync::Arc::new(tx), true, true, &Mode::default());
         cs.read(7, [&b"a"[..], b"b"].into_iter());
         cs.invalidate(&[b"a"]);
         assert_eq!(&rx.try_recv().unwrap().result.unwrap()[..], &message(true, Some(&[b"a"]))[..]);

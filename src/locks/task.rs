@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::{CHANNEL, Event, FALLBACK_RETRY, LockCmd, LockRequest, Locks, Waiter, client_reply};
-use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, Tag};
+use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
 use crate::cluster::slot;
 use crate::protocol::reply::{Redirect, Value};
 use crate::protocol::{Proto, Request, Writer};
@@ -177,6 +177,7 @@ impl State {
 
 async fn run(h: Arc<Handles>, mut rx: mpsc::UnboundedReceiver<Event>) {
     let (rtx, mut rrx) = mpsc::unbounded_channel::<BackendReply>();
+    let rtx = std::sync::Arc::new(rtx);
     let mut st =
         State { queues: HashMap::new(), held: HashMap::new(), inflight: HashMap::new(), timers: BinaryHeap::new() };
     let locks = &h.locks;
@@ -230,7 +231,7 @@ async fn run(h: Arc<Handles>, mut rx: mpsc::UnboundedReceiver<Event>) {
 
 /// Acts on everything that has come due: timed-out waiters, queue heads that may try,
 /// KEEPALIVE renewals.
-fn tick(h: &Handles, st: &mut State, rtx: &mpsc::UnboundedSender<BackendReply>) {
+fn tick(h: &Handles, st: &mut State, rtx: &ReplyTx) {
     let now = Instant::now();
     while let Some(Reverse((when, _))) = st.timers.peek() {
         if *when > now {
@@ -285,7 +286,7 @@ fn tick(h: &Handles, st: &mut State, rtx: &mpsc::UnboundedSender<BackendReply>) 
 
 /// Sends the ACQUIRE attempt of `key`'s queue head if it is due, dropping heads whose
 /// client has left.
-fn start_attempt(h: &Handles, st: &mut State, rtx: &mpsc::UnboundedSender<BackendReply>, key: &Bytes, now: Instant) {
+fn start_attempt(h: &Handles, st: &mut State, rtx: &ReplyTx, key: &Bytes, now: Instant) {
     let Some(q) = st.queues.get_mut(key) else { return };
     // heads whose client left, or whose wait is over, go first
     while let Some(p) = q.front()
@@ -315,14 +316,7 @@ fn start_attempt(h: &Handles, st: &mut State, rtx: &mpsc::UnboundedSender<Backen
 
 /// Sends a request whose reply only matters for NOSCRIPT and redirections (and, for a
 /// renewal of `renewal_of`'s lock, whether the lock is still held).
-fn fire(
-    h: &Handles,
-    st: &mut State,
-    rtx: &mpsc::UnboundedSender<BackendReply>,
-    r: &LockRequest,
-    force: bool,
-    renewal_of: Option<u64>,
-) {
+fn fire(h: &Handles, st: &mut State, rtx: &ReplyTx, r: &LockRequest, force: bool, renewal_of: Option<u64>) {
     let id = h.locks.next_id.fetch_add(1, Ordering::Relaxed);
     let data = h.locks.command(r, false, force).raw().clone();
     st.inflight.insert(id, Flight::Other { key: r.key.clone(), data: data.clone(), renewal_of });
@@ -334,7 +328,7 @@ fn send_to(
     key: &[u8],
     data: Bytes,
     id: u64,
-    rtx: &mpsc::UnboundedSender<BackendReply>,
+    rtx: &ReplyTx,
     prefix: Prefix,
     node: Option<std::sync::Arc<crate::cluster::NodePool>>,
 ) {
@@ -355,7 +349,7 @@ fn send_to(
     }
 }
 
-fn on_reply(h: &Handles, st: &mut State, rtx: &mpsc::UnboundedSender<BackendReply>, r: BackendReply) {
+fn on_reply(h: &Handles, st: &mut State, rtx: &ReplyTx, r: BackendReply) {
     let id = r.tag.seq;
     let Some(flight) = st.inflight.remove(&id) else { return };
     let (key, data) = match &flight {
