@@ -23,7 +23,7 @@ use smallvec::SmallVec;
 
 use crate::backend::{BackendError, BackendReply, BackendRequest, ConnStats, Prefix, ReplyTx, Tag};
 use crate::client::ClientState;
-use crate::cluster::{Cluster, Lease, NodePool};
+use crate::cluster::{Cluster, Lease, NodePool, Topology};
 use crate::command::{Route, Split, keys_of};
 use crate::errors;
 use crate::locks::LockRequest;
@@ -424,8 +424,10 @@ pub fn start_in(
     }
     let n = p.parts.len();
     let mut i = 0;
+    // one look at the slot map for every part, and the pools borrowed from it
+    let topo = proxy.cluster.topology();
     while i < n {
-        let (node, asking) = match resolve(proxy, &p.parts[i].target) {
+        let (node, asking) = match resolve_in(&topo, &p.parts[i].target) {
             Ok(t) => t,
             Err(e) => {
                 // not routable now (slot unserved): answer that part with the error at once
@@ -438,7 +440,7 @@ pub fn start_in(
         // Consecutive parts for the same node (a split command's slots of one master)
         // travel as one message; their replies still come back one per part.
         let mut j = i + 1;
-        while j < n && !asking && resolve(proxy, &p.parts[j].target).is_ok_and(|(m, a)| !a && Arc::ptr_eq(&m, &node)) {
+        while j < n && !asking && resolve_in(&topo, &p.parts[j].target).is_ok_and(|(m, a)| !a && Arc::ptr_eq(m, node)) {
             j += 1;
         }
         let data = if j - i == 1 { p.parts[i].data.clone() } else { joined(buffer.as_ref(), &p.parts[i..j]) };
@@ -503,6 +505,18 @@ fn joined(buffer: Option<&Bytes>, parts: &[Part]) -> Bytes {
 
 /// The node a part goes to now, and whether ASKING must precede it; an error reply
 /// when its slot is not served.
+/// [`resolve`] in a slot map the caller holds, borrowing the pool.
+fn resolve_in<'a>(topo: &'a Topology, target: &'a Target) -> Result<(&'a Arc<NodePool>, bool), Bytes> {
+    match target {
+        Target::Slot(s) => match topo.master_for_slot(*s) {
+            Some(n) => Ok((n, false)),
+            None => Err(errors::resp(&errors::slot_not_served(*s))),
+        },
+        Target::Node(n) => Ok((n, false)),
+        Target::Ask(n) => Ok((n, true)),
+    }
+}
+
 fn resolve(proxy: &Proxy, target: &Target) -> Result<(Arc<NodePool>, bool), Bytes> {
     match target {
         Target::Slot(s) => match proxy.cluster.topology().master_for_slot(*s) {
