@@ -17,10 +17,17 @@ pub fn hash_tag(key: &[u8]) -> &[u8] {
     key
 }
 
+/// CRC16-XMODEM with 16 tables (`crc`'s slice-by-16) for keys of 16 bytes or more,
+/// taken 16 bytes at a time (half the cost of one byte at a time for a 16-byte key:
+/// criterion, `slot/plain_16B_key`), and one table below that, where the 16 tables' set-up
+/// costs more than it saves. Every request with a key pays this.
+const XMODEM16: crc::Crc<u16, crc::Table<16>> = crc::Crc::<u16, crc::Table<16>>::new(&crc::CRC_16_XMODEM);
+const XMODEM1: crc::Crc<u16, crc::Table<1>> = crc::Crc::<u16, crc::Table<1>>::new(&crc::CRC_16_XMODEM);
+
 /// CRC16-XMODEM (polynomial 0x1021, init 0), as Redis Cluster uses.
 #[inline]
 pub fn crc16(data: &[u8]) -> u16 {
-    crc16::State::<crc16::XMODEM>::calculate(data)
+    if data.len() >= 16 { XMODEM16.checksum(data) } else { XMODEM1.checksum(data) }
 }
 
 /// The slot a key belongs to.
@@ -39,6 +46,25 @@ mod tests {
         assert_eq!(slot(b"foo"), 12182);
         assert_eq!(slot(b"bar"), 5061);
         assert_eq!(slot(b""), 0);
+    }
+
+    #[test]
+    fn both_tables_agree_with_the_bitwise_definition() {
+        // polynomial 0x1021, init 0, no reflection: one bit at a time
+        fn bitwise(data: &[u8]) -> u16 {
+            let mut crc = 0u16;
+            for &b in data {
+                crc ^= (b as u16) << 8;
+                for _ in 0..8 {
+                    crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+                }
+            }
+            crc
+        }
+        let data: Vec<u8> = (0..100u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        for len in 0..data.len() {
+            assert_eq!(crc16(&data[..len]), bitwise(&data[..len]), "length {len}");
+        }
     }
 
     #[test]
