@@ -351,7 +351,12 @@ async fn run(
                 }
                 if closed || opts.dedicated {
                     // a dedicated connection's state (WATCH, a blocked command) died with
-                    // it: requests sent from now on fail at once (NotSent)
+                    // it: requests sent from now on fail at once (NotSent), and so does
+                    // one taken but not written yet (it broke while that one waited for
+                    // its turn), which would otherwise go unanswered
+                    if let Some(req) = carry.lock().take() {
+                        fail_all(req.tag, req.count, &req.reply_to, &BackendError::NotSent(addr.clone()));
+                    }
                     return;
                 }
             }
