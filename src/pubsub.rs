@@ -19,7 +19,9 @@
 //! A client's confirmation waits until the backend confirmed every channel it named that
 //! was not live yet, so a message published after the client saw its confirmation reaches
 //! it; for a channel live already, until a barrier (a PING on the link) passed, and only
-//! then do its messages reach the client, so none published before its SUBSCRIBE does. The confirmation's counts are the client's own (a connection's subscriptions are
+//! then do its messages reach the client, so none published before its SUBSCRIBE does.
+//! When the home master changes (a failover), the new home's messages are passed on only
+//! after [`HOME_SETTLE`], so none arrives twice. The confirmation's counts are the client's own (a connection's subscriptions are
 //! its [`Subscriptions`]). Messages are delivered at most once, as Redis does: while a
 //! link reconnects, what is published meanwhile is not seen.
 
@@ -39,6 +41,14 @@ use crate::protocol::Request;
 use crate::protocol::reply::{ReplyScanner, Value};
 
 pub use crate::backend::PUSH_SEQ;
+
+/// After the home master changed, how long messages from the new home (other than
+/// notifications) are not passed on. Redis Cluster's bus may bring the new home a message
+/// published on the old one just before the switch only after heatshield subscribed
+/// there; that message reached the subscribers from the old home already, and would
+/// arrive twice. Messages are delivered at most once: what is published in this window
+/// is lost, as while a link reconnects.
+const HOME_SETTLE: Duration = Duration::from_millis(200);
 
 /// What a subscription names: a channel, a pattern, or a shard channel.
 pub use crate::command::ChannelKind as Kind;
@@ -243,6 +253,9 @@ struct State {
     links: HashMap<Arc<str>, Link>,
     /// The master channels and patterns are subscribed on.
     home: Option<Arc<str>>,
+    /// After the home moved (a failover): until this instant nothing but notifications is
+    /// passed on from the new home (see [`HOME_SETTLE`]).
+    settle_until: Option<std::time::Instant>,
     /// Backend confirmations awaited, by (kind, name).
     waiting: HashMap<(Kind, Bytes), Awaited>,
     waiters: HashMap<u64, Waiter>,
@@ -518,11 +531,6 @@ impl Hub {
         -per.values().map(|n| n - 1).sum::<i64>()
     }
 
-    /// Whether `addr` is the home master (the owner of slot 0) now.
-    fn is_home(&self, addr: &str) -> bool {
-        self.cluster.topology().master_for_slot(0).is_some_and(|p| &*p.addr == addr)
-    }
-
     /// For SPUBLISH: this heatshield's subscribers of shard channel `channel`, minus its
     /// link Redis counts.
     pub fn spublish_adjust(&self, channel: &[u8]) -> i64 {
@@ -561,7 +569,10 @@ impl Hub {
         match kind {
             // notifications come from every master, anything else from home only
             Kind::Channel | Kind::Pattern => {
-                if !is_notification(channel) && !self.is_home(addr) {
+                if !is_notification(channel)
+                    && (st.home.as_deref() != Some(addr)
+                        || st.settle_until.is_some_and(|t| std::time::Instant::now() < t))
+                {
                     return;
                 }
             }
@@ -647,6 +658,9 @@ impl Hub {
             let home = topo.master_for_slot(0).map(|p| p.addr.clone());
             if st.home != home {
                 info!(home = ?home, "pub/sub home master");
+                if st.home.is_some() {
+                    st.settle_until = Some(std::time::Instant::now() + HOME_SETTLE);
+                }
                 st.home = home;
             }
             // links to nodes that are no longer masters go (their tasks end)
