@@ -503,9 +503,8 @@ fn joined(buffer: Option<&Bytes>, parts: &[Part]) -> Bytes {
     b.freeze()
 }
 
-/// The node a part goes to now, and whether ASKING must precede it; an error reply
-/// when its slot is not served.
-/// [`resolve`] in a slot map the caller holds, borrowing the pool.
+/// The node a part goes to in slot map `topo` (borrowed from it), and whether ASKING must
+/// precede it; an error reply when its slot is not served.
 fn resolve_in<'a>(topo: &'a Topology, target: &'a Target) -> Result<(&'a Arc<NodePool>, bool), Bytes> {
     match target {
         Target::Slot(s) => match topo.master_for_slot(*s) {
@@ -517,15 +516,9 @@ fn resolve_in<'a>(topo: &'a Topology, target: &'a Target) -> Result<(&'a Arc<Nod
     }
 }
 
+/// [`resolve_in`] the current slot map, the pool held.
 fn resolve(proxy: &Proxy, target: &Target) -> Result<(Arc<NodePool>, bool), Bytes> {
-    match target {
-        Target::Slot(s) => match proxy.cluster.topology().master_for_slot(*s) {
-            Some(n) => Ok((n.clone(), false)),
-            None => Err(errors::resp(&errors::slot_not_served(*s))),
-        },
-        Target::Node(n) => Ok((n.clone(), false)),
-        Target::Ask(n) => Ok((n.clone(), true)),
-    }
+    resolve_in(&proxy.cluster.topology(), target).map(|(n, asking)| (n.clone(), asking))
 }
 
 /// Sends part `idx` again now; completes it with the error if its slot is not served.
