@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::metrics::NodeMetrics;
@@ -32,7 +31,7 @@ use crate::protocol::request::Request;
 /// Where a reply goes: the session's channel, with the request's place in it.
 /// Shared behind an `Arc`: every request carries one, and an `Arc` clone is one atomic
 /// where a channel sender's is two (its reference and its sender count), as is a drop.
-pub type ReplyTx = Arc<mpsc::UnboundedSender<BackendReply>>;
+pub type ReplyTx = Arc<crate::queue::Sender<BackendReply>>;
 
 /// A request for one backend connection.
 pub struct BackendRequest {
@@ -277,14 +276,14 @@ impl ConnStats {
 /// A handle to one backend connection task. Dropping every handle ends the task.
 #[derive(Clone)]
 pub struct Backend {
-    tx: mpsc::UnboundedSender<BackendRequest>,
+    tx: crate::queue::Sender<BackendRequest>,
     pub stats: Arc<ConnStats>,
 }
 
 impl Backend {
     /// Starts a connection task to `addr`. Must be called inside a tokio runtime.
     pub fn spawn(addr: Arc<str>, opts: BackendOptions, metrics: Arc<NodeMetrics>) -> Backend {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = crate::queue::channel();
         let stats = Arc::new(ConnStats::default());
         tokio::spawn(run(addr, opts, rx, stats.clone(), metrics));
         Backend { tx, stats }
@@ -293,7 +292,7 @@ impl Backend {
     /// Queues a request. If the task is gone the request is answered `NotSent` at once.
     #[inline]
     pub fn send(&self, req: BackendRequest) {
-        if let Err(mpsc::error::SendError(req)) = self.tx.send(req) {
+        if let Err(req) = self.tx.send(req) {
             fail_all(req.tag, req.count, &req.reply_to, &BackendError::NotSent(Arc::from("closed backend")));
         }
     }
@@ -316,7 +315,7 @@ const BATCH_BYTES: usize = 256 * 1024;
 async fn run(
     addr: Arc<str>,
     opts: BackendOptions,
-    mut rx: mpsc::UnboundedReceiver<BackendRequest>,
+    mut rx: crate::queue::Receiver<BackendRequest>,
     stats: Arc<ConnStats>,
     metrics: Arc<NodeMetrics>,
 ) {
@@ -357,6 +356,7 @@ async fn run(
                     if let Some(req) = carry.lock().take() {
                         fail_all(req.tag, req.count, &req.reply_to, &BackendError::NotSent(addr.clone()));
                     }
+                    fail_queued(&mut rx, &addr);
                     return;
                 }
             }
@@ -368,6 +368,7 @@ async fn run(
                         metrics.err_connect.increment(req.count.max(1) as u64);
                         fail_all(req.tag, req.count, &req.reply_to, &BackendError::NotSent(addr.clone()));
                     }
+                    fail_queued(&mut rx, &addr);
                     return;
                 }
                 // Fail what is queued now and whatever arrives while we wait.
@@ -405,6 +406,14 @@ fn hand_over(
     if !batch.is_empty() {
         fifo.lock().extend(batch.drain(..));
         stats.inflight.fetch_add(std::mem::take(added), Ordering::Relaxed);
+    }
+}
+
+/// Closes the queue (later sends are answered `NotSent` by [`Backend::send`]) and answers
+/// what was still queued `NotSent`: this task ends without writing it.
+fn fail_queued(rx: &mut crate::queue::Receiver<BackendRequest>, addr: &Arc<str>) {
+    for req in rx.close() {
+        fail_all(req.tag, req.count, &req.reply_to, &BackendError::NotSent(addr.clone()));
     }
 }
 
@@ -486,7 +495,7 @@ async fn serve(
     mut stream: TcpStream,
     addr: &Arc<str>,
     opts: &BackendOptions,
-    rx: &mut mpsc::UnboundedReceiver<BackendRequest>,
+    rx: &mut crate::queue::Receiver<BackendRequest>,
     carry: &parking_lot::Mutex<Option<BackendRequest>>,
     stats: &ConnStats,
     metrics: &NodeMetrics,
@@ -553,7 +562,7 @@ async fn serve(
                     wr.write_all(&req.data).await?;
                 }
                 if wbuf.len() < BATCH_BYTES {
-                    next = rx.try_recv().ok();
+                    next = rx.try_recv();
                     if next.as_ref().is_some_and(|r| r.order.is_some()) {
                         // it waits for its turn first: it starts the next batch
                         *carry.lock() = next.take();

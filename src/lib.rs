@@ -6,6 +6,7 @@
 //! - [`errors`]: the error texts heatshield writes itself on the request path;
 //! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
 //! - [`glob`]: Redis-style glob patterns; [`worker`]: which worker thread this is;
+//!   [`queue`]: the batch-drained channel between sessions and backend connections;
 //! - [`command`]: the command table (arity, keys, flags, routing);
 //! - [`backend`]: pipelined connections to one Redis node;
 //! - [`stats`]: slow log, big-key log, per-command statistics;
@@ -66,6 +67,7 @@ pub mod policy;
 pub mod protocol;
 pub mod proxy;
 pub mod pubsub;
+pub mod queue;
 pub mod ratelimit;
 pub mod retry;
 pub mod route;

@@ -34,7 +34,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::WriteHalf;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::backend::{BackendReply, ReplyTx};
@@ -304,7 +304,7 @@ struct Session {
 /// limits, or the proxy shuts down.
 pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
-    let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
+    let (tx, mut rx) = crate::queue::channel::<BackendReply>();
     let tx = Arc::new(tx);
     let mut s = Session::new(proxy, &stream, tx);
     let id = s.client.id;
@@ -497,7 +497,7 @@ impl Session {
 
     /// Hands `first` and every backend reply already waiting to their requests; a request
     /// whose reply is complete becomes ready.
-    fn take_replies(&mut self, first: BackendReply, rx: &mut mpsc::UnboundedReceiver<BackendReply>) {
+    fn take_replies(&mut self, first: BackendReply, rx: &mut crate::queue::Receiver<BackendReply>) {
         let mut next = Some(first);
         // one clock read for every reply that completes in this batch
         let mut now: Option<Instant> = None;
@@ -520,7 +520,7 @@ impl Session {
                     (at, tag.part) = (at + n, tag.part + 1);
                 }
             }
-            next = rx.try_recv().ok();
+            next = rx.try_recv();
         }
     }
 

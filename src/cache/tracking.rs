@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::clients::ClientSide;
@@ -77,7 +76,7 @@ pub fn start(cache: Arc<HotCache>, clients: Arc<ClientSide>, cluster: Arc<Cluste
 
 /// The hot-key cache's own tasks: landing fills, the detection window clock.
 fn start_cache(h: Arc<Handles>) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<BackendReply>();
+    let (tx, mut rx) = crate::queue::channel::<BackendReply>();
     let tx = std::sync::Arc::new(tx);
     if h.cache.fill_tx.set(tx).is_err() {
         return; // already started
@@ -154,7 +153,7 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
 
     // Connections made before now report to no one (or to a dead connection): switch
     // them over. Until one answers, its reads do not fill the cache.
-    let (rearm_tx, mut rearm_rx) = mpsc::unbounded_channel::<BackendReply>();
+    let (rearm_tx, mut rearm_rx) = crate::queue::channel::<BackendReply>();
     let rearm_tx = std::sync::Arc::new(rearm_tx);
     let mut conns = Vec::new();
     let cmd = Request::from_args(&["CLIENT", "TRACKING", "on", "REDIRECT", &id.to_string(), "OPTIN"]);

@@ -176,7 +176,7 @@ impl State {
 }
 
 async fn run(h: Arc<Handles>, mut rx: mpsc::UnboundedReceiver<Event>) {
-    let (rtx, mut rrx) = mpsc::unbounded_channel::<BackendReply>();
+    let (rtx, mut rrx) = crate::queue::channel::<BackendReply>();
     let rtx = std::sync::Arc::new(rtx);
     let mut st =
         State { queues: HashMap::new(), held: HashMap::new(), inflight: HashMap::new(), timers: BinaryHeap::new() };

@@ -1,0 +1,270 @@
+//! Queue: the unbounded many-to-one channel that carries requests from sessions to a
+//! backend connection and replies back to sessions, drained a batch at a time.
+//!
+//! Why not tokio's `mpsc::unbounded_channel`: it is lock-free per message, which costs
+//! four to five atomic operations for every send (message count, block index, slot ready
+//! bits, the receiver's waker) and more on the receiving side (one `try_recv` per message,
+//! each walking the block list). On heatshield's request path a message is one request or
+//! one reply, so those atomics were about a tenth of the proxy's CPU at GET -P16
+//! (docs/profile.md). Here a send is one uncontended lock, a push and an unlock, and the
+//! receiver takes everything queued under one lock into a buffer of its own, so the
+//! messages of a batch cost it no atomic operation at all; the receiver is woken once per
+//! batch (the waker is taken by the first send after it went to sleep). `flume` has the
+//! same lock-and-deque shape but allocates a hook each time its receiver waits.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker};
+
+use parking_lot::Mutex;
+
+/// A new queue.
+pub fn channel<T>() -> (Sender<T>, Receiver<T>) {
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State { items: VecDeque::new(), waker: None, rx_closed: false, tx_gone: false }),
+        senders: AtomicUsize::new(1),
+    });
+    (Sender { shared: shared.clone() }, Receiver { shared, local: VecDeque::new() })
+}
+
+struct Shared<T> {
+    state: Mutex<State<T>>,
+    /// Live [`Sender`]s (clones count; the receiver learns of the last one's drop).
+    senders: AtomicUsize,
+}
+
+struct State<T> {
+    items: VecDeque<T>,
+    /// The receiver, when it waits for a message.
+    waker: Option<Waker>,
+    /// The receiver is gone or closed: sends fail.
+    rx_closed: bool,
+    /// Every sender is gone: once empty, the receiver gets `None`.
+    tx_gone: bool,
+}
+
+/// The sending side; clones share the queue.
+pub struct Sender<T> {
+    shared: Arc<Shared<T>>,
+}
+
+impl<T> Sender<T> {
+    /// Queues `v`, waking the receiver if it waits. `Err(v)` when the receiver is gone.
+    #[inline]
+    pub fn send(&self, v: T) -> Result<(), T> {
+        let waker = {
+            let mut s = self.shared.state.lock();
+            if s.rx_closed {
+                return Err(v);
+            }
+            s.items.push_back(v);
+            s.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Ok(())
+    }
+
+    /// The receiver is gone (or closed): nothing sent now would be read.
+    pub fn is_closed(&self) -> bool {
+        self.shared.state.lock().rx_closed
+    }
+}
+
+impl<T> Clone for Sender<T> {
+    fn clone(&self) -> Self {
+        self.shared.senders.fetch_add(1, Ordering::Relaxed);
+        Sender { shared: self.shared.clone() }
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        if self.shared.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let waker = {
+                let mut s = self.shared.state.lock();
+                s.tx_gone = true;
+                s.waker.take()
+            };
+            if let Some(w) = waker {
+                w.wake();
+            }
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Sender<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sender").finish_non_exhaustive()
+    }
+}
+
+/// The receiving side.
+pub struct Receiver<T> {
+    shared: Arc<Shared<T>>,
+    /// Messages taken from the queue in one go, handed out without the lock.
+    local: VecDeque<T>,
+}
+
+impl<T> Receiver<T> {
+    /// The next message if one is queued now.
+    #[inline]
+    pub fn try_recv(&mut self) -> Option<T> {
+        if let Some(v) = self.local.pop_front() {
+            return Some(v);
+        }
+        let mut s = self.shared.state.lock();
+        if refill(&mut self.local, &mut s) { self.local.pop_front() } else { None }
+    }
+
+    /// The next message; `None` once every sender is gone and the queue is empty.
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        if let Some(v) = self.local.pop_front() {
+            return Poll::Ready(Some(v));
+        }
+        let mut s = self.shared.state.lock();
+        if refill(&mut self.local, &mut s) {
+            return Poll::Ready(self.local.pop_front());
+        }
+        if s.tx_gone {
+            return Poll::Ready(None);
+        }
+        if !s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            s.waker = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// Waits for the next message; `None` once every sender is gone and the queue is
+    /// empty. Cancel-safe: a message is only taken when this returns it.
+    pub async fn recv(&mut self) -> Option<T> {
+        poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    /// Every sender is gone.
+    pub fn is_closed(&self) -> bool {
+        self.shared.state.lock().tx_gone
+    }
+
+    /// Refuses further sends and returns what was queued, oldest first, so the caller can
+    /// answer it.
+    pub fn close(&mut self) -> Vec<T> {
+        let mut rest: Vec<T> = self.local.drain(..).collect();
+        let mut s = self.shared.state.lock();
+        s.rx_closed = true;
+        rest.extend(s.items.drain(..));
+        rest
+    }
+}
+
+/// Moves everything queued to `local` (empty). False when nothing was queued.
+#[inline]
+fn refill<T>(local: &mut VecDeque<T>, s: &mut State<T>) -> bool {
+    if s.items.is_empty() {
+        return false;
+    }
+    // the two buffers trade places, so both keep their capacity
+    std::mem::swap(local, &mut s.items);
+    true
+}
+
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        // the messages are dropped outside the lock (a message may hold a sender)
+        let items = {
+            let mut s = self.shared.state.lock();
+            s.rx_closed = true;
+            s.waker = None;
+            std::mem::take(&mut s.items)
+        };
+        drop(items);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn messages_arrive_in_order_and_end_with_the_last_sender() {
+        let (tx, mut rx) = channel::<u32>();
+        let tx2 = tx.clone();
+        let a = tokio::spawn(async move {
+            for i in 0..1000 {
+                tx.send(i).unwrap();
+                if i % 7 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        let b = tokio::spawn(async move {
+            for i in 1000..2000 {
+                tx2.send(i).unwrap();
+                if i % 5 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        let mut seen = Vec::new();
+        while let Some(v) = rx.recv().await {
+            seen.push(v);
+        }
+        a.await.unwrap();
+        b.await.unwrap();
+        // each sender's messages in its order, all of them, then None
+        let first: Vec<u32> = seen.iter().copied().filter(|v| *v < 1000).collect();
+        let second: Vec<u32> = seen.iter().copied().filter(|v| *v >= 1000).collect();
+        assert_eq!(first, (0..1000).collect::<Vec<_>>());
+        assert_eq!(second, (1000..2000).collect::<Vec<_>>());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_receiver_is_woken_from_another_thread() {
+        let (tx, mut rx) = channel::<u64>();
+        let t = std::thread::spawn(move || {
+            for i in 0..20_000u64 {
+                tx.send(i).unwrap();
+            }
+        });
+        let mut sum = 0u64;
+        let mut n = 0;
+        while let Some(v) = rx.recv().await {
+            sum += v;
+            n += 1;
+        }
+        t.join().unwrap();
+        assert_eq!(n, 20_000);
+        assert_eq!(sum, 20_000 * 19_999 / 2);
+    }
+
+    #[test]
+    fn sends_fail_once_the_receiver_is_closed_and_close_returns_the_queued() {
+        let (tx, mut rx) = channel::<u8>();
+        tx.send(1).unwrap();
+        tx.send(2).unwrap();
+        assert_eq!(rx.try_recv(), Some(1));
+        tx.send(3).unwrap();
+        assert!(!tx.is_closed());
+        assert_eq!(rx.close(), vec![2, 3]);
+        assert!(tx.is_closed());
+        assert_eq!(tx.send(4), Err(4));
+        drop(rx);
+        assert_eq!(tx.send(5), Err(5));
+    }
+
+    #[test]
+    fn the_receiver_sees_every_sender_gone() {
+        let (tx, mut rx) = channel::<u8>();
+        let tx2 = tx.clone();
+        drop(tx);
+        assert!(!rx.is_closed());
+        tx2.send(9).unwrap();
+        drop(tx2);
+        assert!(rx.is_closed());
+        assert_eq!(rx.try_recv(), Some(9));
+        assert_eq!(rx.try_recv(), None);
+    }
+}
