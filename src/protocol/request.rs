@@ -250,6 +250,17 @@ impl RequestReader {
 /// the inner `Err` when it is complete but not an integer.
 #[allow(clippy::type_complexity)]
 fn read_line_int(buf: &[u8], start: usize, too_big: &str) -> Result<Option<(Result<i64, ()>, usize)>, ProtocolError> {
+    // The usual line, a few plain digits and "\r", found and parsed in one pass; anything
+    // else (a sign, a leading zero, a long or unfinished line) takes the general way below.
+    let rest = buf.get(start..).unwrap_or_default();
+    let (mut v, mut i) = (0i64, 0usize);
+    while i < rest.len().min(18) && rest[i].is_ascii_digit() {
+        v = v * 10 + (rest[i] - b'0') as i64;
+        i += 1;
+    }
+    if i > 0 && i < rest.len() && rest[i] == b'\r' && (rest[0] != b'0' || i == 1) {
+        return Ok((i + 1 < rest.len()).then_some((Ok(v), start + i + 2)));
+    }
     let window = &buf[start.min(buf.len())..buf.len().min(start + MAX_INLINE)];
     let Some(cr) = super::find_byte(b'\r', window) else {
         if buf.len() - start.min(buf.len()) >= MAX_INLINE {
@@ -470,6 +481,53 @@ mod tests {
         assert_eq!(s("get a\0b c"), Some(vec!["get".into(), "a".into()]));
         assert_eq!(s("\0\0\0"), Some(vec![]));
         assert_eq!(s("a\x0b\x0cb"), Some(vec!["a".into(), "b".into()]));
+    }
+
+    #[test]
+    fn read_line_int_fast_path_agrees_with_the_general_one() {
+        // the general way alone, as it was before the fast path
+        #[allow(clippy::type_complexity)]
+        fn general(buf: &[u8], start: usize) -> Result<Option<(Result<i64, ()>, usize)>, ProtocolError> {
+            let window = &buf[start.min(buf.len())..buf.len().min(start + MAX_INLINE)];
+            let Some(cr) = super::super::find_byte(b'\r', window) else {
+                if buf.len() - start.min(buf.len()) >= MAX_INLINE {
+                    return Err(ProtocolError::new("too big"));
+                }
+                return Ok(None);
+            };
+            if start + cr + 1 >= buf.len() {
+                return Ok(None);
+            }
+            Ok(Some((parse_i64(&window[..cr]).ok_or(()), start + cr + 2)))
+        }
+        let lines: &[&[u8]] = &[
+            b"3\r\n",
+            b"16\r\n",
+            b"0\r\n",
+            b"00\r\n",
+            b"012\r\n",
+            b"-1\r\n",
+            b"-0\r\n",
+            b"+5\r\n",
+            b"123456789012345678\r\n",
+            b"1234567890123456789\r\n",
+            b"9223372036854775807\r\n",
+            b"9223372036854775808\r\n",
+            b"12a\r\n",
+            b"\r\n",
+            b"1 \r\n",
+            b"7\rx",
+            b"42",
+        ];
+        for line in lines {
+            for cut in 0..=line.len() {
+                let mut buf = b"$".to_vec();
+                buf.extend_from_slice(&line[..cut]);
+                let got = read_line_int(&buf, 1, "too big").map_err(|e| e.0);
+                let want = general(&buf, 1).map_err(|e| e.0);
+                assert_eq!(got, want, "{:?}", String::from_utf8_lossy(&buf));
+            }
+        }
     }
 
     #[test]
