@@ -171,20 +171,24 @@ impl CommandMetrics {
         }
     }
 
-    /// Counts the command; adds its latency to the histogram when `timed` (one command in
-    /// `metrics.latency_sample_every` is).
+    /// Counts `n` commands that ended alike (a session counts a run of them at once: the
+    /// exporter's counters are atomics shared by every worker).
     #[inline]
-    pub fn record(&self, outcome: CommandOutcome, took: Duration, timed: bool) {
+    pub fn count(&self, outcome: CommandOutcome, n: u64) {
         match outcome {
-            CommandOutcome::Ok => self.ok.increment(1),
-            CommandOutcome::Error => self.error.increment(1),
-            CommandOutcome::Redirected => self.redirected.increment(1),
-            CommandOutcome::Throttled => self.throttled.increment(1),
-            CommandOutcome::Cached => self.cached.increment(1),
+            CommandOutcome::Ok => self.ok.increment(n),
+            CommandOutcome::Error => self.error.increment(n),
+            CommandOutcome::Redirected => self.redirected.increment(n),
+            CommandOutcome::Throttled => self.throttled.increment(n),
+            CommandOutcome::Cached => self.cached.increment(n),
         }
-        if timed {
-            self.duration.record(took.as_secs_f64());
-        }
+    }
+
+    /// Adds one command's latency to the histogram (one command in
+    /// `metrics.latency_sample_every` is timed).
+    #[inline]
+    pub fn time(&self, took: Duration) {
+        self.duration.record(took.as_secs_f64());
     }
 }
 

@@ -163,8 +163,10 @@ impl Proxy {
         if id < self.commands.count() { self.commands.name_of(id) } else { "unknown" }
     }
 
-    /// Records one answered command (called when its reply has been written).
-    pub fn observe(&self, client: &ClientState, a: Answered) {
+    /// Records one answered command (called when its reply has been written), all but its
+    /// count in `heatshield_commands_total`: the outcome to count is returned, for the
+    /// caller to count a run of alike commands at once with [`Proxy::count`].
+    pub fn observe(&self, client: &ClientState, a: Answered) -> crate::metrics::CommandOutcome {
         let Answered { cmd, took, reply, redirected, cached, req, first_key, node, moments } = a;
         let failed = reply.failed;
         let outcome = if reply.throttled {
@@ -178,10 +180,11 @@ impl Proxy {
         } else {
             crate::metrics::CommandOutcome::Ok
         };
-        let timed = crate::metrics::sampled(0, self.config.metrics.latency_sample_every);
-        self.command_metrics.get(cmd, self.command_name(cmd)).record(outcome, took, timed);
+        if crate::metrics::sampled(0, self.config.metrics.latency_sample_every) {
+            self.command_metrics.get(cmd, self.command_name(cmd)).time(took);
+        }
         self.command_stats.record(crate::worker::current(), cmd, took, failed);
-        let Some(req) = req else { return };
+        let Some(req) = req else { return outcome };
         if took.as_micros() as u64 >= self.live.slowlog_slower_than_us.load(Ordering::Relaxed) {
             let name: String = client
                 .info
@@ -214,5 +217,12 @@ impl Proxy {
                 self.bigkeys.record(max, &key, name, "reply", reply.len as u64);
             }
         }
+        outcome
+    }
+
+    /// Counts `n` answered commands `cmd` that ended in `outcome`.
+    #[inline]
+    pub fn count(&self, cmd: usize, outcome: crate::metrics::CommandOutcome, n: u64) {
+        self.command_metrics.get(cmd, self.command_name(cmd)).count(outcome, n);
     }
 }

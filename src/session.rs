@@ -276,6 +276,9 @@ struct Session {
     hashes: [u64; BATCH],
     /// When the last read completed (the read time of what it brought).
     read_at: Instant,
+    /// `read_at` in milliseconds since heatshield started (what CLIENT LIST shows), worked
+    /// out once per read rather than for each request it brought.
+    read_ms: u64,
     /// The size of the request being read, when the reader knows it.
     read_hint: usize,
     /// False after EOF, QUIT, a protocol error, or shutdown.
@@ -298,6 +301,22 @@ struct Session {
     max_pipeline: usize,
     request_budget: usize,
     reply_deadline: Duration,
+}
+
+/// The time of a batch of backend replies, read once for all of them.
+struct ReplyClock {
+    now: Instant,
+    /// A request started at or before this may reach the slow log (a quarter of
+    /// `slowlog-log-slower-than` before `now`): its node is noted for the log's entry.
+    slow_from: Option<Instant>,
+}
+
+impl ReplyClock {
+    fn new(proxy: &Proxy) -> ReplyClock {
+        let now = Instant::now();
+        let slow_us = proxy.live.slowlog_slower_than_us.load(Ordering::Relaxed);
+        ReplyClock { now, slow_from: now.checked_sub(Duration::from_micros(slow_us / 4)) }
+    }
 }
 
 /// Serves one client until it disconnects, sends QUIT, breaks the protocol, exceeds its
@@ -352,6 +371,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                     Ok(n) if n > 0 => {
                         gm.bytes_in.increment(n as u64);
                         s.read_at = Instant::now();
+                        s.read_ms = (s.read_at - s.proxy.started).as_millis() as u64;
                     }
                     _ => {
                         debug!(client = id, "client closed its side");
@@ -470,6 +490,7 @@ impl Session {
             batch: Vec::new(),
             hashes: [0u64; BATCH],
             read_at: Instant::now(),
+            read_ms: proxy.started.elapsed().as_millis() as u64,
             read_hint: 0,
             reading: true,
             closing: false,
@@ -500,7 +521,7 @@ impl Session {
     fn take_replies(&mut self, first: BackendReply, rx: &mut crate::queue::Receiver<BackendReply>) {
         let mut next = Some(first);
         // one clock read for every reply that completes in this batch
-        let mut now: Option<Instant> = None;
+        let mut now: Option<ReplyClock> = None;
         while let Some(r) = next.take() {
             if let Some(c) = Control::of(r.tag) {
                 self.control(c);
@@ -539,7 +560,7 @@ impl Session {
     }
 
     /// Hands one backend reply to its request.
-    fn take_reply(&mut self, r: BackendReply, now: &mut Option<Instant>) {
+    fn take_reply(&mut self, r: BackendReply, now: &mut Option<ReplyClock>) {
         let seq = r.tag.seq;
         if let Some(e) = self.queue.get_mut(seq)
             && let Reply::Waiting(p) = &mut e.reply
@@ -550,10 +571,10 @@ impl Session {
             if let Some(reply) = crate::pending::on_reply(&self.proxy, &mut ctx, p, r) {
                 self.client.inflight -= 1;
                 let m = &mut e.meta;
-                m.ready_at = *now.get_or_insert_with(Instant::now);
+                let clock = now.get_or_insert_with(|| ReplyClock::new(&self.proxy));
+                m.ready_at = clock.now;
                 m.redirected = p.redirected;
-                let slow_us = self.proxy.live.slowlog_slower_than_us.load(Ordering::Relaxed);
-                if (m.ready_at - m.started).as_micros() as u64 >= slow_us / 4 {
+                if clock.slow_from.is_some_and(|t| m.started <= t) {
                     m.node = p.node(&self.proxy.cluster);
                 }
                 self.held.reply_ready(reply.len(), self.soft, self.max_pipeline);
@@ -688,14 +709,14 @@ impl Session {
             self.reading = false;
         }
         let cmd = meta.cmd;
-        self.publish(cmd, read_at);
+        self.publish(cmd);
     }
 
     /// Keeps what other connections see of this one current (CLIENT LIST).
-    fn publish(&self, cmd: usize, at: Instant) {
+    fn publish(&self, cmd: usize) {
         let info = &self.client.info;
         info.last_cmd.store(cmd, Ordering::Relaxed);
-        info.last_ms.store((at - self.proxy.started).as_millis() as u64, Ordering::Relaxed);
+        info.last_ms.store(self.read_ms, Ordering::Relaxed);
         info.flags.store(self.client.flags(self.blocking.is_some()), Ordering::Relaxed);
         let multi = match &self.client.mode {
             Mode::Multi(q) => q.commands.len() as i64,
@@ -783,6 +804,9 @@ impl Session {
         }
         let written = Instant::now();
         let n = std::mem::take(&mut self.queue.sent);
+        // consecutive commands that ended alike are counted at once (a pipeline of GETs is
+        // one increment of the exporter's shared counter, not one each)
+        let mut run: Option<(usize, crate::metrics::CommandOutcome, u64)> = None;
         for e in self.queue.entries.range(..n) {
             let Reply::Sent { summary, at } = e.reply else { continue };
             let m = &e.meta;
@@ -791,7 +815,7 @@ impl Session {
             }
             self.held.requests -= m.req.as_ref().map_or(0, |r| r.raw().len());
             let moments = crate::stats::Moments { started: m.started, ready: m.ready_at, queued: at, written };
-            self.proxy.observe(
+            let outcome = self.proxy.observe(
                 &self.client,
                 Answered {
                     cmd: m.cmd,
@@ -805,6 +829,17 @@ impl Session {
                     moments,
                 },
             );
+            match &mut run {
+                Some((cmd, o, k)) if *cmd == m.cmd && *o == outcome => *k += 1,
+                _ => {
+                    if let Some((cmd, o, k)) = run.replace((m.cmd, outcome, 1)) {
+                        self.proxy.count(cmd, o, k);
+                    }
+                }
+            }
+        }
+        if let Some((cmd, o, k)) = run {
+            self.proxy.count(cmd, o, k);
         }
         // dropped where they are, not moved out first
         self.queue.entries.drain(..n);
