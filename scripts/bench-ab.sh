@@ -17,6 +17,7 @@
 #   scripts/bench-ab.sh /tmp/before/target/release/heatshield target/release/heatshield 6 -t get -P 16 -r 100000
 #
 # Default load: GET -P16 over 100k random keys, 50 clients, $REQUESTS requests (2M).
+# AB_METRICS=1 turns the Prometheus exporter on for both (ports 7520 and 7521).
 # Ports (127.0.0.1): cluster 7000-7002, heatshield 7420 and 7421. Needs ../shared/bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,8 +46,10 @@ start() {
     bin=${spec%%@*} conf=$W/conf.toml
     [[ $spec == *@* ]] && conf=${spec#*@}
     for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 || break; sleep 0.1; done
+    metrics=off
+    [[ -n ${AB_METRICS:-} ]] && metrics=127.0.0.1:$((port + 100))
     RUST_LOG=warn "$bin" -c "$conf" --cluster 127.0.0.1:7000 --listen 127.0.0.1:"$port" \
-      --metrics off --threads 1 >"$W/proxy-$name.log" 2>&1 &
+      --metrics "$metrics" --threads 1 >"$W/proxy-$name.log" 2>&1 &
     echo $! >"$W/proxy-$name.pid"
     for _ in $(seq 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
   done
