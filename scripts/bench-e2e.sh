@@ -9,7 +9,8 @@
 # (release build) in front of the cluster: 7400 with metrics on (7480), 7401 with
 # --metrics off; runs compare.py; stops everything. HEATSHIELD_ARGS adds flags to both
 # (default: --threads 1, one worker, which is fastest on a 2-core machine shared with the
-# load generator and Redis).
+# load generator and Redis). HEATSHIELD_PGO=BINARY adds a third, that binary (a
+# profile-guided build from scripts/build-pgo.sh) with metrics on (7482), on 7402.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BENCH_DIR:-../shared/bench}
@@ -38,12 +39,20 @@ echo $! >"$W/heatshield.pid"
 RUST_LOG=warn target/release/heatshield --cluster 127.0.0.1:7000 --listen 127.0.0.1:7401 \
   --metrics off $ARGS >"$W/heatshield-nometrics.log" 2>&1 &
 echo $! >"$W/heatshield-nometrics.pid"
-for p in 7400 7401; do
+pgo_target=()
+if [[ -n ${HEATSHIELD_PGO:-} ]]; then
+  # shellcheck disable=SC2086
+  RUST_LOG=warn "$HEATSHIELD_PGO" --cluster 127.0.0.1:7000 --listen 127.0.0.1:7402 \
+    --metrics 127.0.0.1:7482 $ARGS >"$W/heatshield-pgo.log" 2>&1 &
+  echo $! >"$W/heatshield-pgo.pid"
+  pgo_target=(heatshield-pgo=127.0.0.1:7402)
+fi
+for p in 7400 7401 ${HEATSHIELD_PGO:+7402}; do
   for _ in $(seq 100); do redis-cli -p $p ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
 done
 # scrape the metrics-on instance every 5 s, as Prometheus would
-( while sleep 5; do curl -s 127.0.0.1:7480/metrics >/dev/null 2>&1 || true; done ) &
+( while sleep 5; do for m in 7480 ${HEATSHIELD_PGO:+7482}; do curl -s 127.0.0.1:$m/metrics >/dev/null 2>&1 || true; done; done ) &
 SCRAPER=$!
 trap 'kill $SCRAPER 2>/dev/null; cleanup' EXIT
 python3 "$B/compare.py" "$@" redis=127.0.0.1:7100 twemproxy=127.0.0.1:7300 \
-  heatshield=127.0.0.1:7400 heatshield-nometrics=127.0.0.1:7401
+  heatshield=127.0.0.1:7400 heatshield-nometrics=127.0.0.1:7401 "${pgo_target[@]}"
