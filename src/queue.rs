@@ -160,14 +160,21 @@ impl<T> Receiver<T> {
     }
 }
 
+/// A buffer that grew past this many messages (a burst) is not kept once empty.
+const KEEP: usize = 1024;
+
 /// Moves everything queued to `local` (empty). False when nothing was queued.
 #[inline]
 fn refill<T>(local: &mut VecDeque<T>, s: &mut State<T>) -> bool {
     if s.items.is_empty() {
         return false;
     }
-    // the two buffers trade places, so both keep their capacity
+    // the two buffers trade places, so both keep their capacity, unless a burst made the
+    // one that goes back empty large: an idle connection does not hold on to it
     std::mem::swap(local, &mut s.items);
+    if s.items.capacity() > KEEP {
+        s.items = VecDeque::new();
+    }
     true
 }
 
@@ -266,5 +273,25 @@ mod tests {
         assert!(rx.is_closed());
         assert_eq!(rx.try_recv(), Some(9));
         assert_eq!(rx.try_recv(), None);
+    }
+
+    #[test]
+    fn a_burst_does_not_stay_allocated() {
+        let (tx, mut rx) = channel::<u64>();
+        for i in 0..100_000 {
+            tx.send(i).unwrap();
+        }
+        let mut n = 0;
+        while rx.try_recv().is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 100_000);
+        // the next messages: the burst's buffer goes back to the queue empty and is let go
+        tx.send(1).unwrap();
+        assert_eq!(rx.try_recv(), Some(1));
+        tx.send(2).unwrap();
+        assert_eq!(rx.try_recv(), Some(2));
+        let queued = rx.shared.state.lock().items.capacity();
+        assert!(queued <= KEEP && rx.local.capacity() <= KEEP, "{queued} {}", rx.local.capacity());
     }
 }
