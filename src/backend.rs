@@ -33,6 +33,13 @@ use crate::protocol::request::Request;
 /// where a channel sender's is two (its reference and its sender count), as is a drop.
 pub type ReplyTx = Arc<crate::queue::Sender<BackendReply>>;
 
+/// A channel for backend replies: where requests say to answer, and where the answers are
+/// read.
+pub fn reply_channel() -> (ReplyTx, crate::queue::Receiver<BackendReply>) {
+    let (tx, rx) = crate::queue::channel();
+    (Arc::new(tx), rx)
+}
+
 /// A request for one backend connection.
 pub struct BackendRequest {
     /// One command, or `count` commands back to back.

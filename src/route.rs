@@ -253,8 +253,7 @@ pub fn while_busy<H: Send + 'static>(
     let timeout = Duration::from_millis(proxy.config.backend.command_timeout_ms);
     tokio::spawn(async move {
         let _hold = hold;
-        let (tx, mut rx) = crate::queue::channel();
-        let tx = Arc::new(tx);
+        let (tx, mut rx) = crate::backend::reply_channel();
         for (i, l) in leases.iter().enumerate() {
             l.conn().send(BackendRequest {
                 data: data.clone(),

@@ -323,8 +323,7 @@ impl ReplyClock {
 /// limits, or the proxy shuts down.
 pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
-    let (tx, mut rx) = crate::queue::channel::<BackendReply>();
-    let tx = Arc::new(tx);
+    let (tx, mut rx) = crate::backend::reply_channel();
     let mut s = Session::new(proxy, &stream, tx);
     let id = s.client.id;
     // Buffers start small, so idle clients cost little, and grow with the traffic.

@@ -350,8 +350,8 @@ mod tests {
     #[test]
     fn a_key_is_told_once_and_forgotten() {
         let cs = ClientSide::new(100);
-        let (tx, mut rx) = crate::queue::channel();
-        cs.enable(7, std::sync::Arc::new(tx), true, true, &Mode::default());
+        let (tx, mut rx) = crate::backend::reply_channel();
+        cs.enable(7, tx, true, true, &Mode::default());
         cs.read(7, [&b"a"[..], b"b"].into_iter());
         cs.invalidate(&[b"a"]);
         assert_eq!(&rx.try_recv().unwrap().result.unwrap()[..], &message(true, Some(&[b"a"]))[..]);

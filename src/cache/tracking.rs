@@ -29,7 +29,7 @@ use tracing::{debug, info, warn};
 
 use super::clients::ClientSide;
 use super::{Cause, HotCache};
-use crate::backend::{self, BackendOptions, BackendReply, BackendRequest, Prefix, Tag};
+use crate::backend::{self, BackendOptions, BackendRequest, Prefix, Tag};
 use crate::cluster::Cluster;
 use crate::cluster::NodePool;
 use crate::protocol::Request;
@@ -76,8 +76,7 @@ pub fn start(cache: Arc<HotCache>, clients: Arc<ClientSide>, cluster: Arc<Cluste
 
 /// The hot-key cache's own tasks: landing fills, the detection window clock.
 fn start_cache(h: Arc<Handles>) {
-    let (tx, mut rx) = crate::queue::channel::<BackendReply>();
-    let tx = std::sync::Arc::new(tx);
+    let (tx, mut rx) = crate::backend::reply_channel();
     if h.cache.fill_tx.set(tx).is_err() {
         return; // already started
     }
@@ -153,8 +152,7 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
 
     // Connections made before now report to no one (or to a dead connection): switch
     // them over. Until one answers, its reads do not fill the cache.
-    let (rearm_tx, mut rearm_rx) = crate::queue::channel::<BackendReply>();
-    let rearm_tx = std::sync::Arc::new(rearm_tx);
+    let (rearm_tx, mut rearm_rx) = crate::backend::reply_channel();
     let mut conns = Vec::new();
     let cmd = Request::from_args(&["CLIENT", "TRACKING", "on", "REDIRECT", &id.to_string(), "OPTIN"]);
     for (_, b) in pool.connections() {

@@ -188,8 +188,7 @@ impl Lease {
         if clean && list.len() < self.node.opts.dedicated_idle {
             if unwatch {
                 // its reply goes nowhere; the next lessee's commands come after it
-                let (tx, _) = crate::queue::channel();
-                let tx = Arc::new(tx);
+                let (tx, _) = backend::reply_channel();
                 conn.send(backend::BackendRequest {
                     data: bytes::Bytes::from_static(b"*1\r\n$7\r\nUNWATCH\r\n"),
                     count: 1,

@@ -176,8 +176,7 @@ impl State {
 }
 
 async fn run(h: Arc<Handles>, mut rx: mpsc::UnboundedReceiver<Event>) {
-    let (rtx, mut rrx) = crate::queue::channel::<BackendReply>();
-    let rtx = std::sync::Arc::new(rtx);
+    let (rtx, mut rrx) = crate::backend::reply_channel();
     let mut st =
         State { queues: HashMap::new(), held: HashMap::new(), inflight: HashMap::new(), timers: BinaryHeap::new() };
     let locks = &h.locks;
