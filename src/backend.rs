@@ -595,6 +595,8 @@ async fn serve(
         // replies of a multi-command request go to its session as one message once all
         // are in (one wake-up and one channel message, not one per reply).
         let (mut held, mut held_n) = (0usize, 0u32);
+        // replies of this read not yet handed over, all for `out_to`
+        let (mut out, mut out_to): (Vec<BackendReply>, Option<ReplyTx>) = (Vec::new(), None);
         loop {
             if rbuf.capacity() - rbuf.len() < buf_cap / 4 {
                 rbuf.reserve(buf_cap);
@@ -605,7 +607,18 @@ async fn serve(
             // one lock for every reply of this read (the writer does not run meanwhile)
             let mut q = fifo.lock();
             let mut answered = 0usize;
-            while let Some(n) = scanner.scan(&rbuf[held..]).map_err(std::io::Error::other)? {
+            // an error ends the connection, but only after the replies already taken from
+            // the FIFO have been handed over (the rest are failed by the caller)
+            let mut failed = None;
+            loop {
+                let n = match scanner.scan(&rbuf[held..]) {
+                    Ok(Some(n)) => n,
+                    Ok(None) => break,
+                    Err(e) => {
+                        failed = Some(std::io::Error::other(e));
+                        break;
+                    }
+                };
                 if rbuf[held] == b'>' {
                     // a RESP3 push we did not ask for: cut out, behind what is held
                     rbuf.copy_within(0..held, n);
@@ -613,7 +626,8 @@ async fn serve(
                     continue;
                 }
                 let Some(front) = q.front_mut() else {
-                    return Err(std::io::Error::other("reply with no request"));
+                    failed = Some(std::io::Error::other("reply with no request"));
+                    break;
                 };
                 if front.prefix != Prefix::None {
                     let frame = rbuf.split_to(n); // nothing is held before a prefix's reply
@@ -639,12 +653,26 @@ async fn serve(
                     metrics.duration.record(inf.sent.elapsed().as_secs_f64());
                 }
                 let frame = rbuf.split_to(held).freeze();
-                let _ = inf.reply_to.send(BackendReply { tag: inf.tag, result: Ok(frame), more: held_n - 1 });
+                let reply = BackendReply { tag: inf.tag, result: Ok(frame), more: held_n - 1 };
+                // consecutive replies for one session (its pipelined requests, written
+                // back to back) go to it as one batch: one lock and one wake-up
+                if !out_to.as_ref().is_some_and(|t| Arc::ptr_eq(t, &inf.reply_to))
+                    && let Some(t) = out_to.replace(inf.reply_to)
+                {
+                    t.send_all(&mut out);
+                }
+                out.push(reply);
                 (held, held_n) = (0, 0);
             }
             drop(q);
+            if let Some(t) = out_to.take() {
+                t.send_all(&mut out);
+            }
             if answered > 0 {
                 stats.inflight.fetch_sub(answered, Ordering::Relaxed);
+            }
+            if let Some(e) = failed {
+                return Err(e);
             }
         }
     };

@@ -68,6 +68,29 @@ impl<T> Sender<T> {
         Ok(())
     }
 
+    /// Queues every message of `items`, in order, under one lock, waking the receiver
+    /// once; `items` is left empty. When the receiver is gone they are dropped (as
+    /// [`Sender::send`]'s `Err` would be) and this returns false.
+    pub fn send_all(&self, items: &mut Vec<T>) -> bool {
+        if items.is_empty() {
+            return true;
+        }
+        let waker = {
+            let mut s = self.shared.state.lock();
+            if s.rx_closed {
+                drop(s);
+                items.clear();
+                return false;
+            }
+            s.items.extend(items.drain(..));
+            s.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
+    }
+
     /// The receiver is gone (or closed): nothing sent now would be read.
     pub fn is_closed(&self) -> bool {
         self.shared.state.lock().rx_closed
@@ -260,6 +283,31 @@ mod tests {
         assert_eq!(tx.send(4), Err(4));
         drop(rx);
         assert_eq!(tx.send(5), Err(5));
+    }
+
+    #[test]
+    fn send_all_queues_in_order_behind_single_sends_and_fails_once_closed() {
+        let (tx, mut rx) = channel::<u32>();
+        tx.send(1).unwrap();
+        let mut more = vec![2, 3, 4];
+        assert!(tx.send_all(&mut more));
+        assert!(more.is_empty());
+        tx.send(5).unwrap();
+        let got: Vec<u32> = std::iter::from_fn(|| rx.try_recv()).collect();
+        assert_eq!(got, [1, 2, 3, 4, 5]);
+        let _ = rx.close();
+        let mut late = vec![6, 7];
+        assert!(!tx.send_all(&mut late));
+        assert!(late.is_empty());
+    }
+
+    #[tokio::test]
+    async fn send_all_wakes_a_waiting_receiver() {
+        let (tx, mut rx) = channel::<u32>();
+        let r = tokio::spawn(async move { (rx.recv().await, rx.try_recv(), rx.try_recv()) });
+        tokio::task::yield_now().await;
+        assert!(tx.send_all(&mut vec![8, 9]));
+        assert_eq!(r.await.unwrap(), (Some(8), Some(9), None));
     }
 
     #[test]
