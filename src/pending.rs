@@ -189,7 +189,11 @@ impl Drop for Block {
 
 /// One command sent for a request (a split command has one per slot).
 pub struct Part {
+    /// The command (empty when `whole`).
     data: Bytes,
+    /// The command is the client's request itself ([`Ctx::req`]), which its entry keeps:
+    /// not held again here, which saves a reference count taken and dropped per request.
+    whole: bool,
     target: Target,
     /// MOVED / ASK / NOSCRIPT followed so far (at most [`MAX_REDIRECTS`]).
     redirects: u16,
@@ -217,7 +221,22 @@ struct Rare {
 
 impl Part {
     pub fn new(data: Bytes, target: Target) -> Part {
-        Part { data, target, redirects: 0, retries: 0, reply: None, rare: None }
+        Part { data, whole: false, target, redirects: 0, retries: 0, reply: None, rare: None }
+    }
+
+    /// A part that is the client's whole request (`ctx.req` wherever the part is handled).
+    pub fn whole(target: Target) -> Part {
+        Part { whole: true, ..Part::new(Bytes::new(), target) }
+    }
+
+    /// The command, given the request (`ctx.req`) the part belongs to.
+    #[inline]
+    fn data<'a>(&'a self, req: &'a Request) -> &'a Bytes {
+        if self.whole { req.raw() } else { &self.data }
+    }
+
+    fn set_data(&mut self, data: Bytes) {
+        (self.data, self.whole) = (data, false);
     }
 
     fn rare(&mut self) -> &mut Rare {
@@ -443,7 +462,11 @@ pub fn start_in(
         while j < n && !asking && resolve_in(&topo, &p.parts[j].target).is_ok_and(|(m, a)| !a && Arc::ptr_eq(m, node)) {
             j += 1;
         }
-        let data = if j - i == 1 { p.parts[i].data.clone() } else { joined(buffer.as_ref(), &p.parts[i..j]) };
+        let data = if j - i == 1 {
+            p.parts[i].data(ctx.req).clone()
+        } else {
+            joined(buffer.as_ref(), ctx.req, &p.parts[i..j])
+        };
         let conn = node.conn(ctx.client.proto, ctx.client.id);
         if n == 1 && conn.stats.held(ctx.now) && ctx.client.inflight == 0 && !asking {
             // A script has held this shared connection for a while: Redis reads nothing
@@ -481,15 +504,15 @@ pub fn start_in(
 /// The commands of consecutive parts as one message. A split command's parts are slices,
 /// in order, of one buffer (`buffer`, see [`crate::route::split_by_slot`]), so this is
 /// one more slice of it, not a copy; other parts are copied together.
-fn joined(buffer: Option<&Bytes>, parts: &[Part]) -> Bytes {
-    let len: usize = parts.iter().map(|x| x.data.len()).sum();
+fn joined(buffer: Option<&Bytes>, req: &Request, parts: &[Part]) -> Bytes {
+    let len: usize = parts.iter().map(|x| x.data(req).len()).sum();
     if let Some(buf) = buffer {
         let base = buf.as_ptr() as usize;
-        let at = parts[0].data.as_ptr() as usize;
+        let at = parts[0].data(req).as_ptr() as usize;
         let mut end = at;
         let adjacent = parts.iter().all(|x| {
-            let next = x.data.as_ptr() as usize == end;
-            end += x.data.len();
+            let next = x.data(req).as_ptr() as usize == end;
+            end += x.data(req).len();
             next
         });
         if adjacent && at >= base && end <= base + buf.len() {
@@ -498,7 +521,7 @@ fn joined(buffer: Option<&Bytes>, parts: &[Part]) -> Bytes {
     }
     let mut b = BytesMut::with_capacity(len);
     for x in parts {
-        b.extend_from_slice(&x.data);
+        b.extend_from_slice(x.data(req));
     }
     b.freeze()
 }
@@ -525,7 +548,7 @@ fn resolve(proxy: &Proxy, target: &Target) -> Result<(Arc<NodePool>, bool), Byte
 /// A blocking command waits only what remains of its timeout.
 fn resend(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize) -> Option<Bytes> {
     if let Some(b) = p.dedicated.as_ref().and_then(|d| d.block.as_ref()) {
-        p.parts[idx].data = remaining(ctx.req, b, Instant::now());
+        p.parts[idx].set_data(remaining(ctx.req, b, Instant::now()));
     }
     if let Err(e) = send_part(proxy, ctx, &mut p.dedicated, &p.parts[idx], idx as u32, 1) {
         return complete(proxy, ctx, p, idx, e);
@@ -557,7 +580,7 @@ fn send_part(
 ) -> Result<(), Bytes> {
     let (node, asking) = resolve(proxy, &part.target)?;
     let req = BackendRequest {
-        data: part.data.clone(),
+        data: part.data(ctx.req).clone(),
         count,
         prefix: if asking { Prefix::Asking } else { Prefix::None },
         tag: Tag { seq: ctx.seq, part: idx },
@@ -634,7 +657,7 @@ fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &Part, idx: u32, 
     }
     let cluster = proxy.cluster.clone();
     let target = part.target.clone();
-    let data = part.data.clone();
+    let data = part.data(ctx.req).clone();
     let reply_to = ctx.reply_to.clone();
     let (proto, affinity) = (ctx.client.proto, ctx.client.id);
     let tag = Tag { seq: ctx.seq, part: idx };
@@ -735,10 +758,11 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
         (Verdict::NoScript, Ok(data)) => {
             // a script that is not loaded there (yet): one of heatshield's lock scripts,
             // or one seen in EVAL or SCRIPT LOAD (crate::scripts): sent whole, once
-            match proxy.locks.eval_form(&part.data).or_else(|| proxy.scripts.eval_form(&part.data)) {
+            let data_now = part.data(ctx.req);
+            match proxy.locks.eval_form(data_now).or_else(|| proxy.scripts.eval_form(data_now)) {
                 Some(eval) if part.redirects < MAX_REDIRECTS => {
                     part.redirects += 1;
-                    part.data = eval;
+                    part.set_data(eval);
                     return resend(proxy, ctx, p, idx);
                 }
                 _ => data,
@@ -864,7 +888,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
                 && part.redirects < MAX_REDIRECTS
                 && matches!(part.target, Target::Slot(_) | Target::Node(_)) =>
         {
-            let load = proxy.scripts.function_load(&part.data);
+            let load = proxy.scripts.function_load(part.data(ctx.req));
             match (load, resolve(proxy, &part.target)) {
                 (Some(load), Ok((node, _))) => {
                     part.redirects = MAX_REDIRECTS;
@@ -896,7 +920,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
 /// is closed if the client leaves first (Redis then forgets the blocked client, so it
 /// takes no element meant for another).
 pub fn start_blocking(proxy: &Proxy, ctx: &mut Ctx, s: u16, block: Block) -> Outcome {
-    let part = Part::new(ctx.req.raw().clone(), Target::Slot(s));
+    let part = Part::whole(Target::Slot(s));
     let mut p = Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec::smallvec![part]);
     let via = match &ctx.client.watch {
         Some(w) if w.slot == s => Via::Watch,
@@ -1117,7 +1141,7 @@ fn per_key(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, kind: Spli
     let step = if kind == Split::Mset { 2 } else { 1 };
     let first = p.parts.len() as u32;
     let part = &mut p.parts[idx];
-    let cmd = Request::parse(&part.data).filter(|r| r.argc() > 1 + step);
+    let cmd = Request::parse(part.data(ctx.req)).filter(|r| r.argc() > 1 + step);
     let Some(cmd) = cmd else {
         part.retries += 1;
         proxy.cluster.request_refresh();
@@ -1273,18 +1297,34 @@ mod tests {
     #[test]
     fn adjacent_parts_travel_as_one_slice() {
         let buf = Bytes::from_static(b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n*2\r\n$3\r\nGET\r\n$1\r\nb\r\n");
+        let req = Request::from_args(&["MGET", "a", "b"]);
         let part = |r: std::ops::Range<usize>| Part::new(buf.slice(r), Target::Slot(0));
         let (a, b) = (part(0..20), part(20..40));
-        let one = joined(Some(&buf), &[a, b]);
+        let one = joined(Some(&buf), &req, &[a, b]);
         assert_eq!(one, buf);
         assert_eq!(one.as_ptr(), buf.as_ptr(), "a slice of the buffer, not a copy");
         // not in order: copied together
         let (a, b) = (part(0..20), part(20..40));
-        let two = joined(Some(&buf), &[b, a]);
+        let two = joined(Some(&buf), &req, &[b, a]);
         assert_eq!(&two[..20], &buf[20..40]);
         assert_eq!(&two[20..], &buf[..20]);
         // no buffer: copied together
         let (a, b) = (part(0..20), part(20..40));
-        assert_eq!(joined(None, &[a, b]), buf);
+        assert_eq!(joined(None, &req, &[a, b]), buf);
+    }
+
+    #[test]
+    fn a_whole_part_is_its_request_until_given_a_command_of_its_own() {
+        let req = Request::from_args(&["GET", "k"]);
+        let mut p = Part::whole(Target::Slot(0));
+        assert!(p.data.is_empty(), "holds nothing of its own");
+        assert_eq!(p.data(&req).as_ptr(), req.raw().as_ptr(), "the request's bytes, not a copy");
+        // with other parts: the request's bytes are joined like any part's
+        let other = Part::new(Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"), Target::Slot(0));
+        let both = joined(None, &req, &[Part::whole(Target::Slot(0)), other]);
+        assert_eq!(&both[..], &[&req.raw()[..], &b"*1\r\n$4\r\nPING\r\n"[..]].concat()[..]);
+        // a command of its own (a blocking command's remaining timeout, EVAL for EVALSHA)
+        p.set_data(Bytes::from_static(b"*1\r\n$4\r\nPING\r\n"));
+        assert_eq!(&p.data(&req)[..], b"*1\r\n$4\r\nPING\r\n");
     }
 }

@@ -23,7 +23,7 @@ use crate::proxy::Proxy;
 
 /// The whole request to one node.
 fn pass(proxy: &Proxy, ctx: &mut Ctx, target: Target) -> Outcome {
-    start(proxy, ctx, Finish::Merge(Merge::Pass), smallvec![Part::new(ctx.req.raw().clone(), target)])
+    start(proxy, ctx, Finish::Merge(Merge::Pass), smallvec![Part::whole(target)])
 }
 
 /// A keyless command for any master: the one the client's id picks, so one client's
@@ -77,7 +77,7 @@ pub fn script(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
         },
     };
     let run = proxy.cluster.topology().master_for_slot(s).cloned().map(ScriptRun::new);
-    start(proxy, ctx, Finish::Script(run), smallvec![Part::new(ctx.req.raw().clone(), Target::Slot(s))])
+    start(proxy, ctx, Finish::Script(run), smallvec![Part::whole(Target::Slot(s))])
 }
 
 /// A blocking command: its keys share one slot (CROSSSLOT otherwise, as Redis Cluster
