@@ -4,8 +4,6 @@
 //! request on: answered here by heatshield (`local`, `admin`), or admitted
 //! ([`crate::policy`]) and routed to Redis ([`crate::route`]).
 
-use std::sync::atomic::Ordering;
-
 use crate::client::Mode;
 use crate::command::{Command, FanOut, KeySpec, Local, Route, keys_of};
 use crate::errors;
@@ -20,7 +18,7 @@ use crate::transaction;
 /// Handles one request.
 pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
     let req = ctx.req;
-    proxy.stats.commands.fetch_add(1, Ordering::Relaxed);
+    proxy.stats.commands.add(1);
     ctx.cmd = proxy.unknown_id();
     let cmd = match proxy.commands.lookup(req) {
         Ok(c) => c,

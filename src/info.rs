@@ -310,7 +310,7 @@ pub fn info_text(proxy: &Proxy, ctx: &mut Ctx, replies: &[(&str, &Bytes)]) -> By
             "Stats" => {
                 set("total_connections_received", load(&st.accepted).to_string());
                 set("rejected_connections", load(&st.rejected).to_string());
-                set("total_commands_processed", load(&st.commands).to_string());
+                set("total_commands_processed", st.commands.sum().to_string());
             }
             _ => {}
         }
@@ -332,7 +332,7 @@ pub fn info_text(proxy: &Proxy, ctx: &mut Ctx, replies: &[(&str, &Bytes)]) -> By
             topo.masters.len().max(masters),
             topo.version,
             proxy.cluster.refreshes.load(std::sync::atomic::Ordering::Relaxed),
-            load(&st.commands),
+            st.commands.sum(),
             differ.join(","),
         );
     }
