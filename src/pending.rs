@@ -398,6 +398,21 @@ impl Pending {
         }
     }
 
+    /// One part, still waiting, passed on as it is, with nothing to do when its reply
+    /// comes (see [`on_reply`]; a write whose keys turned hot while it was out is not).
+    fn plain(&self, proxy: &Proxy) -> bool {
+        matches!(self.finish, Finish::Merge(Merge::Pass))
+            && self.remaining == 1
+            && self.parts.len() == 1
+            && self.parts[0].reply.is_none()
+            && self.parts[0].rare.is_none()
+            && self.dedicated.is_none()
+            && self.invalidate.is_empty()
+            && !self.flush
+            && !self.tracked_write
+            && self.write_hot_generation.is_none_or(|g| g == proxy.cache.hot_generation())
+    }
+
     /// A blocking command waiting for its reply.
     pub fn blocking(&self) -> bool {
         self.dedicated.as_ref().is_some_and(|d| d.block.is_some())
@@ -724,6 +739,17 @@ fn recheck_later(proxy: &Proxy, ctx: &Ctx, idx: u32, wait: bool) {
 
 /// A backend reply for part `idx` of `p`. Returns the final reply once every part is in.
 pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
+    // The usual reply: the one part of a command passed on as it is, not an error (so
+    // nothing to retry or follow), and nothing to do around it (no write to invalidate
+    // for, no dedicated connection to give back): what `complete` would end with.
+    if p.plain(proxy)
+        && reply.tag.part == 0
+        && let Ok(data) = &reply.result
+        && data.first() != Some(&b'-')
+    {
+        p.remaining = 0;
+        return reply.result.ok();
+    }
     if let Finish::Transaction(_) = p.finish {
         return on_transaction_reply(proxy, ctx, p, reply);
     }
