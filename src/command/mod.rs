@@ -485,8 +485,8 @@ impl CommandTable {
     /// Looks a top-level command up by name, case-insensitively, without allocating.
     #[inline]
     pub fn get(&self, name: &[u8]) -> Option<&Command> {
-        let mut up = [0u8; 32];
-        if name.is_empty() || name.len() > up.len() {
+        const LONGEST: usize = 32;
+        if name.is_empty() || name.len() > LONGEST {
             return None;
         }
         match self.quick[quick_bucket(name, self.mult)] {
@@ -498,6 +498,7 @@ impl CommandTable {
                 return c.name.as_bytes().eq_ignore_ascii_case(name).then_some(c);
             }
         }
+        let mut up = [0u8; LONGEST];
         let up = &mut up[..name.len()];
         up.copy_from_slice(name);
         up.make_ascii_uppercase();
