@@ -737,19 +737,31 @@ fn recheck_later(proxy: &Proxy, ctx: &Ctx, idx: u32, wait: bool) {
     });
 }
 
-/// A backend reply for part `idx` of `p`. Returns the final reply once every part is in.
-pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
-    // The usual reply: the one part of a command passed on as it is, not an error (so
-    // nothing to retry or follow), and nothing to do around it (no write to invalidate
-    // for, no dedicated connection to give back): what `complete` would end with.
-    if p.plain(proxy)
-        && reply.tag.part == 0
-        && let Ok(data) = &reply.result
-        && data.first() != Some(&b'-')
-    {
-        p.remaining = 0;
-        return reply.result.ok();
+/// The usual reply, taken before anything else is set up for [`on_reply`]: the one part
+/// of a command passed on as it is, not an error (so nothing to retry or follow), and
+/// nothing to do around it (no write to invalidate for, no dedicated connection to give
+/// back): what `complete` would end with. `Err` gives the reply back for `on_reply`.
+#[inline]
+pub fn plain_reply(proxy: &Proxy, p: &mut Pending, reply: BackendReply) -> Result<Bytes, BackendReply> {
+    if reply.tag.part != 0 || !p.plain(proxy) {
+        return Err(reply);
     }
+    match reply.result {
+        Ok(data) if data.first() != Some(&b'-') => {
+            p.remaining = 0;
+            Ok(data)
+        }
+        result => Err(BackendReply { result, ..reply }),
+    }
+}
+
+/// A backend reply for part `idx` of `p` (see [`plain_reply`] for the usual one).
+/// Returns the final reply once every part is in.
+pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
+    let reply = match plain_reply(proxy, p, reply) {
+        Ok(data) => return Some(data),
+        Err(reply) => reply,
+    };
     if let Finish::Transaction(_) = p.finish {
         return on_transaction_reply(proxy, ctx, p, reply);
     }

@@ -565,9 +565,15 @@ impl Session {
             && let Reply::Waiting(p) = &mut e.reply
             && let Some(req) = &e.meta.req
         {
-            let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, e.meta.started);
-            ctx.cmd = e.meta.cmd;
-            if let Some(reply) = crate::pending::on_reply(&self.proxy, &mut ctx, p, r) {
+            let reply = match crate::pending::plain_reply(&self.proxy, p, r) {
+                Ok(reply) => Some(reply),
+                Err(r) => {
+                    let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, e.meta.started);
+                    ctx.cmd = e.meta.cmd;
+                    crate::pending::on_reply(&self.proxy, &mut ctx, p, r)
+                }
+            };
+            if let Some(reply) = reply {
                 self.client.inflight -= 1;
                 let m = &mut e.meta;
                 let clock = now.get_or_insert_with(|| ReplyClock::new(&self.proxy));
