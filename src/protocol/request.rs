@@ -249,6 +249,7 @@ impl RequestReader {
 /// Reads `<int>\r\n` starting at `start`. `Ok(None)` when the line is not complete yet;
 /// the inner `Err` when it is complete but not an integer.
 #[allow(clippy::type_complexity)]
+#[inline(always)]
 fn read_line_int(buf: &[u8], start: usize, too_big: &str) -> Result<Option<(Result<i64, ()>, usize)>, ProtocolError> {
     // The usual line, a few plain digits and "\r", found and parsed in one pass; anything
     // else (a sign, a leading zero, a long or unfinished line) takes the general way below.
@@ -264,8 +265,10 @@ fn read_line_int(buf: &[u8], start: usize, too_big: &str) -> Result<Option<(Resu
     read_line_int_general(buf, start, too_big)
 }
 
-/// [`read_line_int`] for any line: finds the CR, then parses what precedes it.
+/// [`read_line_int`] for any line: finds the CR, then parses what precedes it. Kept out
+/// of line, so the usual line's pass is inlined where it is read without it.
 #[allow(clippy::type_complexity)]
+#[inline(never)]
 fn read_line_int_general(
     buf: &[u8],
     start: usize,
