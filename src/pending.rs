@@ -816,6 +816,15 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
                 return None;
             }
             p.redirected = true;
+            if part.redirects > 2 {
+                // Sent back and forth: the nodes disagree about the slot while a move or a
+                // failover spreads (a slot's new owner not told yet, say). Following at
+                // once would spend the redirections in a millisecond and hand the client
+                // a MOVED; from the third on, each waits RETRY_DELAY for them to agree.
+                proxy.cluster.request_refresh();
+                send_later(proxy, ctx, p.dedicated.is_some(), part, idx as u32, 1);
+                return None;
+            }
             return resend(proxy, ctx, p, idx);
         }
         (Verdict::Busy, Ok(data)) if part.retries < MAX_RETRIES => {

@@ -280,10 +280,18 @@ fn a_blocked_client_follows_its_slot_to_the_new_owner() {
     c.send(&["BLPOP", l, "30"]);
     wait_until(Duration::from_secs(5), "the client to block", || blocked_on(old) == 1);
     // the (empty) slot moves: Redis answers the blocked client MOVED, heatshield sends
-    // the command again to the new owner with what remains of its timeout
+    // the command again to the new owner with what remains of its timeout. The old owner
+    // is told 100 ms before the others: meanwhile the two send the command back and forth
+    // (the new owner does not know yet), which heatshield waits out rather than handing
+    // the client a MOVED once its five redirections are spent (they take a millisecond).
     let new_id = env.cluster.node_id(new);
-    for m in env.owners.masters() {
+    let mut order = env.owners.masters();
+    order.sort_by_key(|&m| m != old);
+    for (i, m) in order.into_iter().enumerate() {
         assert_eq!(cmd_text(m, &["CLUSTER", "SETSLOT", &s.to_string(), "NODE", &new_id]), "OK", "on {m}");
+        if i == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
     wait_until(Duration::from_secs(10), "the client to block on the new owner", || blocked_on(new) == 1);
     assert_eq!(blocked_on(old), 0);
