@@ -350,3 +350,34 @@ pub fn set_backend_connections(node: &str, up: usize, connecting: usize, down: u
 pub fn bump(a: &std::sync::atomic::AtomicU64, n: u64) {
     a.store(a.load(std::sync::atomic::Ordering::Relaxed).wrapping_add(n), std::sync::atomic::Ordering::Relaxed);
 }
+
+/// A counter that each worker adds to in a slot of its own, on a cache line of its own, so
+/// the request path pays a plain load and store ([`bump`]) instead of a read-modify-write
+/// on a line every worker shares; read as the sum of the slots. With fewer slots than
+/// workers, workers share slots and a count may be lost (never more).
+#[derive(Debug, Default)]
+pub struct PerWorkerCounter {
+    slots: Box<[Slot]>,
+}
+
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Slot(std::sync::atomic::AtomicU64);
+
+impl PerWorkerCounter {
+    pub fn new(slots: usize) -> PerWorkerCounter {
+        PerWorkerCounter { slots: (0..slots.max(1)).map(|_| Slot::default()).collect() }
+    }
+
+    /// Adds `n` in the current worker's slot.
+    #[inline]
+    pub fn add(&self, n: u64) {
+        if let Some(s) = self.slots.get(crate::worker::current() % self.slots.len().max(1)) {
+            bump(&s.0, n);
+        }
+    }
+
+    pub fn sum(&self) -> u64 {
+        self.slots.iter().map(|s| s.0.load(std::sync::atomic::Ordering::Relaxed)).sum()
+    }
+}

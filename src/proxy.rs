@@ -27,41 +27,10 @@ pub struct Stats {
     pub accepted: AtomicU64,
     pub rejected: AtomicU64,
     /// Commands dispatched (INFO's `total_commands_processed`).
-    pub commands: PerWorkerCounter,
+    pub commands: crate::metrics::PerWorkerCounter,
     pub next_client_id: AtomicU64,
     /// Reply bytes all clients hold above their `output_soft_bytes`.
     pub output_over_soft: AtomicU64,
-}
-
-/// A counter that each worker adds to in a slot of its own, so the request path pays a
-/// plain load and store (see [`crate::metrics::bump`]) instead of a read-modify-write on
-/// one cache line that every worker shares; read as the sum of the slots.
-#[derive(Debug, Default)]
-pub struct PerWorkerCounter {
-    slots: Box<[Slot]>,
-}
-
-/// One worker's slot, alone on its cache line.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-struct Slot(AtomicU64);
-
-impl PerWorkerCounter {
-    pub fn new(workers: usize) -> PerWorkerCounter {
-        PerWorkerCounter { slots: (0..workers.max(1)).map(|_| Slot::default()).collect() }
-    }
-
-    /// Adds `n` in the current worker's slot.
-    #[inline]
-    pub fn add(&self, n: u64) {
-        if let Some(s) = self.slots.get(crate::worker::current() % self.slots.len().max(1)) {
-            crate::metrics::bump(&s.0, n);
-        }
-    }
-
-    pub fn sum(&self) -> u64 {
-        self.slots.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
-    }
 }
 
 /// Shared by every session.
@@ -170,7 +139,7 @@ impl Proxy {
             config,
             commands,
             cluster,
-            stats: Stats { commands: PerWorkerCounter::new(workers), ..Stats::default() },
+            stats: Stats { commands: crate::metrics::PerWorkerCounter::new(workers), ..Stats::default() },
             started: Instant::now(),
             redis_version: parking_lot::RwLock::new("7.0.0".into()),
             config_file,

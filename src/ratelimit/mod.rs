@@ -102,16 +102,11 @@ pub struct Rule {
     /// (and every new version of a rule) has budgets of its own.
     salt: u64,
     /// Requests allowed, one counter per worker (no read-modify-write on the request path).
-    allowed: Box<[PerWorker]>,
+    allowed: crate::metrics::PerWorkerCounter,
     pub throttled: AtomicU64,
     m_allowed: metrics::Counter,
     m_throttled: metrics::Counter,
 }
-
-/// A counter on a cache line of its own.
-#[repr(align(64))]
-#[derive(Default)]
-struct PerWorker(AtomicU64);
 
 /// Counter slots per rule; workers beyond share slots (then counts may be lost, not
 /// budgets: budgets are charged atomically).
@@ -120,12 +115,12 @@ const WORKER_SLOTS: usize = 16;
 impl Rule {
     /// Requests this rule allowed.
     pub fn allowed(&self) -> u64 {
-        self.allowed.iter().map(|c| c.0.load(Ordering::Relaxed)).sum()
+        self.allowed.sum()
     }
 
     #[inline]
     fn count_allowed(&self, n: u64) {
-        crate::metrics::bump(&self.allowed[crate::worker::current() % WORKER_SLOTS].0, n);
+        self.allowed.add(n);
     }
 
     fn matches(&self, cmd: &Command, key: &[u8]) -> bool {
@@ -199,7 +194,7 @@ pub fn compile(rules: &[RuleConfig], table: &CommandTable) -> Result<Vec<Arc<Rul
             tolerance: interval.saturating_mul(r.burst),
             shared: AtomicU64::new(0),
             salt: ahash::RandomState::new().hash_one(i),
-            allowed: (0..WORKER_SLOTS).map(|_| PerWorker::default()).collect(),
+            allowed: crate::metrics::PerWorkerCounter::new(WORKER_SLOTS),
             throttled: AtomicU64::new(0),
             m_allowed: metrics::counter!("heatshield_ratelimit_allowed_total", &labels),
             m_throttled: metrics::counter!("heatshield_ratelimit_throttled_total", &labels),
