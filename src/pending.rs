@@ -755,13 +755,10 @@ pub fn plain_reply(proxy: &Proxy, p: &mut Pending, reply: BackendReply) -> Resul
     }
 }
 
-/// A backend reply for part `idx` of `p` (see [`plain_reply`] for the usual one).
-/// Returns the final reply once every part is in.
+/// A backend reply for part `idx` of `p`. Returns the final reply once every part is in.
+/// Any reply may come here; the session offers it to [`plain_reply`] first, which gives
+/// the usual one the same answer without the work.
 pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
-    let reply = match plain_reply(proxy, p, reply) {
-        Ok(data) => return Some(data),
-        Err(reply) => reply,
-    };
     if let Finish::Transaction(_) = p.finish {
         return on_transaction_reply(proxy, ctx, p, reply);
     }
