@@ -13,6 +13,14 @@
 //! client can see the reply) and the replies are merged ([`crate::merge`]). It lives in
 //! the session's reply queue: nothing here spawns a task per request (only a retry's
 //! delay and a redirection's recheck).
+//!
+//! Below it: `send` (how a part reaches a node, now, again or later), `tx` (a client's
+//! transaction as native transactions) and `split` (a multi-key part taken key by key
+//! after TRYAGAIN).
+
+mod send;
+mod split;
+mod tx;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,15 +31,20 @@ use smallvec::SmallVec;
 
 use crate::backend::{BackendError, BackendReply, BackendRequest, ConnStats, Prefix, ReplyTx, Tag};
 use crate::client::ClientState;
-use crate::cluster::{Cluster, Lease, NodePool, Topology};
-use crate::command::{Route, Split, keys_of};
+use crate::cluster::{Cluster, Lease, NodePool};
+use crate::command::{Split, keys_of};
 use crate::errors;
 use crate::locks::LockRequest;
 use crate::merge::{Merge, merge_replies};
-use crate::protocol::reply::{Redirect, Value, error_text, parse_redirect};
+use crate::protocol::reply::{Value, error_text, parse_redirect};
 use crate::protocol::{Request, Writer};
 use crate::proxy::Proxy;
-use crate::retry::{self, MAX_REDIRECTS, MAX_RETRIES, RETRY_DELAY, Verdict};
+use crate::retry::{self, MAX_REDIRECTS, MAX_RETRIES, Verdict};
+
+use send::{follow, recheck_later, resend, resolve, resolve_in, send_later, send_part, void_watch};
+use split::{per_key, piece_done, splittable};
+use tx::on_transaction_reply;
+pub use tx::{Tx, TxPart, TxReplies, start_transaction};
 
 /// Builds the reply to a command every master answered (INFO, CONFIG) from each master's
 /// address and reply, errors included, in the order of the masters.
@@ -317,51 +330,6 @@ impl Drop for ScriptRun {
     }
 }
 
-/// A client's transaction as native transactions: one, or one per slot.
-pub struct Tx {
-    /// One per part, in part order.
-    parts: Vec<TxReplies>,
-    /// Per part, the positions of its commands in the client's transaction (empty: one
-    /// part, its reply is the reply).
-    positions: Vec<Vec<u32>>,
-    /// Commands in the client's transaction.
-    total: u32,
-    /// Keys of its writes (for the rare path of [`Pending::write_hot_generation`]).
-    write_keys: Vec<Bytes>,
-}
-
-/// One native transaction of a [`Tx`] (`data`: `MULTI`, the commands, `EXEC`).
-pub struct TxPart {
-    pub data: Bytes,
-    pub queued: u32,
-    pub target: Target,
-    /// The positions of its commands in the client's transaction.
-    pub positions: Vec<u32>,
-}
-
-/// What the `queued + 2` replies of one native transaction sent as one message (`MULTI`,
-/// the queued commands, `EXEC`) said so far. Its replies are tagged `base`, `base + 1`, ...
-pub struct TxReplies {
-    base: u32,
-    queued: u32,
-    got: u32,
-    exec: Option<Bytes>,
-    /// The first redirection a queued command met (EXEC then aborts: nothing ran).
-    redirect: Option<Redirect>,
-    /// A queued command met TRYAGAIN or CLUSTERDOWN.
-    busy: bool,
-    /// Never written to the node.
-    unsent: bool,
-    /// The connection failed once it was written: it may have run.
-    failed: Option<String>,
-}
-
-impl TxReplies {
-    fn clear(&mut self) {
-        (self.got, self.exec, self.redirect, self.busy, self.unsent) = (0, None, None, false, false);
-    }
-}
-
 /// A request waiting for backend replies.
 pub struct Pending {
     finish: Finish,
@@ -539,202 +507,6 @@ fn joined(buffer: Option<&Bytes>, req: &Request, parts: &[Part]) -> Bytes {
         b.extend_from_slice(x.data(req));
     }
     b.freeze()
-}
-
-/// The node a part goes to in slot map `topo` (borrowed from it), and whether ASKING must
-/// precede it; an error reply when its slot is not served.
-fn resolve_in<'a>(topo: &'a Topology, target: &'a Target) -> Result<(&'a Arc<NodePool>, bool), Bytes> {
-    match target {
-        Target::Slot(s) => match topo.master_for_slot(*s) {
-            Some(n) => Ok((n, false)),
-            None => Err(errors::resp(&errors::slot_not_served(*s))),
-        },
-        Target::Node(n) => Ok((n, false)),
-        Target::Ask(n) => Ok((n, true)),
-    }
-}
-
-/// [`resolve_in`] the current slot map, the pool held.
-fn resolve(proxy: &Proxy, target: &Target) -> Result<(Arc<NodePool>, bool), Bytes> {
-    resolve_in(&proxy.cluster.topology(), target).map(|(n, asking)| (n.clone(), asking))
-}
-
-/// Sends part `idx` again now; completes it with the error if its slot is not served.
-/// A blocking command waits only what remains of its timeout.
-fn resend(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize) -> Option<Bytes> {
-    if let Some(b) = p.dedicated.as_ref().and_then(|d| d.block.as_ref()) {
-        p.parts[idx].set_data(remaining(ctx.req, b, Instant::now()));
-    }
-    if let Err(e) = send_part(proxy, ctx, &mut p.dedicated, &p.parts[idx], idx as u32, 1) {
-        return complete(proxy, ctx, p, idx, e);
-    }
-    None
-}
-
-/// A blocking command with its timeout replaced by what remains of it (at least 1 ms, so
-/// Redis itself answers the timeout in the command's own form).
-fn remaining(req: &Request, b: &Block, now: Instant) -> Bytes {
-    let Some(deadline) = b.deadline else { return req.raw().clone() };
-    let left = deadline.saturating_duration_since(now).as_millis().max(1);
-    let value = if b.ms { left.to_string() } else { format!("{}.{:03}", left / 1000, left % 1000) };
-    let args: Vec<&[u8]> = req.args().enumerate().map(|(i, a)| if i == b.arg { value.as_bytes() } else { a }).collect();
-    Request::from_args(&args).raw().clone()
-}
-
-/// Sends part `idx` now, on a shared connection or the dedicated one `dedicated` says:
-/// `count` commands whose replies are tagged `idx`, `idx + 1`, ... (a transaction is one
-/// part of `queued + 2`). After an ASK, ASKING goes first; before a transaction's MULTI
-/// it holds for the whole transaction.
-fn send_part(
-    proxy: &Proxy,
-    ctx: &mut Ctx,
-    dedicated: &mut Option<Box<Dedicated>>,
-    part: &Part,
-    idx: u32,
-    count: u32,
-) -> Result<(), Bytes> {
-    let (node, asking) = resolve(proxy, &part.target)?;
-    let req = BackendRequest {
-        data: part.data(ctx.req).clone(),
-        count,
-        prefix: if asking { Prefix::Asking } else { Prefix::None },
-        tag: Tag { seq: ctx.seq, part: idx },
-        reply_to: ctx.reply_to.clone(),
-        order: None,
-    };
-    let Some(d) = dedicated else {
-        node.conn(ctx.client.proto, ctx.client.id).send(req);
-        return Ok(());
-    };
-    let mut req = req;
-    if d.block.is_some() {
-        // blocked clients are served first-come: this one reaches the node after those
-        // heatshield took before it
-        req.order = Some(node.order.ticket());
-    }
-    if matches!(d.via, Via::Watch) {
-        match ctx.client.watch.as_ref().and_then(|w| w.lease.as_ref()) {
-            Some(l) if Arc::ptr_eq(l.node(), &node) && !l.broken() => {
-                l.conn().send(req);
-                return Ok(());
-            }
-            // the slot moved or the pinned connection broke: the watch is void, and the
-            // command goes the usual way (a blocking one on a connection of its own)
-            _ => void_watch(ctx),
-        }
-        if d.block.is_none() {
-            *dedicated = None;
-            node.conn(ctx.client.proto, ctx.client.id).send(req);
-            return Ok(());
-        }
-        d.via = Via::Own(None);
-    }
-    match &mut d.via {
-        Via::Watch => {}
-        Via::Own(lease) => {
-            if lease.as_ref().is_none_or(|l| !Arc::ptr_eq(l.node(), &node) || l.broken()) {
-                // after a redirection or a failover: a connection to the new owner
-                if let Some(old) = lease.take() {
-                    old.release(false);
-                }
-                let Some(l) = node.lease(ctx.client.proto) else {
-                    return Err(errors::resp(&errors::no_dedicated(&node.addr, node.options().dedicated_max)));
-                };
-                *lease = Some(l);
-            }
-            if let Some(l) = lease {
-                l.conn().send(req);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The client's WATCH no longer guards its keys: EXEC will answer nil.
-fn void_watch(ctx: &mut Ctx) {
-    if let Some(w) = &mut ctx.client.watch {
-        w.lease = None;
-    }
-}
-
-/// Sends one part again after [`RETRY_DELAY`], to whichever node owns its slot by then.
-/// A part on a dedicated connection is handed back to its request then
-/// ([`BackendError::Resend`]), which sends it on a connection it holds.
-fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &Part, idx: u32, count: u32) {
-    if dedicated {
-        let reply_to = ctx.reply_to.clone();
-        let tag = Tag { seq: ctx.seq, part: idx };
-        tokio::spawn(async move {
-            tokio::time::sleep(RETRY_DELAY).await;
-            let _ = reply_to.send(BackendReply::one(tag, Err(BackendError::Resend)));
-        });
-        return;
-    }
-    let cluster = proxy.cluster.clone();
-    let target = part.target.clone();
-    let data = part.data(ctx.req).clone();
-    let reply_to = ctx.reply_to.clone();
-    let (proto, affinity) = (ctx.client.proto, ctx.client.id);
-    let tag = Tag { seq: ctx.seq, part: idx };
-    tokio::spawn(async move {
-        tokio::time::sleep(RETRY_DELAY).await;
-        let node = match &target {
-            Target::Slot(s) => cluster.topology().master_for_slot(*s).cloned(),
-            Target::Node(n) | Target::Ask(n) => Some(n.clone()),
-        };
-        match node {
-            Some(n) => n.conn(proto, affinity).send(BackendRequest {
-                data,
-                count,
-                prefix: if matches!(target, Target::Ask(_)) { Prefix::Asking } else { Prefix::None },
-                tag,
-                reply_to,
-                order: None,
-            }),
-            None => {
-                for k in 0..count {
-                    let tag = Tag { part: tag.part + k, ..tag };
-                    let _ =
-                        reply_to.send(BackendReply::one(tag, Err(BackendError::NotSent(Arc::from("unserved slot")))));
-                }
-            }
-        }
-    });
-}
-
-/// Points `part` at a redirection's target if the cluster announced that node (see
-/// [`retry::follow`]); false, changing nothing, otherwise.
-fn follow(proxy: &Proxy, part: &mut Part, r: &Redirect) -> bool {
-    let Some(pool) = retry::follow(&proxy.cluster, r) else { return false };
-    match r {
-        Redirect::Moved { .. } => {
-            // a slot's part follows the slot map, which the MOVED patched
-            if !matches!(part.target, Target::Slot(_)) {
-                part.target = Target::Node(pool);
-            }
-            crate::metrics::global().moved.increment(1);
-        }
-        Redirect::Ask { .. } => {
-            part.target = Target::Ask(pool);
-            crate::metrics::global().ask.increment(1);
-        }
-    }
-    true
-}
-
-/// Answers part `idx` with [`BackendError::Recheck`] once the topology has been
-/// refreshed (see [`Cluster::fresh_topology`]); after [`RETRY_DELAY`] first if `wait`.
-fn recheck_later(proxy: &Proxy, ctx: &Ctx, idx: u32, wait: bool) {
-    let cluster = proxy.cluster.clone();
-    let reply_to = ctx.reply_to.clone();
-    let tag = Tag { seq: ctx.seq, part: idx };
-    tokio::spawn(async move {
-        if wait {
-            tokio::time::sleep(RETRY_DELAY).await;
-        }
-        cluster.fresh_topology().await;
-        let _ = reply_to.send(BackendReply::one(tag, Err(BackendError::Recheck)));
-    });
 }
 
 /// The usual reply, taken before anything else is set up for [`on_reply`]: the one part
@@ -977,140 +749,6 @@ pub fn start_blocking(proxy: &Proxy, ctx: &mut Ctx, s: u16, block: Block) -> Out
     }
 }
 
-/// Sends a transaction: each part (`MULTI`, its commands, `EXEC`) to its target; the
-/// EXEC replies (merged in the client's order when there are several parts) are the
-/// client's. A part that met a redirection, TRYAGAIN or CLUSTERDOWN at queue time ran
-/// nothing (EXEC aborts), so it is sent again whole, like a single command would be.
-///
-/// Under WATCH (`pinned`: the client's WATCH connection, handed over; one part) it is
-/// sent there, and never again: if it met a redirection, TRYAGAIN, CLUSTERDOWN or could
-/// not be sent, the watch guarded nothing, so EXEC answers nil (the client retries, as
-/// after a conflicting write).
-pub fn start_transaction(
-    proxy: &Proxy,
-    ctx: &mut Ctx,
-    tx_parts: Vec<TxPart>,
-    total: u32,
-    write_keys: Vec<Bytes>,
-    pinned: Option<Lease>,
-) -> Outcome {
-    let mut replies = Vec::with_capacity(tx_parts.len());
-    let mut positions = Vec::new();
-    let mut parts: SmallVec<[Part; 1]> = SmallVec::new();
-    let mut base = 0;
-    let several = tx_parts.len() > 1;
-    for t in tx_parts {
-        replies.push(TxReplies {
-            base,
-            queued: t.queued,
-            got: 0,
-            exec: None,
-            redirect: None,
-            busy: false,
-            unsent: false,
-            failed: None,
-        });
-        base += t.queued + 2;
-        if several {
-            positions.push(t.positions);
-        }
-        parts.push(Part::new(t.data, t.target));
-    }
-    let tx = Tx { parts: replies, positions, total, write_keys };
-    let mut p = Pending::new(ctx, Finish::Transaction(Box::new(tx)), parts);
-    if pinned.is_some() {
-        p.dedicated = Some(Box::new(Dedicated { via: Via::Own(pinned), block: None }));
-    }
-    for k in 0..p.parts.len() {
-        let Finish::Transaction(tx) = &p.finish else { break };
-        let (base, count) = (tx.parts[k].base, tx.parts[k].queued + 2);
-        if let Err(e) = send_part(proxy, ctx, &mut p.dedicated, &p.parts[k], base, count)
-            && let Some(done) = complete(proxy, ctx, &mut p, k, e)
-        {
-            return Outcome::Ready(done);
-        }
-    }
-    Outcome::Waiting(p)
-}
-
-/// One of a transaction's replies; once all of a part's are in, its EXEC's reply is that
-/// part's answer, or the part is sent again (see [`start_transaction`]).
-fn on_transaction_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
-    let Pending { finish: Finish::Transaction(tx), parts, .. } = p else { return None };
-    let idx = reply.tag.part;
-    let k = tx.parts.iter().position(|t| idx >= t.base && idx < t.base + t.queued + 2)?;
-    let t = &mut tx.parts[k];
-    if parts[k].reply.is_some() {
-        return None;
-    }
-    let i = idx - t.base;
-    match (retry::classify(&reply.result, proxy.cluster.is_cluster()), reply.result) {
-        (Verdict::Unsent, _) => t.unsent = true,
-        (_, Err(e)) if t.failed.is_none() => {
-            tracing::warn!(error = %e, client = ctx.client.id, "backend request failed during a transaction");
-            t.failed = Some(errors::backend_failed(&e));
-        }
-        (_, Ok(data)) if i == t.queued + 1 => t.exec = Some(data),
-        (Verdict::Redirect(r), Ok(_)) if i > 0 => {
-            t.redirect.get_or_insert(r);
-        }
-        (Verdict::Busy, Ok(_)) if i > 0 => t.busy = true,
-        _ => {}
-    }
-    t.got += 1;
-    if t.got < t.queued + 2 {
-        return None;
-    }
-    let part = &mut parts[k];
-    let (base, count) = (t.base, t.queued + 2);
-    if let Some(e) = t.failed.take() {
-        proxy.cluster.request_refresh();
-        return complete(proxy, ctx, p, k, errors::resp(&e));
-    }
-    let exec_aborted = t.exec.as_ref().is_some_and(|e| e.starts_with(b"-EXECABORT"));
-    if p.dedicated.is_some() && (t.unsent || (exec_aborted && (t.redirect.is_some() || t.busy))) {
-        // under WATCH: nothing ran, and the watch guarded nothing where it is sent now
-        proxy.cluster.request_refresh();
-        let mut w = Writer::new(ctx.scratch, ctx.client.proto);
-        w.nil_array();
-        let nil = ctx.scratch.split().freeze();
-        return complete(proxy, ctx, p, k, nil);
-    }
-    if t.unsent {
-        proxy.cluster.request_refresh();
-        if part.retries < MAX_RETRIES && matches!(part.target, Target::Slot(_)) {
-            part.retries += 1;
-            t.clear();
-            send_later(proxy, ctx, false, part, base, count);
-            return None;
-        }
-        return complete(proxy, ctx, p, k, errors::resp(&errors::node_unreachable("the transaction's master")));
-    }
-    let exec = t.exec.take().unwrap_or_default();
-    if exec.starts_with(b"-EXECABORT") {
-        if let Some(r) = t.redirect.take()
-            && part.redirects < MAX_REDIRECTS
-        {
-            part.redirects += 1;
-            if follow(proxy, part, &r) {
-                t.clear();
-                p.redirected = true;
-                if let Err(e) = send_part(proxy, ctx, &mut p.dedicated, &p.parts[k], base, count) {
-                    return complete(proxy, ctx, p, k, e);
-                }
-                return None;
-            }
-        } else if t.busy && part.retries < MAX_RETRIES {
-            part.retries += 1;
-            t.clear();
-            proxy.cluster.request_refresh();
-            send_later(proxy, ctx, false, part, base, count);
-            return None;
-        }
-    }
-    complete(proxy, ctx, p, k, exec)
-}
-
 fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Bytes) -> Option<Bytes> {
     p.parts[idx].reply = Some(data);
     p.remaining -= 1;
@@ -1168,88 +806,6 @@ fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Byt
         }
     }
     Some(assemble(proxy, ctx, p))
-}
-
-/// The split command `req` is, if it is one (MGET, MSET, DEL, UNLINK, EXISTS, TOUCH).
-fn splittable(proxy: &Proxy, req: &Request) -> Option<Split> {
-    match proxy.commands.lookup(req).ok()?.route {
-        Route::Split(kind) => Some(kind),
-        _ => None,
-    }
-}
-
-/// Splits part `idx` (a multi-key command of one slot that met TRYAGAIN) into one
-/// command per key, sent now; their replies become the part's (see [`piece_done`]). A
-/// part with one key, or not a command, is retried as any other TRYAGAIN.
-fn per_key(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, kind: Split) -> Option<Bytes> {
-    let step = if kind == Split::Mset { 2 } else { 1 };
-    let first = p.parts.len() as u32;
-    let part = &mut p.parts[idx];
-    let cmd = Request::parse(part.data(ctx.req)).filter(|r| r.argc() > 1 + step);
-    let Some(cmd) = cmd else {
-        part.retries += 1;
-        proxy.cluster.request_refresh();
-        send_later(proxy, ctx, false, part, idx as u32, 1);
-        return None;
-    };
-    crate::metrics::global().tryagain_per_key.increment(1);
-    let count = ((cmd.argc() - 1) / step) as u32;
-    part.rare().pieces = Some(Pieces::Whole { first, count, left: count, kind });
-    // the part is complete when its pieces are: it counts as one of them until then
-    p.remaining += count;
-    for k in 0..count as usize {
-        let a = 1 + k * step;
-        let mut args: SmallVec<[&[u8]; 3]> = smallvec::smallvec![cmd.arg(0)];
-        args.extend((a..a + step).map(|i| cmd.arg(i)));
-        let key = cmd.arg(a);
-        let mut piece = Part::new(Request::from_args(&args).raw().clone(), Target::Slot(crate::cluster::slot(key)));
-        piece.rare().pieces = Some(Pieces::Of(idx as u32));
-        p.parts.push(piece);
-    }
-    for k in first as usize..p.parts.len() {
-        if let Err(e) = send_part(proxy, ctx, &mut p.dedicated, &p.parts[k], k as u32, 1)
-            && let Some(done) = complete(proxy, ctx, p, k, e)
-        {
-            return Some(done);
-        }
-    }
-    None
-}
-
-/// One piece of part `parent` is in: once all are, their replies merged are the part's
-/// (the first error among them, if any).
-fn piece_done(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, parent: usize) -> Option<Bytes> {
-    let Some(Pieces::Whole { first, count, left, kind }) =
-        p.parts[parent].rare.as_mut().and_then(|r| r.pieces.as_mut())
-    else {
-        return None;
-    };
-    *left -= 1;
-    if *left > 0 {
-        return None;
-    }
-    let (first, count, kind) = (*first as usize, *count as usize, *kind);
-    let replies: Vec<Bytes> =
-        p.parts[first..first + count].iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
-    let merged = match replies.iter().find(|r| r.first() == Some(&b'-')) {
-        Some(e) => e.clone(),
-        None => {
-            let merge = match kind {
-                Split::Mget => Merge::Mget {
-                    positions: (0..count as u32).map(|j| smallvec::smallvec![j]).collect(),
-                    total: count,
-                    cached: Vec::new(),
-                },
-                Split::Mset => Merge::Mset,
-                Split::Sum => Merge::Sum,
-            };
-            match merge_replies(&merge, &replies, ctx.client.proto, ctx.scratch) {
-                Ok(b) => b,
-                Err(what) => errors::resp(&errors::merge_failed(what)),
-            }
-        }
-    };
-    complete(proxy, ctx, p, parent, merged)
 }
 
 /// Drops the cached replies of the request's hot keys (the rare path of
