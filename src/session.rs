@@ -356,7 +356,13 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, mut shutdown: watch::
                 s.blocked = false;
             }
             res = async {
-                if rbuf.capacity() - rbuf.len() < want {
+                // Room for `want` bytes, but a buffer with a quarter of that free is read
+                // into as it is: the requests split off it share it while in flight, so
+                // reserving more makes a new buffer (two allocations, the second when the
+                // first request is split off), which per read was one pair per request
+                // at -P1. A request known to need more gets its room at once.
+                let low = if s.read_hint > 0 { want } else { want / 4 };
+                if rbuf.capacity() - rbuf.len() < low {
                     rbuf.reserve(want);
                 }
                 let room = rbuf.capacity() - rbuf.len();
@@ -595,6 +601,8 @@ impl Session {
     /// requests took a place in the queue.
     fn dispatch_buffered(&mut self, rbuf: &mut BytesMut) -> usize {
         let mut parsed = 0;
+        // what the request still incomplete needs, once one is (see `run`'s read)
+        self.read_hint = 0;
         while self.reading && self.room() && !rbuf.is_empty() {
             // Parse what a pipelining client sent as one batch (up to BATCH), let the rate
             // limiter bring the batch's budgets into the cache together, then dispatch the
