@@ -108,6 +108,8 @@ pub enum Control {
     UnblockTimeout = 1,
     /// CLIENT UNBLOCK id ERROR: end it with `-UNBLOCKED`.
     UnblockError = 2,
+    /// The proxy shuts down: read no more requests, finish the replies in flight.
+    Shutdown = 3,
 }
 
 impl Control {
@@ -121,6 +123,7 @@ impl Control {
         Some(match tag.part {
             0 => Control::Kill,
             1 => Control::UnblockTimeout,
+            3 => Control::Shutdown,
             _ => Control::UnblockError,
         })
     }

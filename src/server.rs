@@ -4,7 +4,7 @@
 //! `shutdown_timeout_ms`) and return.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::client::Control;
 use crate::proxy::Proxy;
 use crate::session;
 
@@ -75,7 +76,8 @@ pub fn spawn_workers(
 
 /// Serves clients on `listener` until `stop` resolves, then drains and returns.
 pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, stop: impl std::future::Future<Output = ()>) {
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    // set before every client is told of the shutdown (see `session::run`)
+    let stopping = Arc::new(AtomicBool::new(false));
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -108,16 +110,19 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, stop: impl std::fut
                 stats.accepted.fetch_add(1, Ordering::Relaxed);
                 gm.accepted.increment(1);
                 let p = proxy.clone();
-                let rx = shutdown_rx.clone();
+                let stopping = stopping.clone();
                 tokio::spawn(async move {
-                    session::run(p.clone(), stream, rx).await;
+                    session::run(p.clone(), stream, stopping).await;
                     p.stats.clients.fetch_sub(1, Ordering::Relaxed);
                 });
             }
         }
     }
     drop(listener);
-    let _ = shutdown_tx.send(true);
+    stopping.store(true, Ordering::Release);
+    for c in proxy.clients.all() {
+        c.send(Control::Shutdown);
+    }
     let deadline = tokio::time::Instant::now() + Duration::from_millis(proxy.config.server.shutdown_timeout_ms);
     info!(clients = proxy.stats.clients.load(Ordering::Relaxed), "shutting down: draining clients");
     while proxy.stats.clients.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
