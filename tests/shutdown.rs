@@ -1,6 +1,6 @@
 //! Process lifecycle: SIGTERM drains in-flight replies and exits 0 within
 //! `server.shutdown_timeout_ms`; a reply that never comes does not hold the exit beyond
-//! that timeout; an invalid configuration makes the binary exit non-zero naming the key
+//! that timeout, and a client blocked in a blocking command is closed at once; an invalid configuration makes the binary exit non-zero naming the key
 //! (also with `--check`); a backend that never answers does not keep the proxy from
 //! starting.
 
@@ -115,6 +115,27 @@ fn idle_clients_are_closed_and_exit_is_prompt() {
     for c in idle.iter_mut().chain(std::iter::once(&mut r3)) {
         assert!(c.expect_closed(Duration::from_secs(2)), "idle client not closed");
     }
+}
+
+#[test]
+fn a_client_blocked_in_blpop_is_closed_at_once_on_shutdown() {
+    // Its reply may never come: the proxy does not wait out shutdown_timeout_ms for it.
+    let cluster = cluster();
+    let (_dir, path) = config("[server]\nshutdown_timeout_ms = 8000\n");
+    let proxy = Proxy::start_cluster(&cluster, &["--config", &path]);
+    let mut blocked = Conn::connect(proxy.port());
+    blocked.send(&["BLPOP", "shut:blocked:list", "0"]);
+    let mut other = Conn::connect(proxy.port());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !other.cmd(&["CLIENT", "LIST"]).text().contains("cmd=blpop") {
+        assert!(Instant::now() < deadline, "the client never blocked");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let start = Instant::now();
+    proxy.signal("TERM");
+    assert!(blocked.expect_closed(Duration::from_secs(3)), "the blocked client was not closed");
+    assert_eq!(proxy.wait_exit(Duration::from_secs(5)), Some(0));
+    assert!(start.elapsed() < Duration::from_secs(4), "shutdown with a blocked client took {:?}", start.elapsed());
 }
 
 #[test]
