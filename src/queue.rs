@@ -172,6 +172,16 @@ impl<T> Receiver<T> {
         self.shared.state.lock().tx_gone
     }
 
+    /// Messages queued and not yet taken.
+    pub fn len(&self) -> usize {
+        self.local.len() + self.shared.state.lock().items.len()
+    }
+
+    /// Nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Refuses further sends and returns what was queued, oldest first, so the caller can
     /// answer it.
     pub fn close(&mut self) -> Vec<T> {
@@ -299,6 +309,23 @@ mod tests {
         let mut late = vec![6, 7];
         assert!(!tx.send_all(&mut late));
         assert!(late.is_empty());
+    }
+
+    #[test]
+    fn len_counts_what_is_queued_and_what_was_taken_but_not_handed_out() {
+        let (tx, mut rx) = channel::<u8>();
+        assert!(rx.is_empty());
+        for i in 0..3 {
+            tx.send(i).unwrap();
+        }
+        assert_eq!(rx.len(), 3);
+        // the first try_recv moves all three to the receiver's own buffer
+        assert_eq!(rx.try_recv(), Some(0));
+        tx.send(3).unwrap();
+        assert_eq!(rx.len(), 3);
+        let got: Vec<u8> = std::iter::from_fn(|| rx.try_recv()).collect();
+        assert_eq!(got, [1, 2, 3]);
+        assert!(rx.is_empty());
     }
 
     #[tokio::test]
