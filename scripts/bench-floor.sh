@@ -17,14 +17,13 @@ cd "$(dirname "$0")/.."
 rounds=${1:-3}
 pipeline=${2:-1}
 n=${N:-400000}
+source scripts/benchlib.sh
+bench_needs perf nutcracker redis-benchmark
+B=$(bench_harness) || exit 1
 bin=${HEATSHIELD_BIN:-target/release/heatshield}
 [[ -x $bin ]] || cargo build --release --quiet
-for t in perf nutcracker redis-benchmark; do command -v "$t" >/dev/null || { echo "needs $t" >&2; exit 1; }; done
-B=${BENCH_DIR:-../shared/bench}
-[[ -f $B/cluster.sh ]] || { echo "bench harness not found at $B" >&2; exit 1; }
 W=${TMPDIR:-/tmp}/heatshield-floor
 mkdir -p "$W"
-source scripts/benchlib.sh
 cleanup() {
   bench_stop "$W/heatshield.pid"
   "$B/nutcracker.sh" stop "$W/twem" >/dev/null 2>&1 || true

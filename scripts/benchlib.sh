@@ -9,3 +9,17 @@ bench_stop() {
     rm -f "$f"
   done
 }
+
+# bench_needs TOOL...: exits unless every tool is on PATH.
+bench_needs() {
+  local t
+  for t in "$@"; do command -v "$t" >/dev/null || { echo "needs $t" >&2; exit 1; }; done
+}
+
+# bench_harness: prints the shared bench harness's directory ($BENCH_DIR, default
+# ../shared/bench); fails when it is not there (use as: B=$(bench_harness) || exit 1).
+bench_harness() {
+  local h=${BENCH_DIR:-../shared/bench}
+  [[ -f $h/cluster.sh ]] || { echo "bench harness not found at $h" >&2; return 1; }
+  echo "$h"
+}

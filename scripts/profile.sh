@@ -10,14 +10,13 @@
 # Needs perf, strace and ../shared/bench. Output files go to $TMPDIR/heatshield-profile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/benchlib.sh
+bench_needs perf strace redis-benchmark
+H=$(bench_harness) || exit 1
 bin=${1:-target/release/heatshield}
 [[ -x $bin ]] || cargo build --release --quiet
-for t in perf strace redis-benchmark; do command -v "$t" >/dev/null || { echo "needs $t" >&2; exit 1; }; done
-H=${BENCH_DIR:-../shared/bench}
-[[ -f $H/cluster.sh ]] || { echo "bench harness not found at $H" >&2; exit 1; }
 W=${TMPDIR:-/tmp}/heatshield-profile
 mkdir -p "$W"
-source scripts/benchlib.sh
 cleanup() { bench_stop "$W/proxy.pid"; "$H/cluster.sh" stop "$W/cluster" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 cleanup
