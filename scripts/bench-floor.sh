@@ -66,6 +66,8 @@ events=$events,syscalls:sys_enter_epoll_wait,sched:sched_wakeup,sched:sched_swit
 
 # per_req COUNT: COUNT per request, 3 decimals
 per_req() { awk -v c="$1" -v n="$n" 'BEGIN { printf "%.3f", c / n }'; }
+# ns TICKS: clock ticks as nanoseconds per request
+ns() { awk -v t="$1" -v tck="$tck" -v n="$n" 'BEGIN { printf "%d", t * 1e9 / tck / n }'; }
 count() { awk -v e="$1" '$2 == e { gsub(",", "", $1); s += $1 } END { print s + 0 }' "$W/perf.txt"; }
 
 printf '%-5s %-10s %8s %8s %8s %8s %6s %6s %6s %6s %6s %8s %8s %8s %8s\n' round server ops/s user_ns sys_ns \
@@ -95,7 +97,6 @@ for r in $(seq "$rounds"); do
     c2=$(cpu $backends)
     read -r gu gs gw <"$W/gen.txt"
     ops=$(tr '\r' '\n' <"$W/bench.txt" | grep -o '[0-9.]* requests per second' | head -1 | cut -d' ' -f1)
-    ns() { awk -v t="$1" -v tck="$tck" -v n="$n" 'BEGIN { printf "%d", t * 1e9 / tck / n }'; }
     printf '%-5s %-10s %8.0f %8s %8s %8s %6s %6s %6s %6s %6s %8s %8s %8s %8s\n' "$r" "$name" "$ops" \
       "$(ns $((u2 - u1)))" "$(ns $((s2 - s1)))" "$(ns $((u2 - u1 + s2 - s1)))" \
       "$(per_req $(($(count syscalls:sys_enter_sendto) + $(count syscalls:sys_enter_write) + $(count syscalls:sys_enter_writev))))" \
