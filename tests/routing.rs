@@ -580,3 +580,30 @@ fn evalsha_inside_multi_runs_where_the_script_was_never_loaded() {
         }
     }
 }
+
+#[test]
+fn sort_patterns_are_not_destinations() {
+    // the word after BY (or GET) is a pattern, even when it reads STORE: one key, as
+    // `COMMAND GETKEYS` says, so no CROSSSLOT
+    let env = env();
+    let l = "{sortby}l";
+    let owner = env.owners.of_key(l.as_bytes());
+    for proto in Proto::BOTH {
+        let mut c = Conn::connect_proto(env.proxy.port(), proto);
+        let mut m = Conn::connect_proto(owner, proto);
+        c.cmd(&["DEL", l]);
+        assert_eq!(c.cmd(&["RPUSH", l, "b", "a", "c"]), V::Int(3));
+        assert_eq!(m.cmd(&["COMMAND", "GETKEYS", "SORT", l, "BY", "STORE", "ALPHA"]), V::strs(&[l]));
+        for args in [
+            vec!["SORT", l, "BY", "STORE", "ALPHA"],
+            vec!["SORT", l, "GET", "STORE", "ALPHA"],
+            vec!["SORT", l, "BY", "nosort", "GET", "#", "ALPHA", "LIMIT", "0", "2"],
+        ] {
+            assert_eq!(c.cmd_full(&args).raw, m.cmd_full(&args).raw, "{proto:?} {args:?}");
+        }
+        // the last STORE names the destination
+        let dest = "{sortby}d";
+        assert_eq!(c.cmd(&["SORT", l, "ALPHA", "STORE", "elsewhere", "STORE", dest]), V::Int(3));
+        assert_eq!(c.cmd(&["LRANGE", dest, "0", "-1"]), V::strs(&["a", "b", "c"]));
+    }
+}

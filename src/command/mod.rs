@@ -718,9 +718,29 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
                 out.push((pos + 1 + i) as u32);
             }
         }
-        KeySpec::Sort | KeySpec::GeoStore => {
+        KeySpec::Sort => {
+            // Redis's sortGetKeys: LIMIT's two arguments, GET's and BY's one are skipped
+            // (a pattern named STORE is not a destination); the last STORE names it.
+            // SORT_RO has no destination.
             out.push(1);
-            let words: &[&[u8]] = if cmd.keys == KeySpec::Sort { &[b"STORE"] } else { &[b"STORE", b"STOREDIST"] };
+            let mut store = None;
+            let mut i = 2;
+            while cmd.name == "SORT" && i < req.argc() {
+                let a = req.arg(i);
+                if a.eq_ignore_ascii_case(b"LIMIT") {
+                    i += 2;
+                } else if a.eq_ignore_ascii_case(b"GET") || a.eq_ignore_ascii_case(b"BY") {
+                    i += 1;
+                } else if a.eq_ignore_ascii_case(b"STORE") && i + 1 < req.argc() {
+                    store = Some(i as u32 + 1);
+                }
+                i += 1;
+            }
+            out.extend(store);
+        }
+        KeySpec::GeoStore => {
+            out.push(1);
+            let words: &[&[u8]] = &[b"STORE", b"STOREDIST"];
             let mut i = 2;
             while i + 1 < req.argc() {
                 if words.iter().any(|w| req.arg(i).eq_ignore_ascii_case(w)) {
@@ -916,6 +936,12 @@ mod tests {
         // a consumer named STREAMS (Redis: the search starts after GROUP group consumer)
         assert_eq!(k(&["XREADGROUP", "GROUP", "g", "STREAMS", "COUNT", "1", "STREAMS", "s", ">"]), Ok(vec![7]));
         assert_eq!(k(&["SORT", "a", "LIMIT", "0", "1", "STORE", "d"]), Ok(vec![1, 6]));
+        // the word after BY or GET is a pattern, even STORE; the last STORE names the key
+        assert_eq!(k(&["SORT", "a", "BY", "STORE", "ALPHA"]), Ok(vec![1]));
+        assert_eq!(k(&["SORT", "a", "GET", "STORE", "STORE", "d"]), Ok(vec![1, 5]));
+        assert_eq!(k(&["SORT", "a", "STORE", "d", "STORE", "e"]), Ok(vec![1, 5]));
+        assert_eq!(k(&["SORT", "a", "LIMIT", "STORE", "x", "ALPHA"]), Ok(vec![1]));
+        assert_eq!(k(&["SORT_RO", "a", "STORE", "d"]), Ok(vec![1]));
         assert_eq!(k(&["OBJECT", "ENCODING", "a"]), Ok(vec![2]));
         assert_eq!(k(&["BITOP", "AND", "d", "a", "b"]), Ok(vec![2, 3, 4]));
         assert_eq!(k(&["PING"]), Ok(vec![]));
