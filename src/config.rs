@@ -151,6 +151,9 @@ pub struct ServerConfig {
     /// `HOST:PORT` heatshield gives cluster-aware clients as the one node of its cluster
     /// (`CLUSTER SLOTS`, ...); unset: the address each client connected to.
     pub announce: Option<String>,
+    /// Listen beside another process already on `listen` (SO_REUSEPORT) instead of
+    /// refusing to start: for a new heatshield that takes over while the old one stops.
+    pub takeover: bool,
 }
 
 impl Default for ServerConfig {
@@ -163,6 +166,7 @@ impl Default for ServerConfig {
             allow_flush: false,
             shutdown_timeout_ms: 5_000,
             announce: None,
+            takeover: false,
         }
     }
 }
@@ -273,6 +277,8 @@ pub struct Overrides {
     pub standalone: Option<String>,
     pub threads: Option<usize>,
     pub metrics: Option<String>,
+    /// `--takeover`: sets `server.takeover`.
+    pub takeover: bool,
 }
 
 /// A configuration that failed to load; each line names a key.
@@ -315,6 +321,9 @@ impl Config {
         if let Some(s) = &ov.standalone {
             self.backend.mode = "standalone".into();
             self.backend.address = Some(s.clone());
+        }
+        if ov.takeover {
+            self.server.takeover = true;
         }
         if let Some(t) = ov.threads {
             self.server.threads = t;

@@ -40,6 +40,9 @@ struct Cli {
     /// Validate the configuration and exit.
     #[arg(long)]
     check: bool,
+    /// Listen beside a heatshield already on the address (sets server.takeover).
+    #[arg(long)]
+    takeover: bool,
 }
 
 fn main() {
@@ -51,6 +54,7 @@ fn main() {
         standalone: cli.standalone.clone(),
         threads: cli.threads,
         metrics: cli.metrics.clone(),
+        takeover: cli.takeover,
     };
     let config = match Config::load(cli.config.as_deref(), &ov) {
         Ok(c) => c,
@@ -103,7 +107,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
         dedicated_idle: config.backend.dedicated_idle_per_node,
     };
     let workers = heatshield::worker::count(config.server.threads);
-    let listeners = match heatshield::server::bind(&config.server.listen, workers) {
+    let listeners = match heatshield::server::bind(&config.server.listen, workers, config.server.takeover) {
         Ok(l) => l,
         Err(e) => {
             error!(listen = %config.server.listen, error = %e, "cannot listen");

@@ -17,9 +17,19 @@ use crate::proxy::Proxy;
 use crate::session;
 
 /// Binds `n` listening sockets to `addr` with SO_REUSEPORT, so the kernel spreads new
-/// connections over the workers.
-pub fn bind(addr: &str, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+/// connections over the workers. An address another process listens on already is
+/// refused ("Address already in use", as Redis refuses it), unless `takeover` asks to
+/// share it (`server.takeover`: a new heatshield that serves beside the old one while
+/// it stops).
+pub fn bind(addr: &str, n: usize, takeover: bool) -> std::io::Result<Vec<std::net::TcpListener>> {
     let addr: std::net::SocketAddr = addr.parse().map_err(std::io::Error::other)?;
+    if !takeover && addr.port() != 0 {
+        // SO_REUSEPORT would let this process join another's listening sockets: a socket
+        // without it cannot bind beside them, which tells
+        let probe = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+        probe.set_reuse_address(true)?;
+        probe.bind(&addr.into())?;
+    }
     (0..n.max(1))
         .map(|_| {
             let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;

@@ -257,3 +257,31 @@ fn check_mode_accepts_a_valid_configuration() {
     assert_eq!(code, 0, "conf/heatshield.toml: {stderr}");
     assert!(stdout.contains("configuration ok"));
 }
+
+#[test]
+fn a_second_heatshield_on_a_served_address_fails_to_start_unless_it_takes_over() {
+    let cluster = cluster();
+    let first = Proxy::start_cluster(&cluster, &[]);
+    let listen = format!("127.0.0.1:{}", first.port());
+    let seeds = cluster.seeds();
+    let run = |extra: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_heatshield"));
+        cmd.args(["--listen", &listen, "--cluster", &seeds, "--metrics", "off"]).args(extra);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    };
+    // by mistake: refused, as Redis refuses a port in use, and the first keeps every client
+    let second = run(&[]);
+    let out = second.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(log.contains("Address already in use"), "{log}");
+    for _ in 0..20 {
+        assert_eq!(Conn::connect(first.port()).cmd(&["PING"]), V::s("PONG"));
+    }
+    // asked for: it listens beside the first
+    let mut third = run(&["--takeover"]);
+    thread::sleep(Duration::from_millis(1500));
+    assert!(third.try_wait().unwrap().is_none(), "--takeover must start beside the first");
+    signal(third.id(), "TERM");
+    let _ = third.wait();
+}
