@@ -243,6 +243,8 @@ pub struct ClientState {
     pub admin: bool,
     /// Requests dispatched whose replies are not complete yet.
     pub inflight: u32,
+    /// The way to Redis those requests took (they share one: see [`crate::order`]).
+    pub lane: crate::order::Lane,
     /// The client parked a LOCK.ACQUIRE ... WAIT or holds KEEPALIVE locks: the lock task
     /// must hear when it leaves.
     pub used_locks: bool,

@@ -5,9 +5,10 @@
 //! ([`crate::policy`]) and routed to Redis ([`crate::route`]).
 
 use crate::client::Mode;
-use crate::command::{Command, FanOut, KeySpec, Local, Route, keys_of};
+use crate::command::{Command, FanOut, KeySpec, Local, Route, TxCmd, keys_of};
 use crate::errors;
 use crate::local;
+use crate::order;
 use crate::pending::{Ctx, Outcome};
 use crate::policy;
 use crate::protocol::Proto;
@@ -18,9 +19,18 @@ use crate::transaction;
 /// Handles one request.
 pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
     let req = ctx.req;
+    let looked = proxy.commands.lookup(req);
+    // the ordering rule, before anything about the request happens (crate::order)
+    if let Ok(cmd) = looked {
+        let lane = order::lane(ctx.client, cmd, req);
+        if order::must_wait(ctx.client.inflight, ctx.client.lane, lane) {
+            return Outcome::Later;
+        }
+        ctx.lane = lane;
+    }
     proxy.stats.commands.add(1);
     ctx.cmd = proxy.unknown_id();
-    let cmd = match proxy.commands.lookup(req) {
+    let cmd = match looked {
         Ok(c) => c,
         Err(e) => {
             // a known command used wrongly still counts as that command
@@ -34,12 +44,22 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         }
     };
     ctx.cmd = cmd.id;
+    // (Redis turns a refused EXEC into EXECABORT, and discards the transaction)
     if !ctx.client.authed && !matches!(cmd.route, Route::Local(l) if l.auth_free()) {
+        if cmd.route == Route::Transaction(TxCmd::Exec) {
+            return transaction::exec_refused(ctx, &errors::exec_aborted_because(errors::NOAUTH));
+        }
         return transaction::refuse(ctx, errors::NOAUTH);
     }
     // a RESP2 connection with subscriptions takes only the subscription commands
     if ctx.client.subs.is_some() && ctx.client.proto == Proto::Resp2 && !subscribe::allowed_while_subscribed(cmd) {
-        return ctx.error(&subscribe::not_allowed(cmd));
+        let text = subscribe::not_allowed(cmd);
+        if cmd.route == Route::Transaction(TxCmd::Exec) {
+            // (Redis words this one without its ERR code)
+            let why = text.strip_prefix("ERR ").unwrap_or(&text);
+            return transaction::exec_refused(ctx, &errors::exec_aborted_because(why));
+        }
+        return transaction::refuse(ctx, &text);
     }
     if proxy.client_side.active() {
         track(proxy, ctx, cmd);

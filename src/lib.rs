@@ -21,6 +21,8 @@
 //!   fan-out;
 //! - [`client`]: what is known about one client connection, and its mode; the registry of
 //!   connected clients;
+//! - [`order`]: the ordering rule: which way to Redis a request takes, and when it must
+//!   wait for the client's requests in flight;
 //! - [`config`]: the TOML configuration, its validation, the live settings;
 //! - [`proxy`]: the state every session shares, and the record of each answered command;
 //! - [`merge`]: how part replies become one (split MGET order, sums, SCAN cursors);
@@ -62,6 +64,7 @@ pub mod local;
 pub mod locks;
 pub mod merge;
 pub mod metrics;
+pub mod order;
 pub mod pending;
 pub mod policy;
 pub mod protocol;

@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
+use smallvec::SmallVec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::WriteHalf;
@@ -47,6 +48,9 @@ use crate::proxy::{Answered, Proxy, ReplySummary};
 use crate::pubsub::PUSH_SEQ;
 
 enum Reply {
+    /// Not dispatched yet: it waits for the client's requests before it
+    /// ([`crate::order`]).
+    Later,
     Waiting(Pending),
     Ready(Bytes),
     /// Moved to the output; kept (as a summary) until its bytes are written, to record it.
@@ -122,6 +126,10 @@ struct Queue {
 impl Queue {
     fn next_seq(&self) -> u64 {
         self.head + self.entries.len() as u64
+    }
+    fn get(&self, seq: u64) -> Option<&Entry> {
+        let i = seq.checked_sub(self.head)?;
+        self.entries.get(i as usize)
     }
     fn get_mut(&mut self, seq: u64) -> Option<&mut Entry> {
         let i = seq.checked_sub(self.head)?;
@@ -295,6 +303,17 @@ struct Session {
     /// comes, no later request is dispatched (as in Redis, a blocked client's next
     /// commands wait), but the socket is still read so a disconnect is seen.
     blocking: Option<u64>,
+    /// The first request waiting for the ordering rule (every request after it waits
+    /// too): dispatched once nothing is in flight or being retried ([`crate::order`]).
+    deferred: Option<u64>,
+    /// Requests (by place, in order) that met a reply that was not their answer and are
+    /// being sent again: until each has its answer, no later request is dispatched, and
+    /// a later request's non-answers wait in `parked` ([`crate::order`]).
+    retrying: SmallVec<[u64; 4]>,
+    /// Backend replies held while an earlier request is being retried, in arrival order.
+    parked: Vec<BackendReply>,
+    /// A TRYAGAIN held until the requests sent behind it have their replies.
+    tryagain: Option<TryAgain>,
     /// When something may expire next (a request's deadline, the soft limit's duration);
     /// `None`: nothing can, so idle clients cost no timer.
     armed: Option<Instant>,
@@ -420,6 +439,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, stopping: Arc<AtomicB
         // Dispatch what is buffered (while the client has room) and write every complete
         // reply at the front of the queue; repeat while that makes progress.
         loop {
+            s.resume();
             let parsed = s.dispatch_buffered(&mut rbuf);
             let moved = s.move_ready();
             let wrote = match s.write(&wr) {
@@ -480,6 +500,7 @@ impl Session {
             mode: Mode::Normal,
             admin: false,
             inflight: 0,
+            lane: crate::order::Lane::Local,
             used_locks: false,
             keepalive_locks: false,
             rl: proxy.ratelimit.view(),
@@ -518,6 +539,10 @@ impl Session {
             closing: false,
             blocked: false,
             blocking: None,
+            deferred: None,
+            retrying: SmallVec::new(),
+            parked: Vec::new(),
+            tryagain: None,
             killed: false,
             stopped_blocked: false,
             armed: None,
@@ -535,6 +560,8 @@ impl Session {
     fn room(&self) -> bool {
         self.queue.entries.len() < self.held.window
             && self.blocking.is_none()
+            && self.deferred.is_none()
+            && self.retrying.is_empty()
             && self.held.replies <= self.soft
             && self.held.requests <= self.request_budget
     }
@@ -582,9 +609,65 @@ impl Session {
         }
     }
 
-    /// Hands one backend reply to its request.
+    /// Hands one backend reply to its request. While an earlier request is being
+    /// retried, a later request's non-answers wait for it ([`Session::hold`]); a TRYAGAIN
+    /// waits for the replies of the requests sent behind it ([`TryAgain`]).
     fn take_reply(&mut self, r: BackendReply, now: &mut Option<ReplyClock>) {
         let seq = r.tag.seq;
+        if self.tryagain.is_none() && is_tryagain(&r) && self.sent_behind(seq) && !self.is_transaction(seq) {
+            // the requests sent behind it may have run already: see TryAgain
+            self.tryagain = Some(TryAgain { seq, reply: r, ran: false });
+            let at = self.retrying.partition_point(|&s| s < seq);
+            if self.retrying.get(at) != Some(&seq) {
+                self.retrying.insert(at, seq);
+            }
+            return;
+        }
+        if !self.retrying.is_empty() && self.hold(&r) {
+            self.parked.push(r);
+            self.decide_tryagain(now);
+            return;
+        }
+        self.deliver(r, now, false);
+        if self.tryagain.is_some() {
+            self.decide_tryagain(now);
+        }
+    }
+
+    fn is_transaction(&self, seq: u64) -> bool {
+        matches!(self.queue.get(seq), Some(Entry { reply: Reply::Waiting(p), .. }) if p.transaction())
+    }
+
+    /// Whether a request dispatched after request `seq` still waits for its reply.
+    fn sent_behind(&self, seq: u64) -> bool {
+        let Some(i) = seq.checked_sub(self.queue.head) else { return false };
+        self.queue.entries.iter().skip(i as usize + 1).any(|e| matches!(e.reply, Reply::Waiting(_)))
+    }
+
+    /// Once every request sent behind a held TRYAGAIN has its reply or waits behind it
+    /// ([`Session::hold`]): the TRYAGAIN goes to its request, to be retried if none of
+    /// them touched its keys and ran, or as its answer if one did (its retry would now
+    /// come after that request).
+    fn decide_tryagain(&mut self, now: &mut Option<ReplyClock>) {
+        let Some(t) = &self.tryagain else { return };
+        let Some(i) = t.seq.checked_sub(self.queue.head) else { return };
+        let undecided = self.queue.entries.iter().enumerate().skip(i as usize + 1).any(|(j, e)| {
+            let seq = self.queue.head + j as u64;
+            matches!(e.reply, Reply::Waiting(_)) && !self.parked.iter().any(|r| r.tag.seq == seq)
+        });
+        if undecided {
+            return;
+        }
+        let Some(t) = self.tryagain.take() else { return };
+        self.deliver(t.reply, now, t.ran);
+    }
+
+    /// Hands reply `r` to its request: retried, followed or passed on as
+    /// [`crate::pending::on_reply`] says, or (`as_is`) taken as its answer.
+    fn deliver(&mut self, r: BackendReply, now: &mut Option<ReplyClock>, as_is: bool) {
+        let seq = r.tag.seq;
+        let mut retried = false;
+        let mut done = false;
         if let Some(e) = self.queue.get_mut(seq)
             && let Reply::Waiting(p) = &mut e.reply
             && let Some(req) = &e.meta.req
@@ -592,9 +675,14 @@ impl Session {
             let reply = match crate::pending::plain_reply(&self.proxy, p, r) {
                 Ok(reply) => Some(reply),
                 Err(r) => {
+                    retried = not_an_answer(&r) && !as_is;
                     let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, e.meta.started);
                     ctx.cmd = e.meta.cmd;
-                    crate::pending::on_reply(&self.proxy, &mut ctx, p, r)
+                    if as_is {
+                        crate::pending::answer_as_is(&self.proxy, &mut ctx, p, r)
+                    } else {
+                        crate::pending::on_reply(&self.proxy, &mut ctx, p, r)
+                    }
                 }
             };
             if let Some(reply) = reply {
@@ -611,7 +699,80 @@ impl Session {
                 if self.blocking == Some(seq) {
                     self.blocking = None;
                 }
+                done = true;
             }
+        }
+        if done {
+            if let Some(t) = &self.tryagain
+                && seq > t.seq
+                && !t.ran
+                && self.touches(seq, t.seq)
+                && let Some(t) = &mut self.tryagain
+            {
+                t.ran = true;
+            }
+            self.settled(seq, now);
+        } else if retried && !self.retrying.contains(&seq) {
+            // a non-answer, and the request goes on: it is being retried (or waits for
+            // its other parts, which holds the client's next requests just as well)
+            let at = self.retrying.partition_point(|&s| s < seq);
+            self.retrying.insert(at, seq);
+        }
+    }
+
+    /// Whether request `later` names a key request `earlier` names (or its keys are not
+    /// known: EXEC's are its transaction's).
+    fn touches(&self, later: u64, earlier: u64) -> bool {
+        let keys = |seq: u64| -> Option<Vec<&[u8]>> {
+            let req = self.queue.get(seq)?.meta.req.as_ref()?;
+            let cmd = self.proxy.commands.lookup(req).ok()?;
+            if matches!(cmd.route, crate::command::Route::Transaction(_)) {
+                return None;
+            }
+            let keys = crate::command::keys_of(cmd, req).ok()?;
+            Some(keys.iter().map(|&k| req.arg(k as usize)).collect())
+        };
+        match (keys(later), keys(earlier)) {
+            (Some(a), Some(b)) => a.iter().any(|k| b.contains(k)),
+            _ => true,
+        }
+    }
+
+    /// Whether reply `r` waits while an earlier request is being retried: every reply of a
+    /// request that waits already, and any non-answer (which would be retried, and must
+    /// not be sent again before the earlier request has gone).
+    fn hold(&mut self, r: &BackendReply) -> bool {
+        let seq = r.tag.seq;
+        if self.retrying[0] >= seq {
+            return false;
+        }
+        let waits = self.retrying.contains(&seq);
+        if !waits && (!not_an_answer(r) || unannounced_redirect(&self.proxy, r)) {
+            // (a redirection to an address the cluster did not announce is held by its
+            // request while a refresh looks again, and that refresh's outcome is held here
+            // in its turn: so each waits for one refresh, not one after another's)
+            return false;
+        }
+        if !waits {
+            let at = self.retrying.partition_point(|&s| s < seq);
+            self.retrying.insert(at, seq);
+        }
+        true
+    }
+
+    /// Request `seq` has its reply (or is gone): if it was being retried, the client's
+    /// later requests may go on, and the replies held behind it are handed over.
+    fn settled(&mut self, seq: u64, now: &mut Option<ReplyClock>) {
+        if self.tryagain.as_ref().is_some_and(|t| t.seq == seq) {
+            self.tryagain = None;
+        }
+        let Some(i) = self.retrying.iter().position(|&s| s == seq) else { return };
+        self.retrying.remove(i);
+        while let Some(i) =
+            self.parked.iter().position(|r| self.retrying.first().is_none_or(|&first| first >= r.tag.seq))
+        {
+            let r = self.parked.remove(i);
+            self.take_reply(r, now);
         }
     }
 
@@ -684,22 +845,39 @@ impl Session {
 
     /// Dispatches one request in its place in the reply queue (it is moved there first
     /// and dispatched where it lies, so the request and its entry are not copied again).
+    /// Behind a request that waits for the ordering rule it waits too.
     fn dispatch(&mut self, req: Request) {
-        let (seq, read_at) = (self.queue.next_seq(), self.read_at);
         self.held.requests += req.raw().len();
+        let deferred = self.deferred.is_some();
         self.queue.entries.push_back(Entry {
-            reply: Reply::Ready(Bytes::new()),
+            reply: if deferred { Reply::Later } else { Reply::Ready(Bytes::new()) },
             last: false,
             silent: false,
-            meta: Meta::new(0, read_at, Some(req)),
+            meta: Meta::new(0, self.read_at, Some(req)),
         });
-        let Some(Entry { reply, last, silent, meta }) = self.queue.entries.back_mut() else { return };
-        let Some(req) = meta.req.as_ref() else { return };
+        if !deferred {
+            self.dispatch_at(self.queue.entries.len() - 1);
+        }
+    }
+
+    /// Dispatches the request of entry `i`; false if it must wait ([`Outcome::Later`]).
+    fn dispatch_at(&mut self, i: usize) -> bool {
+        let seq = self.queue.head + i as u64;
+        let Some(Entry { reply, last, silent, meta }) = self.queue.entries.get_mut(i) else { return true };
+        let Some(req) = meta.req.as_ref() else { return true };
+        let read_at = meta.started;
         let skip = self.client.reply == ReplyMode::Skip;
+        let quit_before = self.client.quit;
         let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, read_at);
         let outcome = crate::dispatch::dispatch(&self.proxy, &mut ctx);
+        if let Outcome::Later = outcome {
+            *reply = Reply::Later;
+            self.deferred = Some(seq);
+            self.client.rl.forget();
+            return false;
+        }
         (meta.cmd, meta.cached, meta.wait_ms, meta.first_key) = (ctx.cmd, ctx.cached, ctx.wait_ms, ctx.first_key);
-        let pushing = ctx.pushing;
+        let (pushing, lane) = (ctx.pushing, ctx.lane);
         self.client.rl.forget();
         // CLIENT REPLY: OFF and SKIP's own replies are not written, nor the reply of the
         // command after a SKIP
@@ -722,6 +900,7 @@ impl Session {
             }
             Outcome::Waiting(p) => {
                 self.client.inflight += 1;
+                self.client.lane = lane;
                 if p.blocking() {
                     self.blocking = Some(seq);
                 }
@@ -733,14 +912,37 @@ impl Session {
                 }
                 Reply::Waiting(p)
             }
+            Outcome::Later => return false,
         };
-        // a reply that ends the connection stops the reading
-        *last = self.client.quit;
+        // a reply that ends the connection stops the reading (a protocol error's place,
+        // queued behind requests that waited, ends it already)
+        *last = self.client.quit && !quit_before;
         if *last {
             self.reading = false;
         }
         let cmd = meta.cmd;
         self.publish(cmd);
+        true
+    }
+
+    /// Dispatches the requests that waited for the ordering rule ([`crate::order`]) once
+    /// nothing of the client's is in flight or being retried, in order, until one waits
+    /// again or one ends the connection.
+    fn resume(&mut self) {
+        let Some(first) = self.deferred else { return };
+        if self.client.inflight > 0 || !self.retrying.is_empty() {
+            return;
+        }
+        self.deferred = None;
+        let mut i = (first - self.queue.head) as usize;
+        while i < self.queue.entries.len() && matches!(self.queue.entries[i].reply, Reply::Later) {
+            // its deadline counts from now: it waited behind its client's own requests
+            self.queue.entries[i].meta.started = Instant::now();
+            if !self.dispatch_at(i) || self.queue.entries[i].last {
+                return;
+            }
+            i += 1;
+        }
     }
 
     /// Keeps what other connections see of this one current (CLIENT LIST).
@@ -882,7 +1084,9 @@ impl Session {
     /// hard limit and the soft limit's duration apply once a client holds more than one.
     /// The process-wide total applies to every byte.
     fn check_limits(&mut self) -> Option<Cut> {
-        let several = self.queue.entries.len() - self.client.inflight as usize > 1;
+        // (requests waiting for the ordering rule hold no reply yet)
+        let later = self.deferred.map_or(0, |d| self.queue.next_seq() - d) as usize;
+        let several = self.queue.entries.len() - self.client.inflight as usize - later > 1;
         let limits = &self.proxy.config.limits;
         if self.client.subs.is_some() {
             // a subscriber's messages: Redis's pubsub limits, the process-wide total as
@@ -960,6 +1164,7 @@ impl Session {
         // the blocked command)
         e.reply = Reply::Ready(b);
         self.client.info.flags.store(self.client.flags(false), Ordering::Relaxed);
+        self.settled(seq, &mut None);
     }
 
     /// The timer fired: the soft limit's duration may be over, and requests past their
@@ -985,6 +1190,7 @@ impl Session {
     /// deadline of a request still waiting.
     fn expire(&mut self, now: Instant) -> Option<Instant> {
         let mut next: Option<Instant> = None;
+        let mut gone: SmallVec<[u64; 4]> = SmallVec::new();
         for (i, e) in self.queue.entries.iter_mut().enumerate() {
             let Reply::Waiting(_) = e.reply else { continue };
             let deadline = e.meta.deadline(self.reply_deadline);
@@ -1008,7 +1214,12 @@ impl Session {
                 if self.blocking == Some(self.queue.head + i as u64) {
                     self.blocking = None;
                 }
+                gone.push(self.queue.head + i as u64);
             }
+        }
+        let mut clock = None;
+        for seq in gone {
+            self.settled(seq, &mut clock);
         }
         next
     }
@@ -1041,6 +1252,46 @@ impl Session {
         }
         self.proxy.clients.remove(id);
         info!(client = id, "client disconnected");
+    }
+}
+
+/// A MOVED or ASK to an address the slot map does not announce (a script can answer any
+/// error text): its request sends nothing before a refresh has looked again.
+fn unannounced_redirect(proxy: &Proxy, r: &BackendReply) -> bool {
+    use crate::protocol::reply::{Redirect, error_text, parse_redirect};
+    let Ok(d) = &r.result else { return false };
+    let Some(redirect) = error_text(d).and_then(parse_redirect) else { return false };
+    let (Redirect::Moved { addr, .. } | Redirect::Ask { addr, .. }) = &redirect;
+    let topo = proxy.cluster.topology();
+    !topo.masters.iter().any(|m| &*m.addr == addr.as_str()) && !topo.announces(addr)
+}
+
+/// TRYAGAIN (some keys of a multi-key command have moved with their slot, some not yet)
+/// for a request with requests sent behind it on the same connection. Redis ran those
+/// already: one that touched a key this one names and found it in place has run before
+/// this one's retry could. So the TRYAGAIN waits until every request behind it has its
+/// reply or waits itself (a redirection, held behind this one): then it is retried if
+/// none of them touched its keys and ran, and passed on as this request's answer (Redis's
+/// TRYAGAIN: nothing of it ran) if one did, so that nothing runs out of the client's order.
+/// A transaction's TRYAGAIN is not held: its replies are its EXEC's.
+struct TryAgain {
+    seq: u64,
+    reply: BackendReply,
+    /// A request sent behind it that touches its keys has run.
+    ran: bool,
+}
+
+/// A TRYAGAIN reply.
+fn is_tryagain(r: &BackendReply) -> bool {
+    matches!(&r.result, Ok(d) if d.starts_with(b"-TRYAGAIN"))
+}
+
+/// A backend reply that may not be its request's answer: an error reply (a redirection,
+/// TRYAGAIN, ...) or no reply at all (a connection error, a resend).
+fn not_an_answer(r: &BackendReply) -> bool {
+    match &r.result {
+        Ok(d) => d.first() == Some(&b'-'),
+        Err(_) => true,
     }
 }
 

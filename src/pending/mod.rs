@@ -82,6 +82,8 @@ pub struct Ctx<'a> {
     /// Set by the subscription commands: their confirmations are written even under
     /// CLIENT REPLY OFF / SKIP, as Redis writes pub/sub pushes.
     pub pushing: bool,
+    /// Set by dispatch: the way to Redis the request takes ([`crate::order`]).
+    pub lane: crate::order::Lane,
 }
 
 impl<'a> Ctx<'a> {
@@ -109,6 +111,7 @@ impl<'a> Ctx<'a> {
             wait_ms: 0,
             tracked_write: false,
             pushing: false,
+            lane: crate::order::Lane::Local,
         }
     }
 
@@ -130,6 +133,10 @@ pub enum Outcome {
     Ready(Bytes),
     /// Parts were sent; replies will come through the session's channel.
     Waiting(Pending),
+    /// Not dispatched: it takes another way to Redis than the client's requests in flight
+    /// ([`crate::order`]); nothing about it has happened yet, and it is dispatched again
+    /// once they have their replies.
+    Later,
 }
 
 /// Where a part goes.
@@ -379,6 +386,11 @@ impl Pending {
             && !self.flush
             && !self.tracked_write
             && self.write_hot_generation.is_none_or(|g| g == proxy.cache.hot_generation())
+    }
+
+    /// A transaction (its replies are its native transactions').
+    pub fn transaction(&self) -> bool {
+        matches!(self.finish, Finish::Transaction(_))
     }
 
     /// A blocking command waiting for its reply.
@@ -726,6 +738,21 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
         }
         // an answer, or a redirection or retry past its limit: passed on as it is
         (_, Ok(data)) => data,
+    };
+    complete(proxy, ctx, p, idx, data)
+}
+
+/// A backend reply for part `reply.tag.part` of `p` taken as that part's answer, however
+/// it reads (a TRYAGAIN that cannot be retried in the client's order: see
+/// [`crate::order`]). Returns the final reply once every part is in.
+pub fn answer_as_is(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
+    let idx = reply.tag.part as usize;
+    if p.parts.get(idx)?.reply.is_some() {
+        return None;
+    }
+    let data = match reply.result {
+        Ok(d) => d,
+        Err(e) => errors::resp(&errors::backend_failed(&e)),
     };
     complete(proxy, ctx, p, idx, data)
 }
