@@ -29,6 +29,13 @@ pub struct Tx {
     pub(super) write_keys: Vec<Bytes>,
 }
 
+impl Tx {
+    /// The native transaction whose replies include the one tagged `idx`.
+    pub(super) fn part_of(&self, idx: u32) -> Option<usize> {
+        self.parts.iter().position(|t| idx >= t.base && idx < t.base + t.queued + 2)
+    }
+}
+
 /// One native transaction of a [`Tx`] (`data`: `MULTI`, the commands, `EXEC`).
 pub struct TxPart {
     pub data: Bytes,
@@ -127,7 +134,7 @@ pub(super) fn on_transaction_reply(
 ) -> Option<Bytes> {
     let Pending { finish: Finish::Transaction(tx), parts, .. } = p else { return None };
     let idx = reply.tag.part;
-    let k = tx.parts.iter().position(|t| idx >= t.base && idx < t.base + t.queued + 2)?;
+    let k = tx.part_of(idx)?;
     let t = &mut tx.parts[k];
     if parts[k].reply.is_some() {
         return None;
@@ -139,7 +146,18 @@ pub(super) fn on_transaction_reply(
             tracing::warn!(error = %e, client = ctx.client.id, "backend request failed during a transaction");
             t.failed = Some(errors::backend_failed(&e));
         }
-        (_, Ok(data)) if i == t.queued + 1 => t.exec = Some(data),
+        // EXEC itself checks every key of the transaction (Redis Cluster does at EXEC):
+        // a redirection or TRYAGAIN there discarded the transaction, as one at queue time
+        (verdict, Ok(data)) if i == t.queued + 1 => {
+            match verdict {
+                Verdict::Redirect(r) => {
+                    t.redirect.get_or_insert(r);
+                }
+                Verdict::Busy => t.busy = true,
+                _ => {}
+            }
+            t.exec = Some(data);
+        }
         (Verdict::Redirect(r), Ok(_)) if i > 0 => {
             t.redirect.get_or_insert(r);
         }
@@ -156,7 +174,9 @@ pub(super) fn on_transaction_reply(
         proxy.cluster.request_refresh();
         return complete(proxy, ctx, p, k, errors::resp(&e));
     }
-    let exec_aborted = t.exec.as_ref().is_some_and(|e| e.starts_with(b"-EXECABORT"));
+    let exec_aborted = t.exec.as_ref().is_some_and(|e| {
+        e.starts_with(b"-EXECABORT") || (e.first() == Some(&b'-') && (t.redirect.is_some() || t.busy))
+    });
     if p.dedicated.is_some() && (t.unsent || (exec_aborted && (t.redirect.is_some() || t.busy))) {
         // under WATCH: nothing ran, and the watch guarded nothing where it is sent now
         proxy.cluster.request_refresh();
@@ -176,7 +196,7 @@ pub(super) fn on_transaction_reply(
         return complete(proxy, ctx, p, k, errors::resp(&errors::node_unreachable("the transaction's master")));
     }
     let exec = t.exec.take().unwrap_or_default();
-    if exec.starts_with(b"-EXECABORT") {
+    if exec_aborted {
         if let Some(r) = t.redirect.take()
             && part.redirects < MAX_REDIRECTS
         {
