@@ -61,16 +61,18 @@ pub struct Queued {
 pub struct Watch {
     /// The slot of the watched keys (a transaction's keys must share it).
     pub slot: u16,
-    /// The pinned connection; `None` once the watch is void (the connection broke, the
-    /// slot moved): EXEC then answers nil, as if a watched key had changed, and the
-    /// client retries.
+    /// The pinned connection.
     pub lease: Option<Lease>,
+    /// The watch is void (the slot moved away from where it ran): EXEC then answers nil,
+    /// as if a watched key had changed, and the client retries. The connection is kept
+    /// (the client's requests still on it get their replies) until the watch ends.
+    pub voided: bool,
 }
 
 impl Watch {
-    /// The watch no longer guards its keys.
+    /// The watch no longer guards its keys (voided, or its connection broke).
     pub fn void(&self) -> bool {
-        self.lease.as_ref().is_none_or(|l| l.broken())
+        self.voided || self.lease.as_ref().is_none_or(|l| l.broken())
     }
 }
 

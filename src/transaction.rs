@@ -188,7 +188,7 @@ fn watch(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
             let Some(lease) = node.lease(ctx.client.proto) else {
                 return ctx.error(&errors::no_dedicated(&node.addr, node.options().dedicated_max));
             };
-            ctx.client.watch = Some(Box::new(Watch { slot: s, lease: Some(lease) }));
+            ctx.client.watch = Some(Box::new(Watch { slot: s, lease: Some(lease), voided: false }));
         }
     }
     // on the pinned connection (crate::pending::start_in)

@@ -147,7 +147,8 @@ pub enum Target {
     /// This node (fan-out parts).
     Node(Arc<NodePool>),
     /// After an ASK: this node, with ASKING first.
-    Ask(Arc<NodePool>),
+    /// (`.1`: the slot, whose owner a later retry asks again: an ASK holds for one query.)
+    Ask(Arc<NodePool>, u16),
 }
 
 /// A request that travels on a dedicated connection, not the node's shared pipelined
@@ -388,11 +389,6 @@ impl Pending {
             && self.write_hot_generation.is_none_or(|g| g == proxy.cache.hot_generation())
     }
 
-    /// A transaction (its replies are its native transactions').
-    pub fn transaction(&self) -> bool {
-        matches!(self.finish, Finish::Transaction(_))
-    }
-
     /// A blocking command waiting for its reply.
     pub fn blocking(&self) -> bool {
         self.dedicated.as_ref().is_some_and(|d| d.block.is_some())
@@ -407,7 +403,7 @@ impl Pending {
     pub fn node(&self, cluster: &Cluster) -> Option<Arc<str>> {
         match &self.parts.first()?.target {
             Target::Slot(s) => cluster.topology().master_for_slot(*s).map(|n| n.addr.clone()),
-            Target::Node(n) | Target::Ask(n) => Some(n.addr.clone()),
+            Target::Node(n) | Target::Ask(n, _) => Some(n.addr.clone()),
         }
     }
 }
@@ -654,7 +650,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             let held = part.take_held()?;
             if held.starts_with(b"-READONLY") {
                 let promoted = match &part.target {
-                    Target::Node(n) | Target::Ask(n) => proxy.cluster.topology().promoted_for(&n.addr),
+                    Target::Node(n) | Target::Ask(n, _) => proxy.cluster.topology().promoted_for(&n.addr),
                     Target::Slot(_) => None,
                 };
                 if let Some(n) = promoted {
@@ -736,6 +732,22 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
                 _ => data,
             }
         }
+        // a blocking command sent back and forth past the limit while slots move, once
+        // its own timeout is over: it timed out, as on one Redis (not a MOVED)
+        (Verdict::Redirect(_) | Verdict::Busy, Ok(_))
+            if p.dedicated
+                .as_ref()
+                .and_then(|d| d.block.as_ref())
+                .is_some_and(|b| b.deadline.is_some_and(|t| t <= Instant::now())) =>
+        {
+            let mut w = Writer::new(ctx.scratch, ctx.client.proto);
+            if matches!(proxy.command_name(ctx.cmd), "BRPOPLPUSH" | "BLMOVE") {
+                w.nil();
+            } else {
+                w.nil_array();
+            }
+            ctx.scratch.split().freeze()
+        }
         // an answer, or a redirection or retry past its limit: passed on as it is
         (_, Ok(data)) => data,
     };
@@ -746,6 +758,27 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
 /// it reads (a TRYAGAIN that cannot be retried in the client's order: see
 /// [`crate::order`]). Returns the final reply once every part is in.
 pub fn answer_as_is(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
+    if let Finish::Transaction(tx) = &p.finish {
+        // a queued command's TRYAGAIN: the native transaction was aborted, nothing ran.
+        // Under WATCH the client is told as when a watched key changed (it retries);
+        // otherwise EXEC is refused as Redis refuses one at EXEC time.
+        let k = tx.part_of(reply.tag.part)?;
+        if p.parts[k].reply.is_some() {
+            return None;
+        }
+        let answer = if p.dedicated.is_some() {
+            let mut w = Writer::new(ctx.scratch, ctx.client.proto);
+            w.nil_array();
+            ctx.scratch.split().freeze()
+        } else {
+            let why = match &reply.result {
+                Ok(d) => String::from_utf8_lossy(error_text(d).unwrap_or_default()).into_owned(),
+                Err(e) => e.to_string(),
+            };
+            errors::resp(&errors::exec_aborted_because(&why))
+        };
+        return complete(proxy, ctx, p, k, answer);
+    }
     let idx = reply.tag.part as usize;
     if p.parts.get(idx)?.reply.is_some() {
         return None;

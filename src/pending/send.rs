@@ -27,7 +27,7 @@ pub(super) fn resolve_in<'a>(topo: &'a Topology, target: &'a Target) -> Result<(
             None => Err(errors::resp(&errors::slot_not_served(*s))),
         },
         Target::Node(n) => Ok((n, false)),
-        Target::Ask(n) => Ok((n, true)),
+        Target::Ask(n, _) => Ok((n, true)),
     }
 }
 
@@ -90,7 +90,7 @@ pub(super) fn send_part(
         req.order = Some(node.order.ticket());
     }
     if matches!(d.via, Via::Watch) {
-        match ctx.client.watch.as_ref().and_then(|w| w.lease.as_ref()) {
+        match ctx.client.watch.as_ref().filter(|w| !w.voided).and_then(|w| w.lease.as_ref()) {
             Some(l) if Arc::ptr_eq(l.node(), &node) && !l.broken() => {
                 l.conn().send(req);
                 return Ok(());
@@ -130,14 +130,20 @@ pub(super) fn send_part(
 /// The client's WATCH no longer guards its keys: EXEC will answer nil.
 pub(super) fn void_watch(ctx: &mut Ctx) {
     if let Some(w) = &mut ctx.client.watch {
-        w.lease = None;
+        w.voided = true;
     }
 }
 
 /// Sends one part again after [`RETRY_DELAY`], to whichever node owns its slot by then.
 /// A part on a dedicated connection is handed back to its request then
 /// ([`BackendError::Resend`]), which sends it on a connection it holds.
-pub(super) fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &Part, idx: u32, count: u32) {
+pub(super) fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &mut Part, idx: u32, count: u32) {
+    // an ASK holds for the one query it answered: by the time this one goes again the
+    // slot may have moved on, and ASKING there would create the key on a node that is
+    // importing it while it still lives elsewhere
+    if let Target::Ask(_, s) = part.target {
+        part.target = Target::Slot(s);
+    }
     if dedicated {
         let reply_to = ctx.reply_to.clone();
         let tag = Tag { seq: ctx.seq, part: idx };
@@ -157,13 +163,13 @@ pub(super) fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &Part,
         tokio::time::sleep(RETRY_DELAY).await;
         let node = match &target {
             Target::Slot(s) => cluster.topology().master_for_slot(*s).cloned(),
-            Target::Node(n) | Target::Ask(n) => Some(n.clone()),
+            Target::Node(n) | Target::Ask(n, _) => Some(n.clone()),
         };
         match node {
             Some(n) => n.conn(proto, affinity).send(BackendRequest {
                 data,
                 count,
-                prefix: if matches!(target, Target::Ask(_)) { Prefix::Asking } else { Prefix::None },
+                prefix: if matches!(target, Target::Ask(..)) { Prefix::Asking } else { Prefix::None },
                 tag,
                 reply_to,
                 order: None,
@@ -185,14 +191,17 @@ pub(super) fn follow(proxy: &Proxy, part: &mut Part, r: &Redirect) -> bool {
     let Some(pool) = retry::follow(&proxy.cluster, r) else { return false };
     match r {
         Redirect::Moved { .. } => {
-            // a slot's part follows the slot map, which the MOVED patched
-            if !matches!(part.target, Target::Slot(_)) {
+            // a slot's part follows the slot map, which the MOVED patched (after an ASK
+            // too: the slot is known)
+            if let Target::Ask(_, s) = part.target {
+                part.target = Target::Slot(s);
+            } else if !matches!(part.target, Target::Slot(_)) {
                 part.target = Target::Node(pool);
             }
             crate::metrics::global().moved.increment(1);
         }
-        Redirect::Ask { .. } => {
-            part.target = Target::Ask(pool);
+        Redirect::Ask { slot, .. } => {
+            part.target = Target::Ask(pool, *slot);
             crate::metrics::global().ask.increment(1);
         }
     }
