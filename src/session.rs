@@ -614,13 +614,22 @@ impl Session {
     /// waits for the replies of the requests sent behind it ([`TryAgain`]).
     fn take_reply(&mut self, r: BackendReply, now: &mut Option<ReplyClock>) {
         let seq = r.tag.seq;
-        if self.tryagain.is_none() && is_tryagain(&r) && self.sent_behind(seq) && !self.is_transaction(seq) {
+        if let Some(t) = &mut self.tryagain
+            && t.seq == seq
+        {
+            // the rest of its replies (a transaction's EXEC, other parts) wait with it
+            t.replies.push(r);
+            return;
+        }
+        if self.tryagain.is_none() && is_tryagain(&r) && self.sent_behind(seq) {
             // the requests sent behind it may have run already: see TryAgain
-            self.tryagain = Some(TryAgain { seq, reply: r, ran: false });
+            self.tryagain = Some(TryAgain { seq, replies: vec![r], ran: false });
             let at = self.retrying.partition_point(|&s| s < seq);
             if self.retrying.get(at) != Some(&seq) {
                 self.retrying.insert(at, seq);
             }
+            // (those behind it may be held already, their replies parked)
+            self.decide_tryagain(now);
             return;
         }
         if !self.retrying.is_empty() && self.hold(&r) {
@@ -632,10 +641,6 @@ impl Session {
         if self.tryagain.is_some() {
             self.decide_tryagain(now);
         }
-    }
-
-    fn is_transaction(&self, seq: u64) -> bool {
-        matches!(self.queue.get(seq), Some(Entry { reply: Reply::Waiting(p), .. }) if p.transaction())
     }
 
     /// Whether a request dispatched after request `seq` still waits for its reply.
@@ -659,7 +664,13 @@ impl Session {
             return;
         }
         let Some(t) = self.tryagain.take() else { return };
-        self.deliver(t.reply, now, t.ran);
+        let mut replies = t.replies.into_iter();
+        if let Some(first) = replies.next() {
+            self.deliver(first, now, t.ran);
+        }
+        for r in replies {
+            self.deliver(r, now, false);
+        }
     }
 
     /// Hands reply `r` to its request: retried, followed or passed on as
@@ -1272,11 +1283,12 @@ fn unannounced_redirect(proxy: &Proxy, r: &BackendReply) -> bool {
 /// this one's retry could. So the TRYAGAIN waits until every request behind it has its
 /// reply or waits itself (a redirection, held behind this one): then it is retried if
 /// none of them touched its keys and ran, and passed on as this request's answer (Redis's
-/// TRYAGAIN: nothing of it ran) if one did, so that nothing runs out of the client's order.
-/// A transaction's TRYAGAIN is not held: its replies are its EXEC's.
+/// TRYAGAIN: nothing of it ran; a transaction's EXEC answers EXECABORT, or nil under
+/// WATCH) if one did, so that nothing runs out of the client's order.
 struct TryAgain {
     seq: u64,
-    reply: BackendReply,
+    /// The TRYAGAIN, and the request's replies that came after it.
+    replies: Vec<BackendReply>,
     /// A request sent behind it that touches its keys has run.
     ran: bool,
 }
