@@ -30,6 +30,11 @@ impl Drop for PingProbe {
 /// script cannot hold up), so a master busy with a script answers BUSY, as one Redis
 /// does. `None` (heatshield answers PONG itself) when no script is out, or no probe or
 /// connection to spare.
+/// Some master runs a script now (PING is asked of it: see [`ping_busy`]).
+pub fn scripts_running(proxy: &Proxy) -> bool {
+    proxy.cluster.topology().masters.iter().any(|m| m.scripts.load(Ordering::Relaxed) > 0)
+}
+
 fn ping_busy(proxy: &Proxy, ctx: &mut Ctx) -> Option<Outcome> {
     let running: Vec<_> = {
         let topo = proxy.cluster.topology();

@@ -24,45 +24,64 @@ use crate::cluster::slot;
 use crate::command::{Command, FanOut, KeySpec, Local, Route, TxCmd, keys_of};
 use crate::protocol::{Proto, Request};
 
-/// The way to Redis a request takes.
+/// The way to Redis a request takes (a byte: it is compared on every pipelined request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
 pub enum Lane {
     /// Answered from heatshield's own state, changing nothing a request in flight uses (a
     /// command queued after MULTI): never waits.
     #[default]
     Local,
-    /// The nodes' shared pipelined connections this client uses, in this protocol (each
-    /// node's one connection for this client, so requests to one node stay in order).
-    Shared(Proto),
+    /// The nodes' shared pipelined connections this client uses, in RESP2 (each node's
+    /// one connection for this client, so requests to one node stay in order).
+    Shared2,
+    /// The same in RESP3: other connections.
+    Shared3,
     /// The client's WATCH connection.
     Pinned,
     /// Parked with the lock task (`LOCK.ACQUIRE ... WAIT`), which serves each lock's
     /// waiters in the order they came: several may wait together, the commands after them
     /// wait for them.
     LockTask,
-    /// A way of its own (a dedicated connection, the pub/sub hub), or a
-    /// change to the way the requests in flight travel (the end of a WATCH, RESET): only
-    /// once nothing is in flight.
+    /// A way of its own (a dedicated connection, the pub/sub hub), or a change to the way
+    /// the requests in flight travel (the end of a WATCH, RESET): only once nothing is in
+    /// flight.
     Own,
+}
+
+impl Lane {
+    /// The shared connections in protocol `p`.
+    #[inline]
+    pub fn shared(p: Proto) -> Lane {
+        match p {
+            Proto::Resp2 => Lane::Shared2,
+            Proto::Resp3 => Lane::Shared3,
+        }
+    }
 }
 
 /// Whether a request on `next` must wait until the client's `inflight` requests, all on
 /// `current`, have their replies.
 #[inline]
 pub fn must_wait(inflight: u32, current: Lane, next: Lane) -> bool {
-    inflight > 0
-        && match next {
-            Lane::Local => false,
-            Lane::Shared(_) | Lane::Pinned | Lane::LockTask => next != current,
-            Lane::Own => true,
-        }
+    inflight > 0 && next != Lane::Local && (next != current || next == Lane::Own)
 }
 
 /// The lane of request `req` (command `cmd`) from `client` now.
 #[inline]
 pub fn lane(client: &ClientState, cmd: &Command, req: &Request) -> Lane {
     let queuing = matches!(client.mode, Mode::Multi(_));
-    let shared = Lane::Shared(client.proto);
+    // the usual request: one look at the command and the connection
+    if cmd.shared_lane && client.watch.is_none() && !queuing {
+        return Lane::shared(client.proto);
+    }
+    lane_of(client, cmd, req, queuing)
+}
+
+/// [`lane`] for the rest.
+#[inline(never)]
+fn lane_of(client: &ClientState, cmd: &Command, req: &Request, queuing: bool) -> Lane {
+    let shared = Lane::shared(client.proto);
     let watching = client.watch.as_ref().map(|w| w.slot);
     // the watched slot's connection; a void watch's commands go another way: once nothing
     // is in flight on it
@@ -133,8 +152,8 @@ mod tests {
 
     #[test]
     fn only_a_change_of_way_waits() {
-        let r2 = Lane::Shared(Proto::Resp2);
-        let r3 = Lane::Shared(Proto::Resp3);
+        let r2 = Lane::shared(Proto::Resp2);
+        let r3 = Lane::shared(Proto::Resp3);
         // nothing in flight: nothing waits
         for next in [Lane::Local, r2, r3, Lane::Pinned, Lane::LockTask, Lane::Own] {
             assert!(!must_wait(0, r2, next));

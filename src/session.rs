@@ -314,6 +314,14 @@ struct Session {
     parked: Vec<BackendReply>,
     /// A TRYAGAIN held until the requests sent behind it have their replies.
     tryagain: Option<TryAgain>,
+    /// Pushes (invalidations, messages) that follow the reply of a tracking client's write
+    /// still in flight, by that write's place (see [`Session::pushed`]).
+    after_write: Vec<(u64, Bytes)>,
+    /// The place of the last tracked write that got its reply (see [`Session::pushed`]).
+    last_tracked_write: Option<u64>,
+    /// None of `deferred`, `retrying` and `tryagain` holds anything: the usual case, one
+    /// test on the request path ([`Session::recalm`] keeps it).
+    calm: bool,
     /// When something may expire next (a request's deadline, the soft limit's duration);
     /// `None`: nothing can, so idle clients cost no timer.
     armed: Option<Instant>,
@@ -543,6 +551,9 @@ impl Session {
             retrying: SmallVec::new(),
             parked: Vec::new(),
             tryagain: None,
+            calm: true,
+            after_write: Vec::new(),
+            last_tracked_write: None,
             killed: false,
             stopped_blocked: false,
             armed: None,
@@ -560,8 +571,7 @@ impl Session {
     fn room(&self) -> bool {
         self.queue.entries.len() < self.held.window
             && self.blocking.is_none()
-            && self.deferred.is_none()
-            && self.retrying.is_empty()
+            && self.calm
             && self.held.replies <= self.soft
             && self.held.requests <= self.request_budget
     }
@@ -599,6 +609,31 @@ impl Session {
     /// message came (straight to the output when nothing is waiting), never counted as a
     /// command.
     fn pushed(&mut self, b: Bytes) {
+        // While a tracking client's write is in flight, a push waits to follow that write's
+        // reply: Redis tells a client of its own write right after the reply (so the
+        // reply to a read sent next comes after it), and any other push may come then too.
+        if self.client.tracking.is_some() {
+            // a tracked write answered and not yet written out: right after its reply (it
+            // may be what the push tells of: heatshield's invalidation connection can hear
+            // of the write before its reply is taken)
+            let unsent = self.queue.head + self.queue.sent as u64;
+            if let Some(w) = self.last_tracked_write.filter(|&w| w >= unsent)
+                && let Some(Entry { reply: Reply::Ready(r), .. }) = self.queue.get_mut(w)
+            {
+                *r = [&r[..], &b[..]].concat().into();
+                self.held.replies += b.len();
+                return;
+            }
+        }
+        if self.client.tracking.is_some()
+            && let Some(i) =
+                self.queue.entries.iter().position(|e| matches!(&e.reply, Reply::Waiting(p) if p.tracked_write()))
+        {
+            // (counted against the client's limits while it waits)
+            self.held.replies += b.len();
+            self.after_write.push((self.queue.head + i as u64, b));
+            return;
+        }
         self.held.replies += b.len();
         if self.queue.sent == self.queue.entries.len() {
             self.out.push(b);
@@ -609,10 +644,40 @@ impl Session {
         }
     }
 
+    /// The pushes that waited for request `seq`, which was answered otherwise (its
+    /// deadline, CLIENT UNBLOCK): queued as they would have been.
+    fn release_pushes(&mut self, seq: u64) {
+        if self.after_write.iter().any(|(s, _)| *s == seq) {
+            let (mine, rest): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut self.after_write).into_iter().partition(|(s, _)| *s == seq);
+            self.after_write = rest;
+            for (_, b) in mine {
+                self.held.replies -= b.len();
+                self.pushed(b);
+            }
+        }
+    }
+
     /// Hands one backend reply to its request. While an earlier request is being
     /// retried, a later request's non-answers wait for it ([`Session::hold`]); a TRYAGAIN
     /// waits for the replies of the requests sent behind it ([`TryAgain`]).
     fn take_reply(&mut self, r: BackendReply, now: &mut Option<ReplyClock>) {
+        // the usual reply: nothing of the ordering rule's to look at
+        if self.calm && !is_tryagain(&r) {
+            return self.deliver(r, now, false);
+        }
+        self.take_reply_ordered(r, now);
+        self.recalm();
+    }
+
+    /// Keeps [`Session::calm`] true exactly when nothing waits for the ordering rule.
+    fn recalm(&mut self) {
+        self.calm = self.deferred.is_none() && self.retrying.is_empty() && self.tryagain.is_none();
+    }
+
+    /// [`Session::take_reply`] while a request is being retried or a TRYAGAIN came.
+    #[inline(never)]
+    fn take_reply_ordered(&mut self, r: BackendReply, now: &mut Option<ReplyClock>) {
         let seq = r.tag.seq;
         if let Some(t) = &mut self.tryagain
             && t.seq == seq
@@ -624,6 +689,7 @@ impl Session {
         if self.tryagain.is_none() && is_tryagain(&r) && self.sent_behind(seq) {
             // the requests sent behind it may have run already: see TryAgain
             self.tryagain = Some(TryAgain { seq, replies: vec![r], ran: false });
+            self.calm = false;
             let at = self.retrying.partition_point(|&s| s < seq);
             if self.retrying.get(at) != Some(&seq) {
                 self.retrying.insert(at, seq);
@@ -675,6 +741,7 @@ impl Session {
 
     /// Hands reply `r` to its request: retried, followed or passed on as
     /// [`crate::pending::on_reply`] says, or (`as_is`) taken as its answer.
+    #[inline(always)]
     fn deliver(&mut self, r: BackendReply, now: &mut Option<ReplyClock>, as_is: bool) {
         let seq = r.tag.seq;
         let mut retried = false;
@@ -705,7 +772,24 @@ impl Session {
                 if clock.slow_from.is_some_and(|t| m.started <= t) {
                     m.node = p.node(&self.proxy.cluster);
                 }
+                let reply = if self.after_write.is_empty() {
+                    reply
+                } else {
+                    // the pushes that waited for this write's reply follow it
+                    let mut all = reply.to_vec();
+                    self.after_write.retain(|(s, b)| {
+                        if *s == seq {
+                            all.extend_from_slice(b);
+                        }
+                        *s != seq
+                    });
+                    self.held.replies -= all.len() - reply.len();
+                    Bytes::from(all)
+                };
                 self.held.reply_ready(reply.len(), self.soft, self.max_pipeline);
+                if p.tracked_write() {
+                    self.last_tracked_write = Some(seq);
+                }
                 e.reply = Reply::Ready(reply);
                 if self.blocking == Some(seq) {
                     self.blocking = None;
@@ -714,6 +798,9 @@ impl Session {
             }
         }
         if done {
+            if self.calm {
+                return;
+            }
             if let Some(t) = &self.tryagain
                 && seq > t.seq
                 && !t.ran
@@ -728,6 +815,7 @@ impl Session {
             // its other parts, which holds the client's next requests just as well)
             let at = self.retrying.partition_point(|&s| s < seq);
             self.retrying.insert(at, seq);
+            self.calm = false;
         }
     }
 
@@ -767,6 +855,7 @@ impl Session {
         if !waits {
             let at = self.retrying.partition_point(|&s| s < seq);
             self.retrying.insert(at, seq);
+            self.calm = false;
         }
         true
     }
@@ -777,14 +866,16 @@ impl Session {
         if self.tryagain.as_ref().is_some_and(|t| t.seq == seq) {
             self.tryagain = None;
         }
-        let Some(i) = self.retrying.iter().position(|&s| s == seq) else { return };
-        self.retrying.remove(i);
-        while let Some(i) =
-            self.parked.iter().position(|r| self.retrying.first().is_none_or(|&first| first >= r.tag.seq))
-        {
-            let r = self.parked.remove(i);
-            self.take_reply(r, now);
+        if let Some(i) = self.retrying.iter().position(|&s| s == seq) {
+            self.retrying.remove(i);
+            while let Some(i) =
+                self.parked.iter().position(|r| self.retrying.first().is_none_or(|&first| first >= r.tag.seq))
+            {
+                let r = self.parked.remove(i);
+                self.take_reply(r, now);
+            }
         }
+        self.recalm();
     }
 
     /// Parses and dispatches what `rbuf` holds while the client has room. Returns how many
@@ -838,11 +929,18 @@ impl Session {
                 if self.reading {
                     info!(client = self.client.id, error = %e, "protocol error; closing");
                     Writer::new(&mut self.scratch, self.client.proto).error(&crate::errors::protocol(&e));
-                    self.client.quit = true;
                     let b = self.scratch.split().freeze();
                     self.held.reply_ready(b.len(), self.soft, self.max_pipeline);
                     let meta = Meta::new(self.proxy.unknown_id(), self.read_at, None);
-                    self.push(Reply::Ready(b), meta);
+                    if self.deferred.is_some() {
+                        // the requests before it that wait for the ordering rule run first;
+                        // this reply ends the connection after theirs
+                        self.reading = false;
+                        self.queue.entries.push_back(Entry { reply: Reply::Ready(b), last: true, silent: false, meta });
+                    } else {
+                        self.client.quit = true;
+                        self.push(Reply::Ready(b), meta);
+                    }
                     parsed += 1;
                 }
                 break;
@@ -872,18 +970,19 @@ impl Session {
     }
 
     /// Dispatches the request of entry `i`; false if it must wait ([`Outcome::Later`]).
+    #[inline(always)]
     fn dispatch_at(&mut self, i: usize) -> bool {
         let seq = self.queue.head + i as u64;
         let Some(Entry { reply, last, silent, meta }) = self.queue.entries.get_mut(i) else { return true };
         let Some(req) = meta.req.as_ref() else { return true };
         let read_at = meta.started;
         let skip = self.client.reply == ReplyMode::Skip;
-        let quit_before = self.client.quit;
         let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, read_at);
         let outcome = crate::dispatch::dispatch(&self.proxy, &mut ctx);
         if let Outcome::Later = outcome {
             *reply = Reply::Later;
             self.deferred = Some(seq);
+            self.calm = false;
             self.client.rl.forget();
             return false;
         }
@@ -925,9 +1024,8 @@ impl Session {
             }
             Outcome::Later => return false,
         };
-        // a reply that ends the connection stops the reading (a protocol error's place,
-        // queued behind requests that waited, ends it already)
-        *last = self.client.quit && !quit_before;
+        // a reply that ends the connection stops the reading
+        *last = self.client.quit;
         if *last {
             self.reading = false;
         }
@@ -945,6 +1043,7 @@ impl Session {
             return;
         }
         self.deferred = None;
+        self.recalm();
         let mut i = (first - self.queue.head) as usize;
         while i < self.queue.entries.len() && matches!(self.queue.entries[i].reply, Reply::Later) {
             // its deadline counts from now: it waited behind its client's own requests
@@ -1176,6 +1275,7 @@ impl Session {
         e.reply = Reply::Ready(b);
         self.client.info.flags.store(self.client.flags(false), Ordering::Relaxed);
         self.settled(seq, &mut None);
+        self.release_pushes(seq);
     }
 
     /// The timer fired: the soft limit's duration may be over, and requests past their
@@ -1231,6 +1331,7 @@ impl Session {
         let mut clock = None;
         for seq in gone {
             self.settled(seq, &mut clock);
+            self.release_pushes(seq);
         }
         next
     }
@@ -1294,8 +1395,9 @@ struct TryAgain {
 }
 
 /// A TRYAGAIN reply.
+#[inline]
 fn is_tryagain(r: &BackendReply) -> bool {
-    matches!(&r.result, Ok(d) if d.starts_with(b"-TRYAGAIN"))
+    matches!(&r.result, Ok(d) if d.first() == Some(&b'-') && d.starts_with(b"-TRYAGAIN"))
 }
 
 /// A backend reply that may not be its request's answer: an error reply (a redirection,

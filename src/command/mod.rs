@@ -187,6 +187,10 @@ pub struct Command {
     pub flags: u32,
     pub keys: KeySpec,
     pub route: Route,
+    /// Its requests take the shared connections unless the connection's state says
+    /// otherwise (a WATCH, a MULTI): every route but the blocking, subscription, lock,
+    /// transaction and RESET ones and SCRIPT/FUNCTION KILL (see `crate::order`).
+    pub shared_lane: bool,
     /// Subcommands, by uppercase name.
     subs: Names,
 }
@@ -543,13 +547,24 @@ fn build(raw: &'static RawSpec, parent: Option<&'static RawSpec>, next_id: &mut 
     let id = *next_id;
     *next_id += 1;
     let subs = raw.subs.iter().map(|s| (s.name.as_bytes().to_vec(), build(s, Some(raw), next_id))).collect();
+    let route = route_of(&name, raw.flags);
+    let shared_lane = match route {
+        // XREAD and XREADGROUP block with BLOCK
+        Route::Forward => !matches!(name.as_str(), "XREAD" | "XREADGROUP"),
+        Route::Split(_) | Route::AnyMaster | Route::Unsupported(_) => true,
+        Route::FanOut(f) => f != FanOut::Kill,
+        // (PING takes connections of its own while a script runs: see crate::dispatch)
+        Route::Local(l) => !matches!(l, Local::Reset | Local::Ping),
+        Route::Lock(_) | Route::Transaction(_) | Route::Block | Route::Subscribe(..) => false,
+    };
     Command {
         id,
         lower: name.to_ascii_lowercase(),
         arity: raw.arity,
         flags: raw.flags,
         keys: keyspec_of(&name, raw),
-        route: route_of(&name, raw.flags),
+        route,
+        shared_lane,
         name,
         subs,
     }
