@@ -70,6 +70,8 @@ struct Client {
     resp3: bool,
     /// Whether there is anyone to tell.
     deliver: bool,
+    /// The invalidations go to the client itself (no redirect).
+    own: bool,
     /// It read keys since it was last told to drop everything (only such clients are).
     dirty: bool,
     noloop: bool,
@@ -161,6 +163,7 @@ impl ClientSide {
             tx,
             resp3,
             deliver,
+            own: mode.redirect == 0,
             dirty: false,
             noloop: mode.noloop,
             bcast: mode.bcast.then(|| mode.prefixes.clone()),
@@ -231,9 +234,12 @@ impl ClientSide {
     /// told now (right after that reply, as Redis tells it), unless NOLOOP, so reading its
     /// own cache next it never finds what it overwrote. Everyone else hears from Redis
     /// ([`ClientSide::invalidate`]), as with one Redis.
-    pub fn wrote(&self, keys: &[&[u8]], writer: u64) {
+    /// Returns the notice when it goes to the writer's own connection: it is written
+    /// right after the write's reply, before the replies to what the client sent next, as
+    /// Redis writes it (a redirect target is sent its copy).
+    pub fn wrote(&self, keys: &[&[u8]], writer: u64) -> Option<Bytes> {
         let mut t = self.table.lock();
-        let Some((noloop, bcast)) = t.clients.get(&writer).map(|c| (c.noloop, c.bcast.clone())) else { return };
+        let (noloop, bcast) = t.clients.get(&writer).map(|c| (c.noloop, c.bcast.clone()))?;
         let mut mine: Vec<&[u8]> = Vec::new();
         for &key in keys {
             let tracked = t.untrack(key, writer);
@@ -242,11 +248,16 @@ impl ClientSide {
                 mine.push(key);
             }
         }
-        if let Some(c) = t.clients.get(&writer)
-            && !mine.is_empty()
-        {
-            c.send(BackendReply::one(PUSH, Ok(message(c.resp3, Some(&mine)))));
+        let c = t.clients.get(&writer)?;
+        if mine.is_empty() || !c.deliver {
+            return None;
         }
+        let notice = message(c.resp3, Some(&mine));
+        if c.own {
+            return Some(notice);
+        }
+        c.send(BackendReply::one(PUSH, Ok(notice)));
+        None
     }
 
     /// NOLOOP client `writer` is about to write `keys`: it stops tracking them now (as in

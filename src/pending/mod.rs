@@ -389,6 +389,11 @@ impl Pending {
             && self.write_hot_generation.is_none_or(|g| g == proxy.cache.hot_generation())
     }
 
+    /// A write of a client with CLIENT TRACKING on (see [`Ctx::tracked_write`]).
+    pub fn tracked_write(&self) -> bool {
+        self.tracked_write
+    }
+
     /// A blocking command waiting for its reply.
     pub fn blocking(&self) -> bool {
         self.dedicated.as_ref().is_some_and(|d| d.block.is_some())
@@ -834,18 +839,19 @@ fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Byt
     }
     // a tracking client hears of its own write right after the reply (everyone else from
     // Redis), so its own cache never gives it back what it overwrote
+    let mut notice = None;
     if p.tracked_write {
         match &p.finish {
             Finish::Transaction(tx) => {
                 let keys: Vec<&[u8]> = tx.write_keys.iter().map(|k| &k[..]).collect();
-                proxy.client_side.wrote(&keys, ctx.client.id);
+                notice = proxy.client_side.wrote(&keys, ctx.client.id);
             }
             _ => {
                 if let Ok(cmd) = proxy.commands.lookup(ctx.req)
                     && let Ok(keys) = keys_of(cmd, ctx.req)
                 {
                     let keys: Vec<&[u8]> = keys.iter().map(|&k| ctx.req.arg(k as usize)).collect();
-                    proxy.client_side.wrote(&keys, ctx.client.id);
+                    notice = proxy.client_side.wrote(&keys, ctx.client.id);
                 }
             }
         }
@@ -865,7 +871,12 @@ fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Byt
             _ => invalidate_keys(proxy, ctx.req),
         }
     }
-    Some(assemble(proxy, ctx, p))
+    let reply = assemble(proxy, ctx, p);
+    match notice {
+        // the notice follows the reply in the same place of the client's reply order
+        Some(n) => Some([reply, n].concat().into()),
+        None => Some(reply),
+    }
 }
 
 /// Drops the cached replies of the request's hot keys (the rare path of
