@@ -247,6 +247,8 @@ pub struct ClientState {
     pub inflight: u32,
     /// The way to Redis those requests took (they share one: see [`crate::order`]).
     pub lane: crate::order::Lane,
+    /// The slot map's version they were routed by (see [`crate::order`]).
+    pub map_version: u64,
     /// The client parked a LOCK.ACQUIRE ... WAIT or holds KEEPALIVE locks: the lock task
     /// must hear when it leaves.
     pub used_locks: bool,

@@ -29,9 +29,15 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         if !cmd.shared_lane && cmd.route == Route::Local(Local::Ping) && local::scripts_running(proxy) {
             lane = order::Lane::Own;
         }
-        if order::must_wait(ctx.client.inflight, ctx.client.lane, lane) {
+        // the slot map changed since the requests in flight were routed: a request for
+        // the same slot could go to another node, on another connection
+        let map = proxy.cluster.version();
+        if order::must_wait(ctx.client.inflight, ctx.client.lane, lane)
+            || (ctx.client.inflight > 0 && map != ctx.client.map_version && lane != order::Lane::Local)
+        {
             return Outcome::Later;
         }
+        ctx.client.map_version = map;
         ctx.lane = lane;
     }
     proxy.stats.commands.add(1);

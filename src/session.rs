@@ -319,6 +319,8 @@ struct Session {
     after_write: Vec<(u64, Bytes)>,
     /// The place of the last tracked write that got its reply (see [`Session::pushed`]).
     last_tracked_write: Option<u64>,
+    /// A parked reply is being handed over ([`crate::pending::Ctx::stale`]).
+    stale: bool,
     /// None of `deferred`, `retrying` and `tryagain` holds anything: the usual case, one
     /// test on the request path ([`Session::recalm`] keeps it).
     calm: bool,
@@ -509,6 +511,7 @@ impl Session {
             admin: false,
             inflight: 0,
             lane: crate::order::Lane::Local,
+            map_version: 0,
             used_locks: false,
             keepalive_locks: false,
             rl: proxy.ratelimit.view(),
@@ -554,6 +557,7 @@ impl Session {
             calm: true,
             after_write: Vec::new(),
             last_tracked_write: None,
+            stale: false,
             killed: false,
             stopped_blocked: false,
             armed: None,
@@ -686,9 +690,11 @@ impl Session {
             t.replies.push(r);
             return;
         }
-        if self.tryagain.is_none() && is_tryagain(&r) && self.sent_behind(seq) {
-            // the requests sent behind it may have run already: see TryAgain
-            self.tryagain = Some(TryAgain { seq, replies: vec![r], ran: false });
+        if self.tryagain.is_none() && is_tryagain(&r) && (self.sent_behind(seq) || self.ran_behind(seq)) {
+            // the requests sent behind it may have run already: see TryAgain (those
+            // answered already count too)
+            let ran = self.ran_behind(seq);
+            self.tryagain = Some(TryAgain { seq, replies: vec![r], ran });
             self.calm = false;
             let at = self.retrying.partition_point(|&s| s < seq);
             if self.retrying.get(at) != Some(&seq) {
@@ -707,6 +713,16 @@ impl Session {
         if self.tryagain.is_some() {
             self.decide_tryagain(now);
         }
+    }
+
+    /// Whether a request dispatched after request `seq` has its reply already and names
+    /// one of its keys.
+    fn ran_behind(&self, seq: u64) -> bool {
+        let Some(i) = seq.checked_sub(self.queue.head) else { return false };
+        let later = self.queue.entries.iter().enumerate().skip(i as usize + 1);
+        later
+            .filter(|(_, e)| matches!(e.reply, Reply::Ready(_) | Reply::Sent { .. }) && e.meta.req.is_some())
+            .any(|(j, _)| self.touches(self.queue.head + j as u64, seq))
     }
 
     /// Whether a request dispatched after request `seq` still waits for its reply.
@@ -731,12 +747,15 @@ impl Session {
         }
         let Some(t) = self.tryagain.take() else { return };
         let mut replies = t.replies.into_iter();
+        // (they waited: a redirection among them may be out of date)
+        self.stale = true;
         if let Some(first) = replies.next() {
             self.deliver(first, now, t.ran);
         }
         for r in replies {
             self.deliver(r, now, false);
         }
+        self.stale = false;
     }
 
     /// Hands reply `r` to its request: retried, followed or passed on as
@@ -756,6 +775,7 @@ impl Session {
                     retried = not_an_answer(&r) && !as_is;
                     let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, e.meta.started);
                     ctx.cmd = e.meta.cmd;
+                    ctx.stale = self.stale;
                     if as_is {
                         crate::pending::answer_as_is(&self.proxy, &mut ctx, p, r)
                     } else {
@@ -872,7 +892,9 @@ impl Session {
                 self.parked.iter().position(|r| self.retrying.first().is_none_or(|&first| first >= r.tag.seq))
             {
                 let r = self.parked.remove(i);
+                self.stale = true;
                 self.take_reply(r, now);
+                self.stale = false;
             }
         }
         self.recalm();

@@ -12,23 +12,14 @@ use std::thread;
 use std::time::Duration;
 
 use common::client::{Conn, Proto, Reply, V, encode};
-use common::{Proxy, RedisCluster, RedisStandalone, Shared, cmd_text, key_slot};
+use common::{DiffEnv, Proxy, RedisCluster, Shared, cmd_text, key_slot};
 
-struct Env {
-    _cluster: RedisCluster,
-    proxy: Proxy,
-    standalone: RedisStandalone,
-}
+type Env = DiffEnv;
 
 static ENV: Shared<Env> = Shared::new();
 
 fn env() -> Arc<Env> {
-    ENV.get(|| {
-        let cluster = RedisCluster::start();
-        let proxy = Proxy::start_cluster(&cluster, &[]);
-        let standalone = RedisStandalone::start();
-        Env { _cluster: cluster, proxy, standalone }
-    })
+    ENV.get(DiffEnv::start)
 }
 
 /// Sends `cmds` in one write and reads one reply each, following the protocol changes

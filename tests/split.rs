@@ -8,25 +8,14 @@ mod common;
 use std::sync::Arc;
 
 use common::client::{Conn, Proto, Reply, V};
-use common::{Proxy, RedisCluster, RedisStandalone, Shared, SlotOwners, key_slot};
+use common::{DiffEnv, Shared, key_slot};
 
-struct Env {
-    _cluster: RedisCluster,
-    proxy: Proxy,
-    standalone: RedisStandalone,
-    owners: SlotOwners,
-}
+type Env = DiffEnv;
 
 static ENV: Shared<Env> = Shared::new();
 
 fn env() -> Arc<Env> {
-    ENV.get(|| {
-        let cluster = RedisCluster::start();
-        let proxy = Proxy::start_cluster(&cluster, &[]);
-        let standalone = RedisStandalone::start();
-        let owners = SlotOwners::read(&cluster);
-        Env { _cluster: cluster, proxy, standalone, owners }
-    })
+    ENV.get(DiffEnv::start)
 }
 
 /// The same command on the proxy and on the standalone server.

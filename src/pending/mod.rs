@@ -36,7 +36,7 @@ use crate::command::{Split, keys_of};
 use crate::errors;
 use crate::locks::LockRequest;
 use crate::merge::{Merge, merge_replies};
-use crate::protocol::reply::{Value, error_text, parse_redirect};
+use crate::protocol::reply::{Redirect, Value, error_text, parse_redirect};
 use crate::protocol::{Request, Writer};
 use crate::proxy::Proxy;
 use crate::retry::{self, MAX_REDIRECTS, MAX_RETRIES, Verdict};
@@ -82,6 +82,9 @@ pub struct Ctx<'a> {
     /// Set by the subscription commands: their confirmations are written even under
     /// CLIENT REPLY OFF / SKIP, as Redis writes pub/sub pushes.
     pub pushing: bool,
+    /// Set by the session: the reply being handed over waited behind an earlier request's
+    /// retry ([`crate::order`]), so a redirection in it may be out of date.
+    pub stale: bool,
     /// Set by dispatch: the way to Redis the request takes ([`crate::order`]).
     pub lane: crate::order::Lane,
 }
@@ -111,6 +114,7 @@ impl<'a> Ctx<'a> {
             wait_ms: 0,
             tracked_write: false,
             pushing: false,
+            stale: false,
             lane: crate::order::Lane::Local,
         }
     }
@@ -587,6 +591,14 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
                 }
                 _ => data,
             }
+        }
+        // an ASK held behind an earlier request's retry is out of date by now (the slot
+        // may have moved on, and ASKING there could create the key on a node importing it
+        // afresh): the slot's owner is asked again
+        (Verdict::Redirect(Redirect::Ask { slot, .. }), Ok(_)) if ctx.stale && part.redirects < MAX_REDIRECTS => {
+            part.redirects += 1;
+            part.target = Target::Slot(slot);
+            return resend(proxy, ctx, p, idx);
         }
         (Verdict::Redirect(r), Ok(data)) if part.redirects < MAX_REDIRECTS => {
             part.redirects += 1;

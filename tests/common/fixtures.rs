@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
-use super::{Proxy, RedisCluster, SlotOwners, config_file};
+use super::{Proxy, RedisCluster, RedisStandalone, SlotOwners, config_file};
 
 /// A fixture shared by the tests of one binary while they run concurrently.
 ///
@@ -61,6 +61,25 @@ impl ClusterEnv {
         };
         let owners = SlotOwners::read(&cluster);
         ClusterEnv { cluster, proxy, owners, _conf: conf }
+    }
+}
+
+/// What differential tests start once and share: a cluster, a proxy in front of it, who
+/// owns each slot, and a standalone Redis that answers the same commands as the reference.
+pub struct DiffEnv {
+    pub cluster: RedisCluster,
+    pub proxy: Proxy,
+    pub standalone: RedisStandalone,
+    pub owners: SlotOwners,
+}
+
+impl DiffEnv {
+    pub fn start() -> DiffEnv {
+        let cluster = RedisCluster::start();
+        let proxy = Proxy::start_cluster(&cluster, &[]);
+        let standalone = RedisStandalone::start();
+        let owners = SlotOwners::read(&cluster);
+        DiffEnv { cluster, proxy, standalone, owners }
     }
 }
 

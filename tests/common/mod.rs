@@ -35,7 +35,7 @@ pub mod slots;
 #[allow(unused_imports)]
 pub use self::{
     client::{Resp, cmd, cmd_text, parse_resp, try_cmd},
-    fixtures::{ClusterEnv, Shared, exclusive_traffic, shared_traffic},
+    fixtures::{ClusterEnv, DiffEnv, Shared, exclusive_traffic, shared_traffic},
     http::{http_get, try_http_get},
     ports::free_port,
     process::wait_until,
