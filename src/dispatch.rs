@@ -32,8 +32,9 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         // the slot map changed since the requests in flight were routed: a request for
         // the same slot could go to another node, on another connection
         let map = proxy.cluster.version();
-        if order::must_wait(ctx.client.inflight, ctx.client.lane, lane)
-            || (ctx.client.inflight > 0 && map != ctx.client.map_version && lane != order::Lane::Local)
+        if ctx.client.inflight > 0
+            && (order::must_wait(ctx.client.inflight, ctx.client.lane, lane)
+                || (map != ctx.client.map_version && lane != order::Lane::Local))
         {
             return Outcome::Later;
         }

@@ -792,24 +792,25 @@ impl Session {
                 if clock.slow_from.is_some_and(|t| m.started <= t) {
                     m.node = p.node(&self.proxy.cluster);
                 }
-                let reply = if self.after_write.is_empty() {
-                    reply
-                } else {
-                    // the pushes that waited for this write's reply follow it
-                    let mut all = reply.to_vec();
-                    self.after_write.retain(|(s, b)| {
-                        if *s == seq {
-                            all.extend_from_slice(b);
-                        }
-                        *s != seq
-                    });
-                    self.held.replies -= all.len() - reply.len();
-                    Bytes::from(all)
-                };
-                self.held.reply_ready(reply.len(), self.soft, self.max_pipeline);
-                if p.tracked_write() {
-                    self.last_tracked_write = Some(seq);
+                let mut reply = reply;
+                if self.client.tracking.is_some() {
+                    if !self.after_write.is_empty() {
+                        // the pushes that waited for this write's reply follow it
+                        let mut all = reply.to_vec();
+                        self.after_write.retain(|(s, b)| {
+                            if *s == seq {
+                                all.extend_from_slice(b);
+                            }
+                            *s != seq
+                        });
+                        self.held.replies -= all.len() - reply.len();
+                        reply = Bytes::from(all);
+                    }
+                    if p.tracked_write() {
+                        self.last_tracked_write = Some(seq);
+                    }
                 }
+                self.held.reply_ready(reply.len(), self.soft, self.max_pipeline);
                 e.reply = Reply::Ready(reply);
                 if self.blocking == Some(seq) {
                     self.blocking = None;
