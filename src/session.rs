@@ -628,15 +628,15 @@ impl Session {
                 self.held.replies += b.len();
                 return;
             }
-        }
-        if self.client.tracking.is_some()
-            && let Some(i) =
+            // else after the first tracked write in flight (counted against the client's
+            // limits while it waits)
+            if let Some(i) =
                 self.queue.entries.iter().position(|e| matches!(&e.reply, Reply::Waiting(p) if p.tracked_write()))
-        {
-            // (counted against the client's limits while it waits)
-            self.held.replies += b.len();
-            self.after_write.push((self.queue.head + i as u64, b));
-            return;
+            {
+                self.held.replies += b.len();
+                self.after_write.push((self.queue.head + i as u64, b));
+                return;
+            }
         }
         self.held.replies += b.len();
         if self.queue.sent == self.queue.entries.len() {
@@ -690,16 +690,12 @@ impl Session {
             t.replies.push(r);
             return;
         }
-        if self.tryagain.is_none() && is_tryagain(&r) && (self.sent_behind(seq) || self.ran_behind(seq)) {
-            // the requests sent behind it may have run already: see TryAgain (those
-            // answered already count too)
-            let ran = self.ran_behind(seq);
+        // the requests sent behind it may have run already: see TryAgain (those answered
+        // already count too)
+        let ran = self.tryagain.is_none() && is_tryagain(&r) && self.ran_behind(seq);
+        if self.tryagain.is_none() && is_tryagain(&r) && (ran || self.sent_behind(seq)) {
             self.tryagain = Some(TryAgain { seq, replies: vec![r], ran });
-            self.calm = false;
-            let at = self.retrying.partition_point(|&s| s < seq);
-            if self.retrying.get(at) != Some(&seq) {
-                self.retrying.insert(at, seq);
-            }
+            self.mark_retrying(seq);
             // (those behind it may be held already, their replies parked)
             self.decide_tryagain(now);
             return;
@@ -831,13 +827,20 @@ impl Session {
                 t.ran = true;
             }
             self.settled(seq, now);
-        } else if retried && !self.retrying.contains(&seq) {
+        } else if retried {
             // a non-answer, and the request goes on: it is being retried (or waits for
             // its other parts, which holds the client's next requests just as well)
-            let at = self.retrying.partition_point(|&s| s < seq);
-            self.retrying.insert(at, seq);
-            self.calm = false;
+            self.mark_retrying(seq);
         }
+    }
+
+    /// Request `seq` is being retried (see [`Session::retrying`]).
+    fn mark_retrying(&mut self, seq: u64) {
+        let at = self.retrying.partition_point(|&s| s < seq);
+        if self.retrying.get(at) != Some(&seq) {
+            self.retrying.insert(at, seq);
+        }
+        self.calm = false;
     }
 
     /// Whether request `later` names a key request `earlier` names (or its keys are not
@@ -873,11 +876,7 @@ impl Session {
             // in its turn: so each waits for one refresh, not one after another's)
             return false;
         }
-        if !waits {
-            let at = self.retrying.partition_point(|&s| s < seq);
-            self.retrying.insert(at, seq);
-            self.calm = false;
-        }
+        self.mark_retrying(seq);
         true
     }
 
