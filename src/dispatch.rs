@@ -32,13 +32,12 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         // the slot map changed since the requests in flight were routed: a request for
         // the same slot could go to another node, on another connection
         let map = proxy.cluster.version();
-        if ctx.client.inflight > 0
-            && (order::must_wait(ctx.client.inflight, ctx.client.lane, lane)
-                || (map != ctx.client.map_version && lane != order::Lane::Local))
-        {
+        let c = &mut ctx.client;
+        if c.inflight == 0 {
+            c.map_version = map;
+        } else if order::must_wait(c.inflight, c.lane, lane) || (map != c.map_version && lane != order::Lane::Local) {
             return Outcome::Later;
         }
-        ctx.client.map_version = map;
         ctx.lane = lane;
     }
     proxy.stats.commands.add(1);
