@@ -60,6 +60,9 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
             ctx.client.reply = mode;
             ctx.reply(|w| w.ok())
         }
+        // Valkey 8's capabilities (`redirect`: -REDIRECT from a replica): heatshield
+        // sends none of them, and takes note of none, as Valkey does with unknown ones
+        b"CAPA" => ctx.reply(|w| w.ok()),
         b"NO-EVICT" | b"NO-TOUCH" => {
             let on = match req.arg(2).to_ascii_uppercase().as_slice() {
                 b"ON" => true,

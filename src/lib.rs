@@ -25,6 +25,7 @@
 //!   wait for the client's requests in flight;
 //! - [`config`]: the TOML configuration, its validation, the live settings;
 //! - [`proxy`]: the state every session shares, and the record of each answered command;
+//! - [`learn`]: the command table learned from the masters (`COMMAND`), kept current;
 //! - [`merge`]: how part replies become one (split MGET order, sums, SCAN cursors);
 //! - [`pending`]: a request's context, and a request in flight (sends, redirections, retries);
 //! - [`route`]: where an admitted request's parts go (one node, split by slot, fan-out);
@@ -60,6 +61,7 @@ pub mod dispatch;
 pub mod errors;
 pub mod glob;
 pub mod info;
+pub mod learn;
 pub mod local;
 pub mod locks;
 pub mod merge;

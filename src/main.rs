@@ -139,6 +139,8 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     heatshield::locks::start(proxy.locks.clone(), proxy.cluster.clone());
     heatshield::pubsub::start(proxy.pubsub.clone());
     spawn_reloader(proxy.clone(), config_path, overrides);
+    // what the masters' command tables add to heatshield's (before the first client)
+    heatshield::learn::start(proxy.clone()).await;
     // Learn the backends' version for HELLO/INFO; a node that does not answer in time
     // only leaves the default in place.
     let probe = async {

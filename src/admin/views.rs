@@ -59,6 +59,19 @@ pub(super) fn proxy_info(proxy: &Proxy) -> String {
         proxy.cluster.refreshes.load(Ordering::Relaxed),
         proxy.config.server.listen,
         proxy.config.metrics.listen,
+    ) + &learned_info(proxy)
+}
+
+/// `PROXY INFO`'s lines about the command table learned from the masters (crate::learn).
+fn learned_info(proxy: &Proxy) -> String {
+    let Some(l) = proxy.commands.learning() else { return "commands_learned:no\r\n".into() };
+    format!(
+        "commands_learned:yes\r\ncommands_servers:{}\r\ncommands_added:{}\r\ncommands_arity_from_servers:{}\r\ncommands_refused:{}\r\ncommands_masters_disagree:{}\r\n",
+        l.servers.join(","),
+        l.added.join(" ").to_ascii_lowercase(),
+        l.arity_changed.join(",").to_ascii_lowercase(),
+        l.refused.join(",").to_ascii_lowercase(),
+        l.disagreed.join(" ").to_ascii_lowercase(),
     )
 }
 

@@ -6,9 +6,14 @@
 //! Every other part of heatshield asks this table instead of matching on names.
 
 mod generated;
+pub mod learned;
 pub(crate) mod spec;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use arc_swap::ArcSwap;
 
 use smallvec::SmallVec;
 use spec::RawSpec;
@@ -31,6 +36,8 @@ pub enum KeySpec {
     Sort,
     /// GEORADIUS[BYMEMBER]: the key at 1, plus `STORE`/`STOREDIST` destinations.
     GeoStore,
+    /// A command learned from the servers: its key specs (learned.rs).
+    Learned(&'static [learned::KeyRule]),
 }
 
 impl KeySpec {
@@ -183,7 +190,10 @@ pub struct Command {
     pub name: String,
     /// Lowercase full name, as Redis writes it in error messages.
     pub lower: String,
-    pub arity: i32,
+    /// Redis's arity (the servers' where they changed it: see [`CommandTable::learn`]).
+    arity: AtomicI32,
+    /// The generated table's arity.
+    built_arity: i32,
     pub flags: u32,
     pub keys: KeySpec,
     pub route: Route,
@@ -224,8 +234,13 @@ impl Command {
         !self.subs.is_empty()
     }
 
+    /// Redis's arity: N arguments exactly (the name included), or at least -N.
+    pub fn arity(&self) -> i32 {
+        self.arity.load(Ordering::Relaxed)
+    }
+
     fn arity_ok(&self, argc: usize) -> bool {
-        let a = self.arity;
+        let a = self.arity();
         (a >= 0 && argc == a as usize) || (a < 0 && argc >= (-a) as usize)
     }
 }
@@ -298,7 +313,39 @@ fn quick_table(names: &[&[u8]]) -> (u64, Box<[u16]>) {
     best.map(|(_, m, q)| (m, q)).unwrap_or((0x9E37_79B9_7F4A_7C15, vec![QUICK_SHARED; QUICK].into_boxed_slice()))
 }
 
-/// All commands, built once at start-up.
+/// Ids kept for commands learned from the servers (their statistics and metrics): a
+/// learned command past these counts as `unknown`.
+pub const LEARNED_IDS: usize = 512;
+/// At most this many learned commands are made over the process's life (each server
+/// version's new commands once): past it, no more are learned (and a warning says so).
+const LEARNED_MAX: usize = 4096;
+
+/// What the servers taught the table (see [`CommandTable::learn`]).
+#[derive(Debug, Default)]
+struct LearnedSet {
+    /// Top-level commands the generated table lacks, by uppercase name.
+    top: HashMap<Vec<u8>, &'static Command, ahash::RandomState>,
+    /// Subcommands the generated table lacks of commands it has, by `PARENT|SUB`.
+    subs: HashMap<Vec<u8>, &'static Command, ahash::RandomState>,
+}
+
+/// What [`CommandTable::learn`] did, for the log and `PROXY INFO`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Learning {
+    /// Commands and subcommands from the servers that the generated table lacks, accepted.
+    pub added: Vec<String>,
+    /// Commands heatshield knows whose arity follows the servers' (`ZRANK ... WITHSCORE`).
+    pub arity_changed: Vec<String>,
+    /// Commands from the servers that heatshield refuses, and why.
+    pub refused: Vec<String>,
+    /// Commands some masters know and others do not (or describe otherwise): refused.
+    pub disagreed: Vec<String>,
+    /// The servers asked: `address version`.
+    pub servers: Vec<String>,
+}
+
+/// All commands: the generated table, built at start-up, and what the servers add to it
+/// (learned at run time, see [`CommandTable::learn`]).
 #[derive(Debug)]
 pub struct CommandTable {
     /// Top-level commands.
@@ -316,6 +363,22 @@ pub struct CommandTable {
     count: usize,
     /// `names[id]` is the command's full name.
     names: Vec<String>,
+    /// Ids of the generated table's commands run below this; learned ones from here.
+    base: usize,
+    /// What the servers added: looked at only when the generated table has no such name,
+    /// so the usual lookup stays as it was.
+    learned: ArcSwap<LearnedSet>,
+    /// The learned commands made so far, with their definitions: reused when a server
+    /// describes one alike again. They live as long as the process (lookups hand out
+    /// `&'static Command`s, which needs no reference count per request); at most
+    /// [`LEARNED_MAX`] are made.
+    made: Mutex<Vec<(learned::Def, &'static Command)>>,
+    /// Learned commands' ids, by full name (kept across learnings).
+    learned_ids: Mutex<HashMap<String, usize>>,
+    /// Learned commands' names, by id - `base`.
+    learned_names: Box<[OnceLock<String>]>,
+    /// What the last learning did.
+    last: Mutex<Option<Learning>>,
 }
 
 impl Default for CommandTable {
@@ -433,7 +496,150 @@ impl CommandTable {
             list.push(cmd);
         }
         let (mult, quick) = quick_table(&keys.iter().map(Vec::as_slice).collect::<Vec<_>>());
-        CommandTable { list, by_name: index, quick, mult, count: next_id, names }
+        CommandTable {
+            list,
+            by_name: index,
+            quick,
+            mult,
+            count: next_id + LEARNED_IDS,
+            names,
+            base: next_id,
+            learned: ArcSwap::default(),
+            made: Mutex::default(),
+            learned_ids: Mutex::default(),
+            learned_names: (0..LEARNED_IDS).map(|_| OnceLock::new()).collect(),
+            last: Mutex::default(),
+        }
+    }
+
+    /// Takes the commands the servers describe (`defs`: those every master agrees on, see
+    /// [`learned::agreed`]): a command or subcommand the generated table lacks is accepted
+    /// and routed by its key specs; one it has keeps heatshield's own handling, with the
+    /// servers' arity where it changed. What was learned before and is no longer described
+    /// is forgotten. `disagreed` is only reported.
+    pub fn learn(&self, defs: &[learned::Def], disagreed: Vec<String>, servers: Vec<String>) -> Learning {
+        let mut report = Learning { disagreed, servers, ..Learning::default() };
+        let mut set = LearnedSet::default();
+        let mut arity: HashMap<&str, i32> = HashMap::new();
+        for def in defs {
+            let Some(known) = self.get(def.name.as_bytes()) else {
+                if let Some(c) = self.made(def, &mut report) {
+                    set.top.insert(def.name.as_bytes().to_vec(), c);
+                }
+                continue;
+            };
+            if def.arity != known.built_arity {
+                arity.insert(&known.name, def.arity);
+            }
+            for sd in &def.subs {
+                let sub = sd.name.rsplit_once('|').map_or(sd.name.as_str(), |(_, s)| s);
+                match known.subs.get(sub.as_bytes()) {
+                    Some(k) if sd.arity != k.built_arity => {
+                        arity.insert(&k.name, sd.arity);
+                    }
+                    Some(_) => {}
+                    None => {
+                        if let Some(c) = self.made(sd, &mut report) {
+                            set.subs.insert(sd.name.as_bytes().to_vec(), c);
+                        }
+                    }
+                }
+            }
+        }
+        for c in self.list.iter().flat_map(|c| std::iter::once(c).chain(c.subs.values())) {
+            let want = arity.get(c.name.as_str()).copied().unwrap_or(c.built_arity);
+            if want != c.built_arity {
+                report.arity_changed.push(format!("{} {} (was {})", c.name, want, c.built_arity));
+            }
+            c.arity.store(want, Ordering::Relaxed);
+        }
+        report.added.sort();
+        report.arity_changed.sort();
+        report.refused.sort();
+        self.learned.store(std::sync::Arc::new(set));
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(report.clone());
+        report
+    }
+
+    /// What the last [`CommandTable::learn`] did (`None`: nothing learned yet).
+    pub fn learning(&self) -> Option<Learning> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The command for learned definition `def` (made once per definition).
+    fn made(&self, def: &learned::Def, report: &mut Learning) -> Option<&'static Command> {
+        let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        let found = made.iter().find(|(d, _)| d == def).map(|(_, c)| *c);
+        let c = match found {
+            Some(c) => c,
+            None if made.len() >= LEARNED_MAX => {
+                report.refused.push(format!("{} (too many commands learned)", def.name));
+                return None;
+            }
+            None => {
+                let c: &'static Command = Box::leak(Box::new(self.learned_command(def)));
+                made.push((def.clone(), c));
+                c
+            }
+        };
+        for c in std::iter::once(c).chain(c.subs.values()) {
+            match c.route {
+                Route::Unsupported(why) if !why.is_empty() => report.refused.push(format!("{} ({why})", c.name)),
+                Route::Unsupported(_) => report.refused.push(c.name.clone()),
+                _ => report.added.push(c.name.clone()),
+            }
+        }
+        Some(c)
+    }
+
+    /// A command from a server's definition: routed by its key specs (or refused where
+    /// heatshield cannot follow them); a command that may change its keys (the `write`
+    /// flag or a writing key spec) counts as a write, so the hot-key cache forgets them.
+    fn learned_command(&self, def: &learned::Def) -> Command {
+        let subs = def
+            .subs
+            .iter()
+            .map(|s| {
+                let sub = s.name.rsplit_once('|').map_or(s.name.as_str(), |(_, n)| n);
+                (sub.as_bytes().to_vec(), self.learned_command(s))
+            })
+            .collect();
+        let mut fl = def.flags;
+        if def.writes_keys() {
+            fl |= flags::WRITE;
+        }
+        let keys = if !def.rules.is_empty() {
+            KeySpec::Learned(Box::leak(def.rules.clone().into_boxed_slice()))
+        } else if def.legacy.0 > 0 && !def.movable {
+            let (first, last, step) = def.legacy;
+            KeySpec::Range { first: first as u32, last, step: step.max(1) as u32 }
+        } else {
+            KeySpec::None
+        };
+        let route = if !def.keys_followable() {
+            Route::Unsupported("its keys cannot be found from its key specs")
+        } else if fl & flags::BLOCKING != 0 && !matches!(route_of(&def.name, fl), Route::Unsupported(_)) {
+            Route::Unsupported("heatshield does not know where its timeout is")
+        } else {
+            route_of(&def.name, fl)
+        };
+        make(self.learned_id(&def.name), def.name.clone(), def.arity, fl, keys, route, subs)
+    }
+
+    /// The id of learned command `name`: the same across learnings; past
+    /// [`LEARNED_IDS`], the `unknown` id.
+    fn learned_id(&self, name: &str) -> usize {
+        let mut ids = self.learned_ids.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&id) = ids.get(name) {
+            return id;
+        }
+        let at = ids.len();
+        if at >= LEARNED_IDS {
+            return self.count;
+        }
+        let _ = self.learned_names[at].set(name.to_string());
+        ids.insert(name.to_string(), self.base + at);
+        self.base + at
     }
 
     /// Number of top-level commands.
@@ -446,9 +652,13 @@ impl CommandTable {
         self.count
     }
 
-    /// The full name (`GET`, `CLIENT|SETNAME`) of command `id`.
+    /// The full name (`GET`, `CLIENT|SETNAME`) of command `id` (`unknown` for a learned
+    /// id not given yet).
     pub fn name_of(&self, id: usize) -> &str {
-        &self.names[id]
+        match self.names.get(id) {
+            Some(n) => n,
+            None => id.checked_sub(self.base).and_then(|i| self.learned_names.get(i)?.get()).map_or("unknown", |n| n),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -458,14 +668,17 @@ impl CommandTable {
     /// Finds the command for a request, checking arity and resolving subcommands.
     pub fn lookup(&self, req: &Request) -> Result<&Command, LookupError> {
         let name = req.arg(0);
-        let cmd = self.get(name).ok_or_else(|| LookupError::Unknown(unknown_command_text(req)))?;
+        let cmd = match self.get(name) {
+            Some(c) => c,
+            None => self.learned_top(name).ok_or_else(|| LookupError::Unknown(unknown_command_text(req)))?,
+        };
         if cmd.has_subcommands() && req.argc() >= 2 {
             let sub = req.arg(1);
             let mut up = [0u8; 32];
             let sub_cmd = if sub.len() <= up.len() {
                 up[..sub.len()].copy_from_slice(sub);
                 up[..sub.len()].make_ascii_uppercase();
-                cmd.subs.get(&up[..sub.len()])
+                cmd.subs.get(&up[..sub.len()]).or_else(|| self.learned_sub(cmd, &up[..sub.len()]))
             } else {
                 None
             };
@@ -484,6 +697,30 @@ impl CommandTable {
             return Err(LookupError::Arity(arity_text(&cmd.lower)));
         }
         Ok(cmd)
+    }
+
+    /// A command learned from the servers, by name (any case).
+    #[cold]
+    fn learned_top(&self, name: &[u8]) -> Option<&'static Command> {
+        let learned = self.learned.load();
+        if learned.top.is_empty() || name.len() > 64 {
+            return None;
+        }
+        learned.top.get(&name.to_ascii_uppercase()).copied()
+    }
+
+    /// A subcommand (`sub`, uppercase) of command `cmd` learned from the servers.
+    #[cold]
+    fn learned_sub(&self, cmd: &Command, sub: &[u8]) -> Option<&'static Command> {
+        let learned = self.learned.load();
+        if learned.subs.is_empty() {
+            return None;
+        }
+        let mut full = Vec::with_capacity(cmd.name.len() + 1 + sub.len());
+        full.extend_from_slice(cmd.name.as_bytes());
+        full.push(b'|');
+        full.extend_from_slice(sub);
+        learned.subs.get(&full).copied()
     }
 
     /// Looks a top-level command up by name, case-insensitively, without allocating.
@@ -547,7 +784,12 @@ fn build(raw: &'static RawSpec, parent: Option<&'static RawSpec>, next_id: &mut 
     let id = *next_id;
     *next_id += 1;
     let subs = raw.subs.iter().map(|s| (s.name.as_bytes().to_vec(), build(s, Some(raw), next_id))).collect();
-    let route = route_of(&name, raw.flags);
+    let (keys, route) = (keyspec_of(&name, raw), route_of(&name, raw.flags));
+    make(id, name, raw.arity, raw.flags, keys, route, subs)
+}
+
+/// A command from its parts; `route` says what heatshield does with it.
+fn make(id: usize, name: String, arity: i32, flags: u32, keys: KeySpec, route: Route, subs: Names) -> Command {
     let shared_lane = match route {
         // XREAD and XREADGROUP block with BLOCK
         Route::Forward => !matches!(name.as_str(), "XREAD" | "XREADGROUP"),
@@ -560,9 +802,10 @@ fn build(raw: &'static RawSpec, parent: Option<&'static RawSpec>, next_id: &mut 
     Command {
         id,
         lower: name.to_ascii_lowercase(),
-        arity: raw.arity,
-        flags: raw.flags,
-        keys: keyspec_of(&name, raw),
+        arity: AtomicI32::new(arity),
+        built_arity: arity,
+        flags,
+        keys,
         route,
         shared_lane,
         name,
@@ -619,7 +862,8 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         | "CLIENT|TRACKING"
         | "CLIENT|CACHING"
         | "CLIENT|GETREDIR"
-        | "CLIENT|TRACKINGINFO" => Local(self::Local::Client),
+        | "CLIENT|TRACKINGINFO"
+        | "CLIENT|CAPA" => Local(self::Local::Client),
         "MGET" => Split(self::Split::Mget),
         "MSET" => Split(self::Split::Mset),
         "DEL" | "UNLINK" | "EXISTS" | "TOUCH" => Split(self::Split::Sum),
@@ -643,7 +887,9 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "UNWATCH" => Transaction(TxCmd::Unwatch),
         "MONITOR" => Unsupported(""),
         "MOVE" | "SWAPDB" => Unsupported("only database 0 exists behind the proxy"),
-        "WAIT" => Unsupported("backend connections are shared between clients"),
+        "WAIT" | "WAITAOF" => Unsupported("backend connections are shared between clients"),
+        // Valkey 9: a scan of one slot at a time, on the node that owns it
+        "CLUSTERSCAN" => Unsupported("heatshield is one node to its clients: SCAN covers every master"),
         "MIGRATE" | "ASKING" => Unsupported("cluster administration is not supported"),
         "CLUSTER|INFO"
         | "CLUSTER|MYID"
@@ -753,6 +999,7 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
             }
             out.extend(store);
         }
+        KeySpec::Learned(rules) => learned::find_keys(rules, req.argc(), |i| req.arg(i), &mut out),
         KeySpec::GeoStore => {
             out.push(1);
             let words: &[&[u8]] = &[b"STORE", b"STOREDIST"];

