@@ -78,7 +78,8 @@ pub fn classify(result: &Result<Bytes, BackendError>, cluster: bool) -> Verdict 
 }
 
 /// The node a redirection points at, if the cluster announced it: heatshield connects
-/// (and sends credentials) to no other address. A MOVED also patches the slot map.
+/// (and sends credentials) to no other address. A MOVED also patches the slot map; a
+/// keyless MOVED (`MOVED -1`) never does, and asks for a refresh (a failover happened).
 /// `None` changes nothing: the caller refreshes the topology and looks again, or passes
 /// the reply on.
 pub fn follow(cluster: &Cluster, r: &Redirect) -> Option<Arc<NodePool>> {
@@ -90,6 +91,10 @@ pub fn follow(cluster: &Cluster, r: &Redirect) -> Option<Arc<NodePool>> {
             cluster.announced_pool(addr)
         }
         Redirect::Ask { addr, .. } => cluster.announced_pool(addr),
+        Redirect::Keyless { addr } => {
+            cluster.request_refresh();
+            cluster.announced_pool(addr)
+        }
     }
 }
 

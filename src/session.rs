@@ -1392,12 +1392,12 @@ impl Session {
 /// A MOVED or ASK to an address the slot map does not announce (a script can answer any
 /// error text): its request sends nothing before a refresh has looked again.
 fn unannounced_redirect(proxy: &Proxy, r: &BackendReply) -> bool {
-    use crate::protocol::reply::{Redirect, error_text, parse_redirect};
+    use crate::protocol::reply::{error_text, parse_redirect};
     let Ok(d) = &r.result else { return false };
     let Some(redirect) = error_text(d).and_then(parse_redirect) else { return false };
-    let (Redirect::Moved { addr, .. } | Redirect::Ask { addr, .. }) = &redirect;
+    let addr = redirect.addr();
     let topo = proxy.cluster.topology();
-    !topo.masters.iter().any(|m| &*m.addr == addr.as_str()) && !topo.announces(addr)
+    !topo.masters.iter().any(|m| &*m.addr == addr) && !topo.announces(addr)
 }
 
 /// TRYAGAIN (some keys of a multi-key command have moved with their slot, some not yet)

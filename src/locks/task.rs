@@ -366,7 +366,7 @@ fn on_reply(h: &Handles, st: &mut State, rtx: &ReplyTx, r: BackendReply) {
         }
         Verdict::Redirect(redirect) => match (retry::follow(&h.cluster, &redirect), &redirect) {
             // moved: once more, at once, to the slot's new owner
-            (Some(_), Redirect::Moved { .. }) => Some(Duration::ZERO),
+            (Some(_), Redirect::Moved { .. } | Redirect::Keyless { .. }) => Some(Duration::ZERO),
             (Some(pool), Redirect::Ask { .. }) => {
                 send_to(h, &key, data, id, rtx, Prefix::Asking, Some(pool));
                 st.inflight.insert(id, flight);

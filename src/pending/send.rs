@@ -204,6 +204,11 @@ pub(super) fn follow(proxy: &Proxy, part: &mut Part, r: &Redirect) -> bool {
             part.target = Target::Ask(pool, *slot);
             crate::metrics::global().ask.increment(1);
         }
+        // a keyless command: to that node, the slot map unchanged
+        Redirect::Keyless { .. } => {
+            part.target = Target::Node(pool);
+            crate::metrics::global().moved.increment(1);
+        }
     }
     true
 }

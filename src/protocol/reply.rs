@@ -246,8 +246,28 @@ pub fn error_text(reply: &[u8]) -> Option<&[u8]> {
 /// A redirection parsed from `MOVED slot host:port` / `ASK slot host:port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Redirect {
-    Moved { slot: u16, addr: String },
-    Ask { slot: u16, addr: String },
+    Moved {
+        slot: u16,
+        addr: String,
+    },
+    Ask {
+        slot: u16,
+        addr: String,
+    },
+    /// `MOVED -1 host:port`: Valkey's answer to a keyless command sent to a replica (a
+    /// master a failover has just demoted): go to that node; no slot moved.
+    Keyless {
+        addr: String,
+    },
+}
+
+impl Redirect {
+    /// The node it points at.
+    pub fn addr(&self) -> &str {
+        match self {
+            Redirect::Moved { addr, .. } | Redirect::Ask { addr, .. } | Redirect::Keyless { addr } => addr,
+        }
+    }
 }
 
 /// Parses MOVED/ASK error texts.
@@ -261,13 +281,17 @@ pub fn parse_redirect(err: &[u8]) -> Option<Redirect> {
     };
     let sp = memchr::memchr(b' ', rest)?;
     let slot = parse_i64(&rest[..sp])?;
-    if !(0..16384).contains(&slot) {
+    let keyless = slot == -1 && !ask;
+    if !(0..16384).contains(&slot) && !keyless {
         return None;
     }
     let addr = std::str::from_utf8(&rest[sp + 1..]).ok()?.trim().to_string();
     // Redis may send ":port" when it does not know its own address
     if addr.is_empty() {
         return None;
+    }
+    if keyless {
+        return Some(Redirect::Keyless { addr });
     }
     let slot = slot as u16;
     Some(if ask { Redirect::Ask { slot, addr } } else { Redirect::Moved { slot, addr } })
@@ -340,6 +364,10 @@ mod tests {
         assert_eq!(parse_redirect(b"ASK 1 127.0.0.1:1"), Some(Redirect::Ask { slot: 1, addr: "127.0.0.1:1".into() }));
         assert_eq!(parse_redirect(b"ERR x"), None);
         assert_eq!(parse_redirect(b"MOVED 99999 a:1"), None);
+        // Valkey's MOVED for a keyless command on a replica names no slot
+        assert_eq!(parse_redirect(b"MOVED -1 127.0.0.1:7"), Some(Redirect::Keyless { addr: "127.0.0.1:7".into() }));
+        assert_eq!(parse_redirect(b"ASK -1 127.0.0.1:7"), None);
+        assert_eq!(parse_redirect(b"MOVED -2 127.0.0.1:7"), None);
         assert_eq!(error_text(b"-ERR x\r\n"), Some(&b"ERR x"[..]));
     }
 }
