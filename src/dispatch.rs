@@ -5,7 +5,7 @@
 //! ([`crate::policy`]) and routed to Redis ([`crate::route`]).
 
 use crate::client::Mode;
-use crate::command::{Command, FanOut, KeySpec, Local, Route, TxCmd, keys_of};
+use crate::command::{Command, FanOut, Local, Route, TxCmd, keys_of};
 use crate::errors;
 use crate::local;
 use crate::order;
@@ -106,7 +106,7 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         route => {
             // only scripts and SCRIPT / FUNCTION subcommands sent to every master are noted:
             // two comparisons, not one per name, for every other command
-            if cmd.keys == KeySpec::SCRIPT || route == Route::FanOut(FanOut::AllSame) {
+            if cmd.keys.is_script() || route == Route::FanOut(FanOut::AllSame) {
                 proxy.scripts.note(&cmd.name, req);
             }
             policy::admit(proxy, ctx, cmd, route)

@@ -127,7 +127,7 @@ fn lane_of(client: &ClientState, cmd: &Command, req: &Request, queuing: bool) ->
 
 /// XREAD / XREADGROUP with BLOCK.
 fn blocking_read(cmd: &Command, req: &Request) -> bool {
-    cmd.keys == KeySpec::Streams
+    matches!(cmd.keys, KeySpec::Streams)
         && matches!(cmd.name.as_str(), "XREAD" | "XREADGROUP")
         && req.args().any(|a| a.eq_ignore_ascii_case(b"BLOCK"))
 }
@@ -140,7 +140,7 @@ fn slot_of(cmd: &Command, req: &Request) -> Option<u16> {
     }
     let keys = keys_of(cmd, req).ok()?;
     let Some(&k0) = keys.first() else {
-        return (cmd.keys == KeySpec::SCRIPT).then_some(0);
+        return cmd.keys.is_script().then_some(0);
     };
     let s = slot(req.arg(k0 as usize));
     keys[1..].iter().all(|&k| slot(req.arg(k as usize)) == s).then_some(s)

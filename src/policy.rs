@@ -17,7 +17,7 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 
 use crate::cluster::slot;
-use crate::command::{Command, FanOut, KeySpec, Route, Split, keys_of};
+use crate::command::{Command, FanOut, Route, Split, keys_of};
 use crate::errors;
 use crate::pending::{Ctx, Outcome};
 use crate::proxy::Proxy;
@@ -143,7 +143,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
         (Route::FanOut(kind), _) => route::fan_out(proxy, ctx, kind),
         (Route::AnyMaster, _) => route::any_master(proxy, ctx),
         (Route::Block, _) => route::block(proxy, ctx, cmd, &keys),
-        _ if cmd.keys == KeySpec::SCRIPT => route::script(proxy, ctx, &keys),
+        _ if cmd.keys.is_script() => route::script(proxy, ctx, &keys),
         _ => route::forward(proxy, ctx, &keys),
     }
 }

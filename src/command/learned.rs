@@ -27,6 +27,10 @@ pub struct Def {
     pub subs: Vec<Def>,
 }
 
+/// A learned command's key specs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRules(pub Vec<KeyRule>);
+
 /// One key spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRule {

@@ -36,14 +36,22 @@ pub enum KeySpec {
     Sort,
     /// GEORADIUS[BYMEMBER]: the key at 1, plus `STORE`/`STOREDIST` destinations.
     GeoStore,
-    /// A command learned from the servers: its key specs (learned.rs).
-    Learned(&'static [learned::KeyRule]),
+    /// A command learned from the servers: its key specs (learned.rs), behind one thin
+    /// pointer so that every command's `KeySpec` stays as small as it was.
+    Learned(&'static learned::KeyRules),
 }
 
 impl KeySpec {
     /// EVAL, EVALSHA, FCALL and their read-only forms (numkeys after the script or
     /// function). BLMPOP and BZMPOP share it, but are routed as blocking commands first.
     pub const SCRIPT: KeySpec = KeySpec::NumKeys { dest: None, at: 2 };
+
+    /// [`KeySpec::SCRIPT`] (a pattern, not `==`: comparing with a learned spec would
+    /// compare its rules, on every request).
+    #[inline]
+    pub fn is_script(&self) -> bool {
+        matches!(self, KeySpec::NumKeys { dest: None, at: 2 })
+    }
 }
 
 /// How a split multi-key command is sent and merged.
@@ -609,7 +617,7 @@ impl CommandTable {
             fl |= flags::WRITE;
         }
         let keys = if !def.rules.is_empty() {
-            KeySpec::Learned(Box::leak(def.rules.clone().into_boxed_slice()))
+            KeySpec::Learned(Box::leak(Box::new(learned::KeyRules(def.rules.clone()))))
         } else if def.legacy.0 > 0 && !def.movable {
             let (first, last, step) = def.legacy;
             KeySpec::Range { first: first as u32, last, step: step.max(1) as u32 }
@@ -701,6 +709,7 @@ impl CommandTable {
 
     /// A command learned from the servers, by name (any case).
     #[cold]
+    #[inline(never)]
     fn learned_top(&self, name: &[u8]) -> Option<&'static Command> {
         let learned = self.learned.load();
         if learned.top.is_empty() || name.len() > 64 {
@@ -711,6 +720,7 @@ impl CommandTable {
 
     /// A subcommand (`sub`, uppercase) of command `cmd` learned from the servers.
     #[cold]
+    #[inline(never)]
     fn learned_sub(&self, cmd: &Command, sub: &[u8]) -> Option<&'static Command> {
         let learned = self.learned.load();
         if learned.subs.is_empty() {
@@ -999,7 +1009,7 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
             }
             out.extend(store);
         }
-        KeySpec::Learned(rules) => learned::find_keys(rules, req.argc(), |i| req.arg(i), &mut out),
+        KeySpec::Learned(rules) => learned::find_keys(&rules.0, req.argc(), |i| req.arg(i), &mut out),
         KeySpec::GeoStore => {
             out.push(1);
             let words: &[&[u8]] = &[b"STORE", b"STOREDIST"];
@@ -1100,6 +1110,12 @@ mod tests {
         }
         eprintln!("{shared} of {} command names share a quick bucket", t.by_name.len());
         assert!(shared * 8 < t.by_name.len(), "{shared} of {} share a bucket", t.by_name.len());
+    }
+
+    #[test]
+    fn a_learned_key_spec_keeps_every_command_as_small() {
+        // (KeySpec is copied on every request's key lookup)
+        assert!(std::mem::size_of::<KeySpec>() <= 16, "{}", std::mem::size_of::<KeySpec>());
     }
 
     #[test]
