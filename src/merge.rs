@@ -46,6 +46,16 @@ pub enum Merge {
     NumSub {
         adjust: Vec<i64>,
     },
+    /// SLOWLOG GET / COMMANDLOG GET: every master's entries, newest first (by time, then
+    /// id), the first `count` (`None`: all).
+    Log {
+        count: Option<usize>,
+    },
+    /// CLUSTER SLOT-STATS: every master's slots; by slot (SLOTSRANGE), or by a statistic
+    /// (`ORDERBY`: its name, how many, descending), ties by slot, as one node orders them.
+    SlotStats {
+        order: Option<(Vec<u8>, usize, bool)>,
+    },
 }
 
 /// A client's SCAN cursor: which master (by index) and that master's own cursor; `None`
@@ -167,6 +177,21 @@ fn int_of(r: &[u8]) -> Result<i64, &'static str> {
     Value::parse(r).map_err(|e| e.0)?.0.as_int().ok_or("expected an integer")
 }
 
+/// Statistic `name` (any case) of a CLUSTER SLOT-STATS entry's statistics (a RESP2 flat
+/// array of name, value, ... or a RESP3 map); 0 when missing.
+fn stat_of(stats: Option<&Value>, name: &[u8]) -> i64 {
+    let found = match stats {
+        Some(Value::Array(kv)) => {
+            kv.chunks_exact(2).find(|p| p[0].as_bytes().is_some_and(|k| k.eq_ignore_ascii_case(name))).map(|p| &p[1])
+        }
+        Some(Value::Map(kv)) => {
+            kv.iter().find(|(k, _)| k.as_bytes().is_some_and(|k| k.eq_ignore_ascii_case(name))).map(|(_, v)| v)
+        }
+        _ => None,
+    };
+    found.and_then(Value::as_int).unwrap_or(0)
+}
+
 /// Merges part replies (none of which is an error) into the reply for the client.
 pub fn merge_replies(
     merge: &Merge,
@@ -281,6 +306,49 @@ pub fn merge_replies(
                 w.int(n.max(0));
             }
         }
+        Merge::Log { count } => {
+            let mut all = Vec::new();
+            for r in replies {
+                for e in array_elements(r)?.1 {
+                    let (v, _) = Value::parse(e).map_err(|e| e.0)?;
+                    let Value::Array(f) = v else { return Err("log entry is not an array") };
+                    let at = |i: usize| f.get(i).and_then(Value::as_int).unwrap_or(0);
+                    all.push(((at(1), at(0)), e));
+                }
+            }
+            all.sort_by_key(|e| std::cmp::Reverse(e.0));
+            all.truncate(count.unwrap_or(usize::MAX));
+            w.array(all.len());
+            for (_, e) in all {
+                w.raw(e);
+            }
+        }
+        Merge::SlotStats { order } => {
+            let mut all = Vec::new();
+            for r in replies {
+                for e in array_elements(r)?.1 {
+                    let (v, _) = Value::parse(e).map_err(|e| e.0)?;
+                    let Value::Array(f) = v else { return Err("slot statistics entry is not an array") };
+                    let slot = f.first().and_then(Value::as_int).ok_or("slot statistics entry has no slot")?;
+                    let stat = match order {
+                        Some((name, ..)) => stat_of(f.get(1), name),
+                        None => 0,
+                    };
+                    all.push((slot, stat, e));
+                }
+            }
+            match order {
+                None => all.sort_by_key(|&(slot, ..)| slot),
+                Some((_, limit, desc)) => {
+                    all.sort_by(|a, b| if *desc { b.1.cmp(&a.1) } else { a.1.cmp(&b.1) }.then(a.0.cmp(&b.0)));
+                    all.truncate(*limit);
+                }
+            }
+            w.array(all.len());
+            for (.., e) in all {
+                w.raw(e);
+            }
+        }
         Merge::ScriptExists { known } => {
             let mut acc: Vec<i64> = Vec::new();
             for (i, r) in replies.iter().enumerate() {
@@ -314,6 +382,32 @@ mod tests {
 
     fn b(s: &[u8]) -> Bytes {
         Bytes::copy_from_slice(s)
+    }
+
+    #[test]
+    fn logs_merge_newest_first_and_slot_stats_by_slot_or_statistic() {
+        let entry =
+            |id: i64, t: i64| format!("*6\r\n:{id}\r\n:{t}\r\n:5\r\n*1\r\n$3\r\nGET\r\n$3\r\na:1\r\n$0\r\n\r\n");
+        let log = |es: &[(i64, i64)]| {
+            b(format!("*{}\r\n{}", es.len(), es.iter().map(|&(i, t)| entry(i, t)).collect::<String>()).as_bytes())
+        };
+        let replies = vec![log(&[(2, 100), (1, 90)]), log(&[(7, 95), (6, 100)])];
+        let mut s = BytesMut::new();
+        let out = merge_replies(&Merge::Log { count: Some(3) }, &replies, Proto::Resp2, &mut s).unwrap();
+        assert_eq!(out, log(&[(6, 100), (2, 100), (7, 95)]));
+        let out = merge_replies(&Merge::Log { count: None }, &replies, Proto::Resp2, &mut s).unwrap();
+        assert_eq!(out, log(&[(6, 100), (2, 100), (7, 95), (1, 90)]));
+        let stat = |slot: i64, keys: i64| format!("*2\r\n:{slot}\r\n*2\r\n$9\r\nkey-count\r\n:{keys}\r\n");
+        let stats = |es: &[(i64, i64)]| {
+            b(format!("*{}\r\n{}", es.len(), es.iter().map(|&(sl, k)| stat(sl, k)).collect::<String>()).as_bytes())
+        };
+        let replies = vec![stats(&[(9, 1), (3, 4)]), stats(&[(5, 4), (1, 0)])];
+        let by_slot = merge_replies(&Merge::SlotStats { order: None }, &replies, Proto::Resp2, &mut s).unwrap();
+        assert_eq!(by_slot, stats(&[(1, 0), (3, 4), (5, 4), (9, 1)]));
+        let top = Merge::SlotStats { order: Some((b"KEY-COUNT".to_vec(), 3, true)) };
+        assert_eq!(merge_replies(&top, &replies, Proto::Resp2, &mut s).unwrap(), stats(&[(3, 4), (5, 4), (9, 1)]));
+        let low = Merge::SlotStats { order: Some((b"key-count".to_vec(), 2, false)) };
+        assert_eq!(merge_replies(&low, &replies, Proto::Resp2, &mut s).unwrap(), stats(&[(1, 0), (9, 1)]));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::locks::{LockCmd, LockRequest, Waiter};
 use crate::merge::{Merge, scan_cursor};
 use crate::pending::{Ctx, Finish, MastersBuilder, Outcome, Part, Pending, ScriptRun, Target, start, start_in};
 use crate::protocol::Request;
-use crate::protocol::request::{write_array_header, write_bulk};
+use crate::protocol::request::{parse_i64, write_array_header, write_bulk};
 use crate::proxy::Proxy;
 
 /// The whole request to one node.
@@ -186,6 +186,23 @@ pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
             (Merge::NumSub { adjust: proxy.pubsub.numsub_adjust(kind, &channels) }, all(req.raw()))
         }
         FanOut::NumPat => (Merge::SumPlus(proxy.pubsub.numpat_adjust()), all(req.raw())),
+        FanOut::Log => {
+            // SLOWLOG GET [count] (10), COMMANDLOG GET count type; -1: all. A count the
+            // masters refuse is answered by their error.
+            let count = match (req.argc() > 2).then(|| parse_i64(req.arg(2))) {
+                None => Some(10),
+                Some(Some(n)) if n >= 0 => Some(n as usize),
+                Some(_) => None,
+            };
+            (Merge::Log { count }, all(req.raw()))
+        }
+        FanOut::LogReset => {
+            if proxy.config.admin.password.is_some() && !ctx.client.admin {
+                return ctx.error(errors::ADMIN_NOPERM);
+            }
+            (Merge::AllSame, all(req.raw()))
+        }
+        FanOut::SlotStats => (Merge::SlotStats { order: slot_stats_order(req) }, all(req.raw())),
         FanOut::Kill => {
             let masters = topo.masters.clone();
             drop(topo);
@@ -205,6 +222,29 @@ pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
     };
     drop(topo);
     start(proxy, ctx, Finish::Merge(merge), parts)
+}
+
+/// CLUSTER SLOT-STATS ORDERBY metric [LIMIT n] [ASC|DESC]: the metric, the limit (16)
+/// and whether descending (the default); `None` for SLOTSRANGE (by slot).
+fn slot_stats_order(req: &Request) -> Option<(Vec<u8>, usize, bool)> {
+    if !req.arg(2).eq_ignore_ascii_case(b"ORDERBY") || req.argc() < 4 {
+        return None;
+    }
+    let (mut limit, mut desc) = (16usize, true);
+    let mut i = 4;
+    while i < req.argc() {
+        let a = req.arg(i);
+        if a.eq_ignore_ascii_case(b"LIMIT") && i + 1 < req.argc() {
+            limit = parse_i64(req.arg(i + 1)).map_or(limit, |n| n.max(0) as usize);
+            i += 1;
+        } else if a.eq_ignore_ascii_case(b"ASC") {
+            desc = false;
+        } else if a.eq_ignore_ascii_case(b"DESC") {
+            desc = true;
+        }
+        i += 1;
+    }
+    Some((req.arg(3).to_vec(), limit, desc))
 }
 
 /// SCRIPT KILL / FUNCTION KILL / FUNCTION STATS to every master, on connections no busy

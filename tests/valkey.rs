@@ -3,7 +3,8 @@
 //! from the masters' `COMMAND` (docs/commands.md), answer through heatshield as on the
 //! key's master, or are refused with the reason the docs give; the hot-key cache is never
 //! stale after the newer writes (hash-field expiration included); Valkey 9's atomic slot
-//! migration loses nothing under load.
+//! migration loses nothing under load; COMMANDLOG / SLOWLOG and CLUSTER SLOT-STATS answer
+//! for the whole cluster.
 //!
 //! The list of newer commands is not written here: it is `COMMAND LIST` of Valkey less
 //! that of Redis 7.0.15, so a command a newer Valkey adds fails the test until it has a
@@ -17,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::client::{Conn, V};
-use common::{Proxy, RedisCluster, RedisStandalone, Shared, cmd, config_file};
+use common::{Proxy, RedisCluster, RedisStandalone, Shared, cmd, config_file, exclusive_traffic, shared_traffic};
 
 const CONFIG: &str = r#"
 [cache]
@@ -175,6 +176,11 @@ const CASES: &[(&str, &[&[&str]])] = &[
     ),
     ("commandlog", &[&["COMMANDLOG", "HELP"]]),
     ("commandlog|help", &[&["COMMANDLOG", "HELP"]]),
+    // merged over every master: see the tests below
+    ("commandlog|get", &[]),
+    ("commandlog|len", &[]),
+    ("commandlog|reset", &[]),
+    ("cluster|slot-stats", &[]),
     (
         "script|show",
         &[
@@ -190,16 +196,12 @@ const CASES: &[(&str, &[&[&str]])] = &[
 const REFUSED: &[(&str, &[&str])] = &[
     ("waitaof", &["WAITAOF", "0", "0", "0"]),
     ("clusterscan", &["CLUSTERSCAN", "0"]),
-    ("commandlog|get", &["COMMANDLOG", "GET", "1", "slow"]),
-    ("commandlog|len", &["COMMANDLOG", "LEN", "slow"]),
-    ("commandlog|reset", &["COMMANDLOG", "RESET", "slow"]),
     ("client|import-source", &["CLIENT", "IMPORT-SOURCE", "on"]),
     ("cluster|cancelslotmigrations", &["CLUSTER", "CANCELSLOTMIGRATIONS"]),
     ("cluster|flushslot", &["CLUSTER", "FLUSHSLOT", "0"]),
     ("cluster|getslotmigrations", &["CLUSTER", "GETSLOTMIGRATIONS"]),
     ("cluster|migrateslots", &["CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", "0", "1", "NODE", "x"]),
     ("cluster|myshardid", &["CLUSTER", "MYSHARDID"]),
-    ("cluster|slot-stats", &["CLUSTER", "SLOT-STATS", "SLOTSRANGE", "0", "10"]),
     ("cluster|syncslots", &["CLUSTER", "SYNCSLOTS", "x"]),
 ];
 
@@ -211,6 +213,7 @@ fn run(c: &mut Conn, steps: &[&[&str]], key: &str) -> Vec<V> {
 #[test]
 fn every_newer_command_answers_as_the_keys_master_does() {
     let env = env();
+    let _shared = shared_traffic();
     let redis70 = RedisStandalone::start();
     let old = command_list(redis70.port());
     let master = env.cluster.masters()[0];
@@ -254,6 +257,7 @@ fn every_newer_command_answers_as_the_keys_master_does() {
 #[test]
 fn cached_reads_are_never_stale_after_the_newer_writes() {
     let env = env();
+    let _shared = shared_traffic();
     let mut c = Conn::connect(env.proxy.port());
     let mut stale = Vec::new();
     for round in 0..100 {
@@ -311,6 +315,8 @@ fn cached_reads_are_never_stale_after_the_newer_writes() {
 #[test]
 fn atomic_slot_migration_under_load_loses_nothing() {
     let env = env();
+    // (nothing else writes, moves slots or logs meanwhile)
+    let _alone = exclusive_traffic();
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(parking_lot_free::Errors::default());
@@ -392,4 +398,94 @@ mod parking_lot_free {
             std::mem::take(&mut self.0.lock().unwrap())
         }
     }
+}
+
+/// `(timestamp, id)` of each entry of a SLOWLOG / COMMANDLOG GET reply, with the entry.
+fn log_entries(v: &V) -> Vec<((i64, i64), V)> {
+    v.items().iter().map(|e| ((e.items()[1].int(), e.items()[0].int()), e.clone())).collect()
+}
+
+#[test]
+fn commandlog_and_slowlog_are_every_masters_merged() {
+    let env = env();
+    // (nothing else writes, moves slots or logs meanwhile)
+    let _alone = exclusive_traffic();
+    let masters = env.cluster.masters();
+    let mut c = Conn::connect(env.proxy.port());
+    // every command logged while the keys are written, then nothing more
+    for &m in &masters {
+        assert!(cmd(m, &["COMMANDLOG", "RESET", "slow"]).is_ok());
+        assert!(cmd(m, &["CONFIG", "SET", "commandlog-execution-slower-than", "0"]).is_ok());
+    }
+    for i in 0..30 {
+        c.cmd(&["SET", &format!("vk:log:{i}"), "x"]);
+    }
+    for &m in &masters {
+        assert!(cmd(m, &["CONFIG", "SET", "commandlog-execution-slower-than", "1000000"]).is_ok());
+    }
+    let mut direct: Vec<((i64, i64), V)> = Vec::new();
+    let mut len = 0;
+    for &m in &masters {
+        let got = cmd(m, &["COMMANDLOG", "GET", "-1", "slow"]);
+        assert!(!got.items().is_empty(), "master {m} logged nothing");
+        direct.extend(log_entries(&got));
+        len += cmd(m, &["COMMANDLOG", "LEN", "slow"]).int();
+    }
+    for get in [&["COMMANDLOG", "GET", "-1", "slow"][..], &["SLOWLOG", "GET", "-1"]] {
+        let merged = log_entries(&c.cmd(get));
+        // all of them, newest first
+        assert!(merged.windows(2).all(|w| w[0].0 >= w[1].0), "{get:?}: not newest first");
+        let (mut a, mut b) = (merged.clone(), direct.clone());
+        a.sort_by(|x, y| format!("{x:?}").cmp(&format!("{y:?}")));
+        b.sort_by(|x, y| format!("{x:?}").cmp(&format!("{y:?}")));
+        assert_eq!(a, b, "{get:?}");
+    }
+    // the newest few, as many as asked (SLOWLOG GET: 10 unless told)
+    let five = log_entries(&c.cmd(&["COMMANDLOG", "GET", "5", "slow"]));
+    let all = log_entries(&c.cmd(&["COMMANDLOG", "GET", "-1", "slow"]));
+    assert_eq!(five.iter().map(|e| e.0).collect::<Vec<_>>(), all[..5].iter().map(|e| e.0).collect::<Vec<_>>());
+    assert_eq!(c.cmd(&["SLOWLOG", "GET"]).items().len(), 10.min(all.len()));
+    assert_eq!(c.cmd(&["COMMANDLOG", "LEN", "slow"]).int(), len);
+    assert_eq!(c.cmd(&["SLOWLOG", "LEN"]).int(), len);
+    // a count the masters refuse: their error
+    assert!(c.cmd(&["COMMANDLOG", "GET", "x", "slow"]).is_err());
+    assert!(c.cmd(&["COMMANDLOG", "RESET", "slow"]).is_ok());
+    assert_eq!(c.cmd(&["COMMANDLOG", "LEN", "slow"]).int(), 0);
+    for &m in &masters {
+        assert_eq!(cmd(m, &["COMMANDLOG", "LEN", "slow"]).int(), 0);
+    }
+}
+
+#[test]
+fn cluster_slot_stats_cover_the_whole_cluster() {
+    let env = env();
+    // (nothing else writes, moves slots or logs meanwhile)
+    let _alone = exclusive_traffic();
+    let mut c = Conn::connect(env.proxy.port());
+    // keys in a few slots, a different number in each
+    for (tag, n) in [("a", 7), ("b", 5), ("c", 3), ("d", 9)] {
+        for i in 0..n {
+            c.cmd(&["SET", &format!("{{vk:ss:{tag}}}{i}"), "x"]);
+        }
+    }
+    let all = c.cmd(&["CLUSTER", "SLOT-STATS", "SLOTSRANGE", "0", "16383"]);
+    let slots: Vec<i64> = all.items().iter().map(|e| e.items()[0].int()).collect();
+    assert_eq!(slots, (0..16384).collect::<Vec<i64>>(), "every slot once, in order");
+    // ORDERBY: the cluster's top, as one node orders its own (ties by slot)
+    for (order, dir) in [("DESC", true), ("ASC", false)] {
+        let req = ["CLUSTER", "SLOT-STATS", "ORDERBY", "key-count", "LIMIT", "6", order];
+        let mut want: Vec<(i64, i64)> = Vec::new();
+        for m in env.cluster.masters() {
+            for e in cmd(m, &req).items() {
+                want.push((e.items()[0].int(), e.items()[1].items()[1].int()));
+            }
+        }
+        want.sort_by(|a, b| if dir { b.1.cmp(&a.1) } else { a.1.cmp(&b.1) }.then(a.0.cmp(&b.0)));
+        want.truncate(6);
+        let got: Vec<(i64, i64)> =
+            c.cmd(&req).items().iter().map(|e| (e.items()[0].int(), e.items()[1].items()[1].int())).collect();
+        assert_eq!(got, want, "{order}");
+    }
+    let top = c.cmd(&["CLUSTER", "SLOT-STATS", "ORDERBY", "KEY-COUNT", "LIMIT", "1"]);
+    assert!(top.items()[0].items()[1].items()[1].int() >= 9, "{top:?}");
 }

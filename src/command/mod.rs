@@ -94,6 +94,13 @@ pub enum FanOut {
     NumSub(ChannelKind),
     /// PUBSUB NUMPAT: summed (a pattern subscribed on several masters counted once).
     NumPat,
+    /// SLOWLOG GET, COMMANDLOG GET: every master's entries, newest first.
+    Log,
+    /// SLOWLOG RESET, COMMANDLOG RESET: every master (after PROXY AUTH where
+    /// `admin.password` is set, as CONFIG SET).
+    LogReset,
+    /// CLUSTER SLOT-STATS (Valkey 8): every master's slots, ordered again.
+    SlotStats,
 }
 
 /// What a subscription names (crate::pubsub).
@@ -901,6 +908,10 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         // Valkey 9: a scan of one slot at a time, on the node that owns it
         "CLUSTERSCAN" => Unsupported("heatshield is one node to its clients: SCAN covers every master"),
         "MIGRATE" | "ASKING" => Unsupported("cluster administration is not supported"),
+        "SLOWLOG|GET" | "COMMANDLOG|GET" => FanOut(self::FanOut::Log),
+        "SLOWLOG|LEN" | "COMMANDLOG|LEN" => FanOut(self::FanOut::Dbsize),
+        "SLOWLOG|RESET" | "COMMANDLOG|RESET" => FanOut(self::FanOut::LogReset),
+        "CLUSTER|SLOT-STATS" => FanOut(self::FanOut::SlotStats),
         "CLUSTER|INFO"
         | "CLUSTER|MYID"
         | "CLUSTER|SLOTS"
