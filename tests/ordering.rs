@@ -524,6 +524,22 @@ fn a_write_retried_key_by_key_is_not_overtaken() {
             assert_eq!(p.cmd(&["SET", &b, &z]), V::ok());
         }
     }
+    // A transaction whose keys the migration splits cannot run in Redis Cluster until the
+    // migration ends (the source sends the moved key on, the target refuses what it
+    // lacks): heatshield tries again for as long as its retries last, then says TRYAGAIN
+    // (nothing ran), never Redis's EXECABORT for the ASK it met on the way
+    let tx = || vec![c(&["MULTI"]), c(&["GET", &a]), c(&["GET", &b]), c(&["EXEC"])];
+    let mut p = Conn::connect(proxy.port());
+    let began = std::time::Instant::now();
+    let got = one_write(&mut p, &tx()).pop().unwrap().v;
+    assert_eq!(got, V::Err(format!("EXECABORT Transaction discarded because of: {TRYAGAIN}")));
+    assert!(began.elapsed() >= Duration::from_secs(3), "gave up after {:?}", began.elapsed());
+    // one that is still trying when the migration ends runs
+    let waiting = {
+        let tx = tx();
+        thread::spawn(move || one_write(&mut p, &tx).pop().unwrap().v)
+    };
+    thread::sleep(Duration::from_millis(300));
     // the slot goes to the target; everything still reads as written
     let rest = cmd_text(src, &["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]);
     for k in rest.lines() {
@@ -532,6 +548,7 @@ fn a_write_retried_key_by_key_is_not_overtaken() {
     for m in cluster.masters() {
         assert_eq!(cmd_text(m, &["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &dst_id]), "OK");
     }
+    assert_eq!(waiting.join().unwrap(), V::strs(&["x", "z19"]));
     thread::sleep(Duration::from_millis(200));
     assert_eq!(cmd_text(proxy.port(), &["GET", &a]), "x");
     assert_eq!(cmd_text(proxy.port(), &["GET", &b]), "z19");

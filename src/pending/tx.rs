@@ -200,6 +200,9 @@ pub(super) fn on_transaction_reply(
     }
     let exec = t.exec.take().unwrap_or_default();
     if exec_aborted {
+        // a slot migrating with the transaction's keys on both sides: the source sends
+        // the moved ones on (ASK), the target refuses what it lacks (TRYAGAIN)
+        let migrating = t.busy || matches!(t.redirect, Some(Redirect::Ask { .. }));
         if let Some(r) = t.redirect.take()
             && part.redirects < MAX_REDIRECTS
         {
@@ -212,12 +215,20 @@ pub(super) fn on_transaction_reply(
                 }
                 return None;
             }
-        } else if t.busy && part.retries < MAX_RETRIES {
+        } else if migrating && part.retries < MAX_RETRIES {
+            // later, from the slot's owner again; each round is a retry, so the way
+            // there (an ASK again) is not a redirection more
             part.retries += 1;
+            part.redirects = 0;
             t.clear();
             proxy.cluster.request_refresh();
             send_later(proxy, ctx, false, part, base, count);
             return None;
+        } else if migrating {
+            // the migration outlasted the retries: nothing ran, as Redis says of a
+            // transaction whose keys a migration splits
+            let why = "TRYAGAIN Multiple keys request during rehashing of slot";
+            return complete(proxy, ctx, p, k, errors::resp(&errors::exec_aborted_because(why)));
         }
     }
     complete(proxy, ctx, p, k, exec)
