@@ -1,4 +1,5 @@
-//! The command table learned from the cluster: at start, and whenever a master's version
+//! The command table learned from the cluster: at start (waited for at most
+//! [`FIRST_WAIT`]), and whenever a master's version
 //! or command count changes (an upgrade, a module loaded), heatshield reads `COMMAND`
 //! from every master and gives the command table what they all agree on
 //! ([`crate::command::CommandTable::learn`]). The check is two small requests per master
@@ -25,25 +26,38 @@ struct Seen {
     count: i64,
 }
 
-/// Learns once (waiting at most `backend.command_timeout_ms` per request), then keeps
-/// watching the masters in a task of its own.
+/// How long start-up waits for the first learning (the masters' `COMMAND`): a master
+/// that does not answer delays heatshield's start no longer than this; the learning goes
+/// on in the background.
+const FIRST_WAIT: Duration = Duration::from_secs(1);
+
+/// Learns from the masters, then keeps watching them, in a task of its own; returns once
+/// the first learning is done, or after [`FIRST_WAIT`].
 pub async fn start(proxy: Arc<Proxy>) {
-    let mut seen = Vec::new();
-    if let Err(e) = check(&proxy, &mut seen).await {
-        warn!(error = %e, "could not learn the servers' commands; the generated table serves until they answer");
-    }
     let every = Duration::from_millis(proxy.config.backend.refresh_interval_ms.max(100));
     let weak = Arc::downgrade(&proxy);
     drop(proxy);
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
+        let mut seen = Vec::new();
+        let mut first = Some(first_tx);
         loop {
-            tokio::time::sleep(every).await;
             let Some(proxy) = weak.upgrade() else { return };
             if let Err(e) = check(&proxy, &mut seen).await {
-                tracing::debug!(error = %e, "command table check failed");
+                if first.is_some() {
+                    warn!(error = %e, "could not learn the servers' commands yet; the generated table serves until they answer");
+                } else {
+                    tracing::debug!(error = %e, "command table check failed");
+                }
             }
+            drop(proxy);
+            if let Some(tx) = first.take() {
+                let _ = tx.send(());
+            }
+            tokio::time::sleep(every).await;
         }
     });
+    let _ = tokio::time::timeout(FIRST_WAIT, first_rx).await;
 }
 
 /// Asks every master its version and command count; learns the commands again if they

@@ -489,3 +489,30 @@ fn cluster_slot_stats_cover_the_whole_cluster() {
     let top = c.cmd(&["CLUSTER", "SLOT-STATS", "ORDERBY", "KEY-COUNT", "LIMIT", "1"]);
     assert!(top.items()[0].items()[1].items()[1].int() >= 9, "{top:?}");
 }
+
+#[test]
+fn a_server_upgraded_in_place_teaches_heatshield_its_new_commands() {
+    // one Redis 7.0, upgraded to Valkey 9.1 on the same port while heatshield runs
+    let server = RedisStandalone::start();
+    let (_dir, path) = config_file("[backend]\nrefresh_interval_ms = 200\n");
+    let proxy = Proxy::start_standalone(&server, &["--config", &path]);
+    let mut c = Conn::connect(proxy.port());
+    let r = c.cmd(&["HGETEX", "up:h", "FIELDS", "1", "f"]);
+    assert!(r.err().is_some_and(|e| e.starts_with("ERR unknown command 'HGETEX'")), "{r:?}");
+    assert!(c.cmd(&["PROXY", "INFO"]).text().contains("redis 7.0"));
+    server.server().restart_as(&common::redis::valkey_server_required());
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        c.cmd(&["HSET", "up:h", "f", "v"]);
+        let r = c.cmd(&["HGETEX", "up:h", "PX", "100000", "FIELDS", "1", "f"]);
+        if r == V::Arr(vec![V::s("v")]) {
+            break;
+        }
+        assert!(Instant::now() < until, "HGETEX still refused after the upgrade: {r:?}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let info = c.cmd(&["PROXY", "INFO"]).text();
+    assert!(info.contains("valkey 9.1") && info.contains("hgetex"), "{info}");
+    // and what it learned is routed: a write that the cache and the server agree on
+    assert_eq!(c.cmd(&["HPERSIST", "up:h", "FIELDS", "1", "f"]), V::Arr(vec![V::Int(1)]));
+}

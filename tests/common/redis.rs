@@ -115,7 +115,7 @@ fn info(port: u16, section: &str) -> Result<String, String> {
 /// holding its config, data directory and log.
 pub struct RedisServer {
     /// The server binary (redis-server or valkey-server).
-    bin: String,
+    bin: Mutex<String>,
     child: Mutex<Child>,
     pid: std::sync::atomic::AtomicU32,
     port: u16,
@@ -213,7 +213,7 @@ impl RedisServer {
         fs::write(&conf_path, conf.join("\n") + "\n").expect("write redis.conf");
 
         let child = Self::spawn_child(bin, path);
-        RedisServer { bin: bin.to_string(), pid: child.id().into(), child: Mutex::new(child), port, dir }
+        RedisServer { bin: Mutex::new(bin.to_string()), pid: child.id().into(), child: Mutex::new(child), port, dir }
     }
 
     /// Runs `redis-server` on the `redis.conf` in `dir`, its output in `dir/stdio.log`.
@@ -291,8 +291,16 @@ impl RedisServer {
     /// port and directory, so a cluster node rejoins with its `nodes.conf`; waits until it
     /// answers PING.
     pub fn restart(&self) {
+        let bin = lock(&self.bin).clone();
+        self.restart_as(&bin);
+    }
+
+    /// [`restart`](Self::restart) with another binary (an upgrade in place: Redis 7.0 to
+    /// Valkey 9.1 on the same port and configuration).
+    pub fn restart_as(&self, bin: &str) {
+        *lock(&self.bin) = bin.to_string();
         self.kill();
-        let child = Self::spawn_child(&self.bin, self.dir.path());
+        let child = Self::spawn_child(bin, self.dir.path());
         self.pid.store(child.id(), std::sync::atomic::Ordering::Relaxed);
         *lock(&self.child) = child;
         if let Err(log) = self.wait_ready(Duration::from_secs(10)) {
