@@ -177,6 +177,24 @@ fn int_of(r: &[u8]) -> Result<i64, &'static str> {
     Value::parse(r).map_err(|e| e.0)?.0.as_int().ok_or("expected an integer")
 }
 
+/// An entry of an array reply: its fields, decoded, and its bytes.
+type Entry<'a> = (Vec<Value<'a>>, &'a [u8]);
+
+/// The entries of every part's array reply; `what` says what is wrong with an entry that
+/// is not an array.
+fn entries<'a>(replies: &'a [Bytes], what: &'static str) -> Result<Vec<Entry<'a>>, &'static str> {
+    let mut out = Vec::new();
+    for r in replies {
+        for e in array_elements(r)?.1 {
+            match Value::parse(e).map_err(|e| e.0)?.0 {
+                Value::Array(f) => out.push((f, e)),
+                _ => return Err(what),
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Statistic `name` (any case) of a CLUSTER SLOT-STATS entry's statistics (a RESP2 flat
 /// array of name, value, ... or a RESP3 map); 0 when missing.
 fn stat_of(stats: Option<&Value>, name: &[u8]) -> i64 {
@@ -308,13 +326,9 @@ pub fn merge_replies(
         }
         Merge::Log { count } => {
             let mut all = Vec::new();
-            for r in replies {
-                for e in array_elements(r)?.1 {
-                    let (v, _) = Value::parse(e).map_err(|e| e.0)?;
-                    let Value::Array(f) = v else { return Err("log entry is not an array") };
-                    let at = |i: usize| f.get(i).and_then(Value::as_int).unwrap_or(0);
-                    all.push(((at(1), at(0)), e));
-                }
+            for (f, e) in entries(replies, "log entry is not an array")? {
+                let at = |i: usize| f.get(i).and_then(Value::as_int).unwrap_or(0);
+                all.push(((at(1), at(0)), e));
             }
             all.sort_by_key(|e| std::cmp::Reverse(e.0));
             all.truncate(count.unwrap_or(usize::MAX));
@@ -325,17 +339,13 @@ pub fn merge_replies(
         }
         Merge::SlotStats { order } => {
             let mut all = Vec::new();
-            for r in replies {
-                for e in array_elements(r)?.1 {
-                    let (v, _) = Value::parse(e).map_err(|e| e.0)?;
-                    let Value::Array(f) = v else { return Err("slot statistics entry is not an array") };
-                    let slot = f.first().and_then(Value::as_int).ok_or("slot statistics entry has no slot")?;
-                    let stat = match order {
-                        Some((name, ..)) => stat_of(f.get(1), name),
-                        None => 0,
-                    };
-                    all.push((slot, stat, e));
-                }
+            for (f, e) in entries(replies, "slot statistics entry is not an array")? {
+                let slot = f.first().and_then(Value::as_int).ok_or("slot statistics entry has no slot")?;
+                let stat = match order {
+                    Some((name, ..)) => stat_of(f.get(1), name),
+                    None => 0,
+                };
+                all.push((slot, stat, e));
             }
             match order {
                 None => all.sort_by_key(|&(slot, ..)| slot),
