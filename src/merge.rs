@@ -56,6 +56,43 @@ pub enum Merge {
     SlotStats {
         order: Option<(Vec<u8>, usize, bool)>,
     },
+    /// COMMAND and COMMAND COUNT / INFO / LIST / DOCS from one master: see [`Commands`].
+    Commands(Box<Commands>),
+}
+
+/// One master's description of its commands made heatshield's: the commands heatshield
+/// refuses left out, its own added.
+pub struct Commands {
+    pub kind: CommandsKind,
+    /// Lowercase names of the top-level commands heatshield refuses.
+    pub refused: std::collections::HashSet<Vec<u8>>,
+    pub own: Vec<OwnCommand>,
+}
+
+/// Which COMMAND form.
+pub enum CommandsKind {
+    /// `COMMAND`: every command's entry.
+    All,
+    /// `COMMAND COUNT`, asked of the master as `COMMAND` (its count would include what
+    /// heatshield refuses, and `COMMAND LIST` names subcommands too).
+    Count,
+    /// `COMMAND INFO name ...`: an entry (or nil) per name asked, lowercase.
+    Info(Vec<Vec<u8>>),
+    /// `COMMAND LIST [FILTERBY ...]`: heatshield's own names only without a filter, or
+    /// those a `PATTERN` filter matches.
+    List { own: bool, pattern: Option<Vec<u8>> },
+    /// `COMMAND DOCS [name ...]`: name / docs pairs (heatshield's own have none).
+    Docs,
+}
+
+/// One of heatshield's own commands, as `COMMAND` describes it.
+pub struct OwnCommand {
+    /// Lowercase.
+    pub name: String,
+    pub arity: i32,
+    pub flags: &'static [&'static str],
+    /// Its one key is argument 1 (the lock commands).
+    pub key: bool,
 }
 
 /// A client's SCAN cursor: which master (by index) and that master's own cursor; `None`
@@ -175,6 +212,140 @@ fn array_elements(r: &[u8]) -> Result<(usize, Vec<&[u8]>), &'static str> {
 
 fn int_of(r: &[u8]) -> Result<i64, &'static str> {
     Value::parse(r).map_err(|e| e.0)?.0.as_int().ok_or("expected an integer")
+}
+
+/// [`Merge::Commands`].
+fn merge_commands(c: &Commands, reply: &[u8], w: &mut Writer) -> Result<(), &'static str> {
+    let name_of = |e: &[u8]| -> Option<Vec<u8>> {
+        match Value::parse(e).ok()?.0 {
+            Value::Array(f) => Some(f.first()?.as_bytes()?.to_ascii_lowercase()),
+            Value::Bulk(n) | Value::Simple(n) => Some(n.to_ascii_lowercase()),
+            _ => None,
+        }
+    };
+    // (COMMAND LIST names subcommands too, `parent|sub`: a refused parent's go with it)
+    let kept =
+        |e: &[u8]| name_of(e).is_none_or(|n| !c.refused.contains(n.split(|&b| b == b'|').next().unwrap_or_default()));
+    match &c.kind {
+        CommandsKind::All => {
+            let (_, es) = array_elements(reply)?;
+            let kept: Vec<&[u8]> = es.into_iter().filter(|e| kept(e)).collect();
+            w.array(kept.len() + c.own.len());
+            for e in kept {
+                w.raw(e);
+            }
+            for o in &c.own {
+                own_entry(w, o);
+            }
+        }
+        CommandsKind::Count => {
+            let (_, es) = array_elements(reply)?;
+            w.int((es.into_iter().filter(|e| kept(e)).count() + c.own.len()) as i64);
+        }
+        CommandsKind::List { own, pattern } => {
+            let (_, es) = array_elements(reply)?;
+            let kept: Vec<&[u8]> = es.into_iter().filter(|e| kept(e)).collect();
+            let mine: Vec<&OwnCommand> = c
+                .own
+                .iter()
+                .filter(|o| *own && pattern.as_ref().is_none_or(|p| crate::glob::matches(p, o.name.as_bytes(), true)))
+                .collect();
+            w.array(kept.len() + mine.len());
+            for e in kept {
+                w.raw(e);
+            }
+            for o in mine {
+                w.bulk(o.name.as_bytes());
+            }
+        }
+        CommandsKind::Info(names) => {
+            let (_, es) = array_elements(reply)?;
+            w.array(es.len());
+            for (i, e) in es.into_iter().enumerate() {
+                let asked = names.get(i).map(Vec::as_slice).unwrap_or_default();
+                if let Some(o) = c.own.iter().find(|o| o.name.as_bytes() == asked) {
+                    own_entry(w, o);
+                } else if c.refused.contains(asked) {
+                    w.nil();
+                } else {
+                    w.raw(e);
+                }
+            }
+        }
+        CommandsKind::Docs => {
+            // name / docs pairs: a RESP2 array, a RESP3 map
+            let (v, _) = Value::parse(reply).map_err(|e| e.0)?;
+            let mut pairs: Vec<(&[u8], &[u8])> = Vec::new();
+            let mut rest = &reply[reply.iter().position(|&b| b == b'\n').ok_or("truncated")? + 1..];
+            let n = match v {
+                Value::Array(items) => items.len() / 2,
+                Value::Map(items) => items.len(),
+                _ => return Err("COMMAND DOCS reply is not a map"),
+            };
+            for _ in 0..n {
+                let kl = reply_len(rest).map_err(|e| e.0)?.ok_or("truncated")?;
+                let vl = reply_len(&rest[kl..]).map_err(|e| e.0)?.ok_or("truncated")?;
+                pairs.push((&rest[..kl], &rest[kl..kl + vl]));
+                rest = &rest[kl + vl..];
+            }
+            let kept: Vec<(&[u8], &[u8])> = pairs.into_iter().filter(|(k, _)| kept(k)).collect();
+            w.map(kept.len());
+            for (k, v) in kept {
+                w.raw(k);
+                w.raw(v);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A `COMMAND` entry for one of heatshield's own commands, as Redis 7 writes one.
+fn own_entry(w: &mut Writer, o: &OwnCommand) {
+    let (first, last, step) = if o.key { (1, 1, 1) } else { (0, 0, 0) };
+    w.array(10);
+    w.bulk(o.name.as_bytes());
+    w.int(o.arity as i64);
+    w.set(o.flags.len());
+    for f in o.flags {
+        w.simple(f);
+    }
+    w.int(first);
+    w.int(last);
+    w.int(step);
+    w.set(0);
+    w.set(0);
+    if o.key {
+        let write = o.flags.contains(&"write");
+        w.array(1);
+        w.map(3);
+        w.bulk(b"flags");
+        w.set(2);
+        w.simple(if write { "RW" } else { "RO" });
+        w.simple(if write { "update" } else { "access" });
+        w.bulk(b"begin_search");
+        w.map(2);
+        w.bulk(b"type");
+        w.bulk(b"index");
+        w.bulk(b"spec");
+        w.map(1);
+        w.bulk(b"index");
+        w.int(1);
+        w.bulk(b"find_keys");
+        w.map(2);
+        w.bulk(b"type");
+        w.bulk(b"range");
+        w.bulk(b"spec");
+        w.map(3);
+        w.bulk(b"lastkey");
+        w.int(0);
+        w.bulk(b"keystep");
+        w.int(1);
+        w.bulk(b"limit");
+        w.int(0);
+    } else {
+        w.array(0);
+    }
+    w.array(0);
 }
 
 /// An entry of an array reply: its fields, decoded, and its bytes.
@@ -359,6 +530,7 @@ pub fn merge_replies(
                 w.raw(e);
             }
         }
+        Merge::Commands(c) => merge_commands(c, &replies[0], &mut w)?,
         Merge::ScriptExists { known } => {
             let mut acc: Vec<i64> = Vec::new();
             for (i, r) in replies.iter().enumerate() {

@@ -203,6 +203,11 @@ pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
             (Merge::AllSame, all(req.raw()))
         }
         FanOut::SlotStats => (Merge::SlotStats { order: slot_stats_order(req) }, all(req.raw())),
+        FanOut::Commands => {
+            let node = topo.masters[(ctx.client.id % topo.masters.len() as u64) as usize].clone();
+            let (merge, data) = commands_view(proxy, req);
+            (Merge::Commands(Box::new(merge)), smallvec![Part::new(data, Target::Node(node))])
+        }
         FanOut::Kill => {
             let masters = topo.masters.clone();
             drop(topo);
@@ -222,6 +227,43 @@ pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
     };
     drop(topo);
     start(proxy, ctx, Finish::Merge(merge), parts)
+}
+
+/// COMMAND and its COUNT / INFO / LIST / DOCS as heatshield answers them (see
+/// [`crate::merge::Commands`]), and what to ask the master.
+fn commands_view(proxy: &Proxy, req: &Request) -> (crate::merge::Commands, Bytes) {
+    use crate::merge::{Commands, CommandsKind, OwnCommand};
+    let sub = if req.argc() > 1 { req.arg(1).to_ascii_uppercase() } else { Vec::new() };
+    let (kind, data) = match sub.as_slice() {
+        b"COUNT" => (CommandsKind::Count, Request::from_args(&["COMMAND"]).raw().clone()),
+        b"INFO" => {
+            (CommandsKind::Info(req.args().skip(2).map(<[u8]>::to_ascii_lowercase).collect()), req.raw().clone())
+        }
+        b"LIST" => {
+            let filter = (req.argc() >= 5 && req.arg(2).eq_ignore_ascii_case(b"FILTERBY")).then(|| req.arg(3));
+            let own = filter.is_none_or(|f| f.eq_ignore_ascii_case(b"PATTERN"));
+            let pattern = filter.map(|_| req.arg(4).to_vec());
+            (CommandsKind::List { own, pattern }, req.raw().clone())
+        }
+        b"DOCS" => (CommandsKind::Docs, req.raw().clone()),
+        _ => (CommandsKind::All, req.raw().clone()),
+    };
+    let own = proxy
+        .commands
+        .own()
+        .into_iter()
+        .map(|c| OwnCommand {
+            name: c.lower.clone(),
+            arity: c.arity(),
+            flags: match (c.is_write(), c.is_read()) {
+                (true, _) => &["write"],
+                (false, true) => &["readonly"],
+                _ => &["admin", "noscript", "loading", "stale"],
+            },
+            key: matches!(c.route, crate::command::Route::Lock(_)),
+        })
+        .collect();
+    (Commands { kind, refused: proxy.commands.refused_names(), own }, data)
 }
 
 /// CLUSTER SLOT-STATS ORDERBY metric [LIMIT n] [ASC|DESC]: the metric, the limit (16)

@@ -87,6 +87,8 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
     }
     let allowed = match cmd.route {
         Route::Forward | Route::Split(_) | Route::AnyMaster | Route::Transaction(TxCmd::Unwatch) => true,
+        // (inside a transaction: the master's answer, unfiltered)
+        Route::FanOut(crate::command::FanOut::Commands) => true,
         // Redis commands heatshield answers alone; inside a transaction Redis answers them
         Route::Local(Local::Ping | Local::Echo | Local::Time) => true,
         // a blocking command inside a transaction does not block (Redis runs it at once)

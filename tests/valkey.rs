@@ -249,6 +249,11 @@ fn every_newer_command_answers_as_the_keys_master_does() {
         let e = r.err().unwrap_or_else(|| panic!("{name}: {r:?}"));
         assert!(e.starts_with("ERR heatshield does not support"), "{name}: {e}");
     }
+    // COMMAND describes what heatshield accepts: the learned commands, not the refused
+    let info = through.cmd(&["COMMAND", "INFO", "hgetex", "waitaof", "msetex"]);
+    assert_eq!(info.items()[0].items()[0], V::s("hgetex"), "{info:?}");
+    assert!(info.items()[1].is_nil(), "{info:?}");
+    assert_eq!(info.items()[2].items()[1], V::Int(-4), "{info:?}");
     // what was learned is in PROXY INFO
     let info = through.cmd(&["PROXY", "INFO"]).text();
     assert!(info.contains("valkey 9.1"), "{info}");

@@ -101,6 +101,9 @@ pub enum FanOut {
     LogReset,
     /// CLUSTER SLOT-STATS (Valkey 8): every master's slots, ordered again.
     SlotStats,
+    /// COMMAND, COMMAND COUNT / INFO / LIST / DOCS: one master's answer, less the commands
+    /// heatshield refuses, plus its own (PROXY, LOCK.*).
+    Commands,
 }
 
 /// What a subscription names (crate::pubsub).
@@ -576,6 +579,27 @@ impl CommandTable {
         report
     }
 
+    /// The top-level commands heatshield refuses whatever their arguments (MONITOR,
+    /// DEBUG, ...: refused, and without a subcommand it accepts), lowercase.
+    pub fn refused_names(&self) -> std::collections::HashSet<Vec<u8>> {
+        let learned = self.learned.load();
+        let refused = |c: &Command| {
+            matches!(c.route, Route::Unsupported(_))
+                && c.subs.values().all(|s| matches!(s.route, Route::Unsupported(_)))
+                && !learned.subs.keys().any(|k| k.starts_with(c.name.as_bytes()) && k.get(c.name.len()) == Some(&b'|'))
+        };
+        let tops = self.list.iter().chain(learned.top.values().map(|c| &**c));
+        tops.filter(|c| refused(c)).map(|c| c.lower.as_bytes().to_vec()).collect()
+    }
+
+    /// heatshield's own commands (PROXY and the lock commands): no server has them.
+    pub fn own(&self) -> Vec<&Command> {
+        let mut own: Vec<&Command> =
+            self.list.iter().filter(|c| matches!(c.route, Route::Local(Local::Proxy) | Route::Lock(_))).collect();
+        own.sort_by(|a, b| a.name.cmp(&b.name));
+        own
+    }
+
     /// What the last [`CommandTable::learn`] did (`None`: nothing learned yet).
     pub fn learning(&self) -> Option<Learning> {
         self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -894,7 +918,9 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         | "FUNCTION|RESTORE" => FanOut(self::FanOut::AllSame),
         "SCRIPT|EXISTS" => FanOut(self::FanOut::ScriptExists),
         "SCRIPT|KILL" | "FUNCTION|KILL" | "FUNCTION|STATS" => FanOut(self::FanOut::Kill),
-        "COMMAND" => AnyMaster,
+        "COMMAND" | "COMMAND|COUNT" | "COMMAND|INFO" | "COMMAND|LIST" | "COMMAND|DOCS" => {
+            FanOut(self::FanOut::Commands)
+        }
         n if n.starts_with("COMMAND|") => AnyMaster,
         "FUNCTION|LIST" | "FUNCTION|DUMP" => AnyMaster,
         "MULTI" => Transaction(TxCmd::Multi),
