@@ -1194,7 +1194,8 @@ mod tests {
             t.lookup(&req(&["client", "setname"])).unwrap_err().message(),
             "ERR wrong number of arguments for 'client|setname' command"
         );
-        assert_eq!(t.lookup(&req(&["command"])).unwrap().route, Route::AnyMaster);
+        assert_eq!(t.lookup(&req(&["command"])).unwrap().route, Route::FanOut(FanOut::Commands));
+        assert_eq!(t.lookup(&req(&["command", "getkeys", "get", "k"])).unwrap().route, Route::AnyMaster);
     }
 
     #[test]
