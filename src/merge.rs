@@ -322,26 +322,21 @@ fn own_entry(w: &mut Writer, o: &OwnCommand) {
         w.set(2);
         w.simple(if write { "RW" } else { "RO" });
         w.simple(if write { "update" } else { "access" });
-        w.bulk(b"begin_search");
-        w.map(2);
-        w.bulk(b"type");
-        w.bulk(b"index");
-        w.bulk(b"spec");
-        w.map(1);
-        w.bulk(b"index");
-        w.int(1);
-        w.bulk(b"find_keys");
-        w.map(2);
-        w.bulk(b"type");
-        w.bulk(b"range");
-        w.bulk(b"spec");
-        w.map(3);
-        w.bulk(b"lastkey");
-        w.int(0);
-        w.bulk(b"keystep");
-        w.int(1);
-        w.bulk(b"limit");
-        w.int(0);
+        // the lock key: argument 1 (Redis's `begin_search` index, `find_keys` range)
+        let search = |w: &mut Writer, name: &[u8], kind: &[u8], spec: &[(&[u8], i64)]| {
+            w.bulk(name);
+            w.map(2);
+            w.bulk(b"type");
+            w.bulk(kind);
+            w.bulk(b"spec");
+            w.map(spec.len());
+            for (k, v) in spec {
+                w.bulk(k);
+                w.int(*v);
+            }
+        };
+        search(w, b"begin_search", b"index", &[(b"index", 1)]);
+        search(w, b"find_keys", b"range", &[(b"lastkey", 0), (b"keystep", 1), (b"limit", 0)]);
     } else {
         w.array(0);
     }
