@@ -1,5 +1,5 @@
 //! What a cluster-aware client sees when it asks heatshield about the cluster: a cluster
-//! of one master, heatshield itself, owning all 16,384 slots (`CLUSTER INFO`, `MYID`,
+//! of one master, heatshield itself, owning all 16,384 slots (`CLUSTER INFO`, `MYID`, `MYSHARDID`,
 //! `SLOTS`, `SHARDS`, `NODES`, `KEYSLOT`). Such clients (redis-py `RedisCluster`, ioredis
 //! `Cluster`, Jedis `JedisCluster`) then send every command to heatshield, which routes it
 //! to the real cluster behind it. `COUNTKEYSINSLOT` and `GETKEYSINSLOT` are asked of the
@@ -27,6 +27,8 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     let id = node_id(&addr);
     match sub.as_slice() {
         b"MYID" => ctx.reply(|w| w.bulk(id.as_bytes())),
+        // (Redis 7.2, Valkey 8: the one shard heatshield is)
+        b"MYSHARDID" => ctx.reply(|w| w.bulk(shard_id(&addr).as_bytes())),
         b"KEYSLOT" => {
             let s = slot(req.arg(2));
             ctx.reply(|w| w.int(s as i64))
@@ -87,6 +89,11 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         },
         _ => ctx.error(&errors::unsupported(&format!("CLUSTER {}", String::from_utf8_lossy(&sub)), "")),
     }
+}
+
+/// heatshield's shard id for the address it announces, as stable as [`node_id`].
+fn shard_id(addr: &str) -> String {
+    sha1_smol::Sha1::from(format!("heatshield shard {addr}")).digest().to_string()
 }
 
 /// heatshield's node id for the address it announces: 40 hex digits, the same for the

@@ -181,6 +181,8 @@ const CASES: &[(&str, &[&[&str]])] = &[
     ("commandlog|len", &[]),
     ("commandlog|reset", &[]),
     ("cluster|slot-stats", &[]),
+    // heatshield's own shard id: below
+    ("cluster|myshardid", &[]),
     (
         "script|show",
         &[
@@ -201,7 +203,6 @@ const REFUSED: &[(&str, &[&str])] = &[
     ("cluster|flushslot", &["CLUSTER", "FLUSHSLOT", "0"]),
     ("cluster|getslotmigrations", &["CLUSTER", "GETSLOTMIGRATIONS"]),
     ("cluster|migrateslots", &["CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", "0", "1", "NODE", "x"]),
-    ("cluster|myshardid", &["CLUSTER", "MYSHARDID"]),
     ("cluster|syncslots", &["CLUSTER", "SYNCSLOTS", "x"]),
 ];
 
@@ -236,6 +237,10 @@ fn every_newer_command_answers_as_the_keys_master_does() {
         assert_eq!(got, want, "{name}: through heatshield {got:?}, on the master {want:?}");
         assert!(!got.iter().any(|v| v.err().is_some_and(|e| e.contains("heatshield"))), "{name}: {got:?}");
     }
+    // heatshield is one shard: its own id, 40 hex digits, the same on every connection
+    let shard = through.cmd(&["CLUSTER", "MYSHARDID"]).text();
+    assert!(shard.len() == 40 && shard.bytes().all(|b| b.is_ascii_hexdigit()), "{shard}");
+    assert_eq!(Conn::connect(env.proxy.port()).cmd(&["CLUSTER", "MYSHARDID"]).text(), shard);
     // MSETEX is never split: its NX/XX holds for all its keys or none
     let r = through.cmd(&["MSETEX", "2", "{vk:a}", "1", "{vk:b}", "2", "NX", "EX", "100"]);
     assert_eq!(r.err(), Some("CROSSSLOT Keys in request don't hash to the same slot"), "{r:?}");

@@ -946,6 +946,7 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "CLUSTER|SLOT-STATS" => FanOut(self::FanOut::SlotStats),
         "CLUSTER|INFO"
         | "CLUSTER|MYID"
+        | "CLUSTER|MYSHARDID"
         | "CLUSTER|SLOTS"
         | "CLUSTER|SHARDS"
         | "CLUSTER|NODES"
