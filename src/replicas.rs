@@ -24,8 +24,6 @@ use crate::protocol::Request;
 
 /// Between two looks at a master's acknowledgements.
 const POLL: Duration = Duration::from_millis(2);
-/// How long `WAIT 0` gives the replicas' acknowledgements to reach the master's offset.
-const SETTLE: Duration = Duration::from_millis(50);
 
 /// Answers the request `tag` on `reply_to` with the least number, over `masters`, of
 /// replicas that acknowledged all writes before it: once `want` have on every master, or
@@ -75,10 +73,6 @@ async fn acked(node: &NodePool, want: i64, deadline: Option<Instant>, gone: &Rep
     };
     let info = ask(&["INFO", "replication"]).await?;
     let (target, _) = offsets(&info).ok_or("no master_repl_offset in INFO replication")?;
-    // WAIT 0 asks for no replica: Redis answers at once with those that have the
-    // client's last write; heatshield, which only knows the master's offset (past it),
-    // gives their acknowledgements this long to reach it
-    let settle = Instant::now() + SETTLE;
     loop {
         // have the replicas acknowledge now, not at their next second: a WAIT no replica
         // count can meet blocks 1 ms, and the master sends them GETACK (also before the
@@ -88,8 +82,7 @@ async fn acked(node: &NodePool, want: i64, deadline: Option<Instant>, gone: &Rep
         let info = ask(&["INFO", "replication"]).await?;
         let (_, replicas) = offsets(&info).ok_or("no master_repl_offset in INFO replication")?;
         let n = replicas.iter().filter(|&&o| o >= target).count() as i64;
-        let met = n >= want && (want > 0 || n == replicas.len() as i64 || Instant::now() >= settle);
-        if met || deadline.is_some_and(|d| Instant::now() >= d) || gone.is_closed() {
+        if n >= want || deadline.is_some_and(|d| Instant::now() >= d) || gone.is_closed() {
             return Ok(n);
         }
     }

@@ -34,10 +34,7 @@ fn wait_counts_the_replicas_that_have_every_write() {
     assert_eq!(c.read_reply(), V::Int(1));
     assert!(began.elapsed() < Duration::from_secs(1), "WAIT 1 took {:?}", began.elapsed());
     assert_eq!(c.read_reply(), V::s("v"));
-    // WAIT 0 asks for nothing: an answer at once (what has been acknowledged by then)
-    let began = Instant::now();
-    assert!(matches!(c.cmd(&["WAIT", "0", "0"]), V::Int(0 | 1)));
-    assert!(began.elapsed() < Duration::from_millis(500), "WAIT 0 0 took {:?}", began.elapsed());
+    assert_eq!(c.cmd(&["WAIT", "0", "0"]), V::Int(1));
     // more replicas than there are: the count there is when the timeout ends
     let began = Instant::now();
     assert_eq!(c.cmd(&["WAIT", "2", "300"]), V::Int(1));
@@ -64,7 +61,7 @@ fn wait_counts_the_replicas_that_have_every_write() {
     let began = Instant::now();
     assert_eq!(other.cmd(&["SET", "w:paused", "w"]), V::ok());
     assert!(
-        began.elapsed() < Duration::from_millis(500),
+        began.elapsed() < Duration::from_millis(200),
         "a SET behind another client's WAIT took {:?}",
         began.elapsed()
     );
