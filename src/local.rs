@@ -51,28 +51,6 @@ fn ping_busy(proxy: &Proxy, ctx: &mut Ctx) -> Option<Outcome> {
     crate::route::while_busy(proxy, ctx, &running, crate::merge::ping_reply, PingProbe).ok()
 }
 
-/// WAIT numreplicas timeout: after the client's earlier commands have their replies (its
-/// lane waits for them), the least number of replicas over the masters that acknowledged
-/// every write so far, asked on connections of its own ([`crate::replicas`]).
-fn wait(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
-    let Some(want) = parse_i64(req.arg(1)) else { return ctx.error(errors::NOT_AN_INTEGER) };
-    let Some(timeout) = parse_i64(req.arg(2)) else { return ctx.error(errors::TIMEOUT_NOT_AN_INTEGER) };
-    if timeout < 0 {
-        return ctx.error(errors::TIMEOUT_NEGATIVE);
-    }
-    let masters = proxy.cluster.topology().masters.to_vec();
-    let Some(first) = masters.first().cloned() else { return ctx.error(errors::NO_SLOT_MAP) };
-    let deadline = (timeout > 0).then(|| ctx.now + std::time::Duration::from_millis(timeout as u64));
-    // its own timeout, not the proxy's reply deadline (0: for ever)
-    ctx.wait_ms = if timeout == 0 { u32::MAX } else { timeout.min(u32::MAX as i64) as u32 };
-    let tag = crate::backend::Tag { seq: ctx.seq, part: 0 };
-    crate::replicas::spawn(masters, want, deadline, ctx.reply_to.clone(), tag);
-    // (answered by the task; the part is never sent)
-    let part = crate::pending::Part::new(req.raw().clone(), crate::pending::Target::Node(first));
-    let merge = crate::pending::Finish::Merge(crate::merge::Merge::Pass);
-    Outcome::Waiting(crate::pending::Pending::new(ctx, merge, smallvec::smallvec![part]))
-}
-
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
     match l {
         // RESP2 with subscriptions: Redis answers PING as a message-shaped array
@@ -98,7 +76,6 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             _ => ctx.error(&crate::errors::wrong_arity("ping")),
         },
         Local::Echo => ctx.reply(|w| w.bulk(req.arg(1))),
-        Local::Wait => wait(proxy, ctx, req),
         Local::Quit => {
             ctx.client.quit = true;
             ctx.reply(|w| w.ok())

@@ -142,9 +142,6 @@ pub enum Local {
     /// `CONFIG GET | SET | RESETSTAT | REWRITE`: the masters' settings as one server's
     /// (crate::config_face).
     Config,
-    /// WAIT: the masters' replicas' acknowledgements, asked on connections of its own
-    /// (crate::replicas).
-    Wait,
 }
 
 impl Local {
@@ -840,8 +837,7 @@ fn make(id: usize, name: String, arity: i32, flags: u32, keys: KeySpec, route: R
         Route::Split(_) | Route::AnyMaster | Route::Unsupported(_) => true,
         Route::FanOut(f) => f != FanOut::Kill,
         // (PING takes connections of its own while a script runs: see crate::dispatch)
-        // (and WAIT waits for the client's requests in flight: see crate::replicas)
-        Route::Local(l) => !matches!(l, Local::Reset | Local::Ping | Local::Wait),
+        Route::Local(l) => !matches!(l, Local::Reset | Local::Ping),
         Route::Lock(_) | Route::Transaction(_) | Route::Block | Route::Subscribe(..) => false,
     };
     Command {
@@ -934,9 +930,7 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "UNWATCH" => Transaction(TxCmd::Unwatch),
         "MONITOR" => Unsupported(""),
         "MOVE" | "SWAPDB" => Unsupported("only database 0 exists behind the proxy"),
-        "WAIT" => Local(self::Local::Wait),
-        // (an AOF offset of this client's writes is not something a master tells)
-        "WAITAOF" => Unsupported("backend connections are shared between clients"),
+        "WAIT" | "WAITAOF" => Unsupported("backend connections are shared between clients"),
         // Valkey 9: a scan of one slot at a time, on the node that owns it
         "CLUSTERSCAN" => Unsupported("heatshield is one node to its clients: SCAN covers every master"),
         "MIGRATE" | "ASKING" => Unsupported("cluster administration is not supported"),
