@@ -263,9 +263,27 @@ pub struct ClientState {
     pub subs: Option<Box<crate::pubsub::Subscriptions>>,
     /// CLIENT TRACKING on (`None`: off).
     pub tracking: Option<Box<crate::cache::clients::Tracking>>,
+    /// The nodes this client's writes were sent to (what WAIT and WAITAOF answer for,
+    /// see crate::replicas), at most [`WROTE_MAX`].
+    pub wrote: Vec<Arc<str>>,
 }
 
+/// At most this many nodes in [`ClientState::wrote`]; past it, the longest-known goes.
+pub const WROTE_MAX: usize = 64;
+
 impl ClientState {
+    /// Notes that a write of this client's goes to `node`.
+    #[inline]
+    pub fn wrote_to(&mut self, node: &Arc<str>) {
+        if self.wrote.iter().any(|a| Arc::ptr_eq(a, node) || a == node) {
+            return;
+        }
+        if self.wrote.len() == WROTE_MAX {
+            self.wrote.remove(0);
+        }
+        self.wrote.push(node.clone());
+    }
+
     /// The [`flag`] bits of this client now (`blocked`: a blocking command waits).
     pub fn flags(&self, blocked: bool) -> u8 {
         let mut f = 0;

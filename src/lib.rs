@@ -26,6 +26,7 @@
 //! - [`config`]: the TOML configuration, its validation, the live settings;
 //! - [`proxy`]: the state every session shares, and the record of each answered command;
 //! - [`learn`]: the command table learned from the masters (`COMMAND`), kept current;
+//! - [`replicas`]: WAIT and WAITAOF, asked of the masters the client wrote to;
 //! - [`merge`]: how part replies become one (split MGET order, sums, SCAN cursors);
 //! - [`pending`]: a request's context, and a request in flight (sends, redirections, retries);
 //! - [`route`]: where an admitted request's parts go (one node, split by slot, fan-out);
@@ -74,6 +75,7 @@ pub mod proxy;
 pub mod pubsub;
 pub mod queue;
 pub mod ratelimit;
+pub mod replicas;
 pub mod retry;
 pub mod route;
 pub mod scripts;

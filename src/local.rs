@@ -51,6 +51,31 @@ fn ping_busy(proxy: &Proxy, ctx: &mut Ctx) -> Option<Outcome> {
     crate::route::while_busy(proxy, ctx, &running, crate::merge::ping_reply, PingProbe).ok()
 }
 
+/// WAIT numreplicas timeout, WAITAOF numlocal numreplicas timeout: after the client's
+/// earlier commands have their replies (its lane waits for them), asked of the masters it
+/// wrote to on connections of heatshield's own ([`crate::replicas`]).
+fn wait(proxy: &Proxy, ctx: &mut Ctx, req: &Request, kind: crate::replicas::Kind) -> Outcome {
+    // (arguments the server refuses are its to refuse, in its words: an ask with them
+    // answers its error; only the timeout is read here, to keep the request alive)
+    let timeout = parse_i64(req.arg(req.argc() - 1)).filter(|&t| t >= 0).unwrap_or(0);
+    let (asks, lost) = crate::replicas::asks(&proxy.cluster.topology(), &ctx.client.wrote);
+    // (a node that is no master any more is answered for once, then forgotten)
+    let topo = proxy.cluster.topology();
+    ctx.client.wrote.retain(|a| topo.masters.iter().any(|m| *m.addr == **a));
+    let Some(first) = asks.first().map(|a| a.node.clone()).or_else(|| topo.masters.first().cloned()) else {
+        return ctx.error(errors::NO_SLOT_MAP);
+    };
+    let deadline = (timeout > 0).then(|| ctx.now + std::time::Duration::from_millis(timeout as u64));
+    // its own timeout, not the proxy's reply deadline (0: for ever)
+    ctx.wait_ms = if timeout == 0 { u32::MAX } else { timeout.min(u32::MAX as i64) as u32 };
+    let tag = crate::backend::Tag { seq: ctx.seq, part: 0 };
+    crate::replicas::spawn(asks, kind, req.clone(), lost, deadline, ctx.reply_to.clone(), tag);
+    // (answered by the task; the part is never sent)
+    let part = crate::pending::Part::new(req.raw().clone(), crate::pending::Target::Node(first));
+    let merge = crate::pending::Finish::Merge(crate::merge::Merge::Pass);
+    Outcome::Waiting(crate::pending::Pending::new(ctx, merge, smallvec::smallvec![part]))
+}
+
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
     match l {
         // RESP2 with subscriptions: Redis answers PING as a message-shaped array
@@ -76,6 +101,8 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             _ => ctx.error(&crate::errors::wrong_arity("ping")),
         },
         Local::Echo => ctx.reply(|w| w.bulk(req.arg(1))),
+        Local::Wait => wait(proxy, ctx, req, crate::replicas::Kind::Wait),
+        Local::WaitAof => wait(proxy, ctx, req, crate::replicas::Kind::WaitAof),
         Local::Quit => {
             ctx.client.quit = true;
             ctx.reply(|w| w.ok())

@@ -103,7 +103,7 @@ fn lane_of(client: &ClientState, cmd: &Command, req: &Request, queuing: bool) ->
             None => Lane::Own,
         },
         Route::Transaction(_) => Lane::Local,
-        Route::Local(Local::Reset) => Lane::Own,
+        Route::Local(Local::Reset | Local::Wait | Local::WaitAof) => Lane::Own,
         Route::Local(Local::Quit) => shared,
         _ if queuing => Lane::Local,
         Route::Block => match watching {

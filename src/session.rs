@@ -91,6 +91,8 @@ struct Meta {
     /// Milliseconds the request may wait on purpose (LOCK.ACQUIRE ... WAIT) on top of
     /// the reply deadline.
     wait_ms: u32,
+    /// The command may write (see `Ctx::writes`).
+    writes: bool,
 }
 
 impl Meta {
@@ -105,6 +107,7 @@ impl Meta {
             first_key: 0,
             node: None,
             wait_ms: 0,
+            writes: false,
         }
     }
 
@@ -518,6 +521,7 @@ impl Session {
             watch: None,
             subs: None,
             tracking: None,
+            wrote: Vec::new(),
         };
         let limits = &proxy.config.limits;
         let soft = limits.output_soft_bytes as usize;
@@ -771,6 +775,7 @@ impl Session {
                     retried = not_an_answer(&r) && !as_is;
                     let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, e.meta.started);
                     ctx.cmd = e.meta.cmd;
+                    ctx.writes = e.meta.writes;
                     ctx.stale = self.stale;
                     if as_is {
                         crate::pending::answer_as_is(&self.proxy, &mut ctx, p, r)
@@ -1009,6 +1014,7 @@ impl Session {
             return false;
         }
         (meta.cmd, meta.cached, meta.wait_ms, meta.first_key) = (ctx.cmd, ctx.cached, ctx.wait_ms, ctx.first_key);
+        meta.writes = ctx.writes;
         let (pushing, lane) = (ctx.pushing, ctx.lane);
         self.client.rl.forget();
         // CLIENT REPLY: OFF and SKIP's own replies are not written, nor the reply of the

@@ -285,7 +285,7 @@ fn time_and_command_introspection() {
         for n in ["get", "mset", "cluster", "client", "config", "proxy", "lock.acquire", "lock.info"] {
             assert!(names.contains(&n.to_string()) && list.contains(&n.to_string()), "{n} missing");
         }
-        for n in ["monitor", "debug", "shutdown", "swapdb", "migrate", "wait"] {
+        for n in ["monitor", "debug", "shutdown", "swapdb", "migrate"] {
             assert!(!names.contains(&n.to_string()) && !list.contains(&n.to_string()), "{n} listed");
         }
         let info = c.cmd(&["COMMAND", "INFO", "monitor", "lock.acquire", "get"]);
@@ -350,7 +350,6 @@ fn unsupported_commands_are_refused_by_name() {
             (&["CLUSTER", "FAILOVER"], "CLUSTER FAILOVER"),
             (&["CLUSTER", "ADDSLOTS", "1"], "CLUSTER ADDSLOTS"),
             (&["LATENCY", "RESET"], "LATENCY RESET"),
-            (&["WAIT", "1", "0"], "WAIT"),
             (&["SHUTDOWN"], "SHUTDOWN"),
             (&["DEBUG", "SLEEP", "0"], "DEBUG"),
         ];

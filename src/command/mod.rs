@@ -142,6 +142,11 @@ pub enum Local {
     /// `CONFIG GET | SET | RESETSTAT | REWRITE`: the masters' settings as one server's
     /// (crate::config_face).
     Config,
+    /// WAIT: the replicas' acknowledgements of the client's writes, asked of the masters
+    /// on connections of heatshield's own (crate::replicas).
+    Wait,
+    /// WAITAOF (Redis 7.2): the same, for the fsyncs of the masters and their replicas.
+    WaitAof,
 }
 
 impl Local {
@@ -657,7 +662,9 @@ impl CommandTable {
         };
         let route = if !def.keys_followable() {
             Route::Unsupported("its keys cannot be found from its key specs")
-        } else if fl & flags::BLOCKING != 0 && !matches!(route_of(&def.name, fl), Route::Unsupported(_)) {
+        } else if fl & flags::BLOCKING != 0
+            && !matches!(route_of(&def.name, fl), Route::Unsupported(_) | Route::Local(_))
+        {
             Route::Unsupported("heatshield does not know where its timeout is")
         } else {
             route_of(&def.name, fl)
@@ -837,7 +844,8 @@ fn make(id: usize, name: String, arity: i32, flags: u32, keys: KeySpec, route: R
         Route::Split(_) | Route::AnyMaster | Route::Unsupported(_) => true,
         Route::FanOut(f) => f != FanOut::Kill,
         // (PING takes connections of its own while a script runs: see crate::dispatch)
-        Route::Local(l) => !matches!(l, Local::Reset | Local::Ping),
+        // (and WAIT waits for the client's requests in flight: see crate::replicas)
+        Route::Local(l) => !matches!(l, Local::Reset | Local::Ping | Local::Wait | Local::WaitAof),
         Route::Lock(_) | Route::Transaction(_) | Route::Block | Route::Subscribe(..) => false,
     };
     Command {
@@ -930,7 +938,8 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "UNWATCH" => Transaction(TxCmd::Unwatch),
         "MONITOR" => Unsupported(""),
         "MOVE" | "SWAPDB" => Unsupported("only database 0 exists behind the proxy"),
-        "WAIT" | "WAITAOF" => Unsupported("backend connections are shared between clients"),
+        "WAIT" => Local(self::Local::Wait),
+        "WAITAOF" => Local(self::Local::WaitAof),
         // Valkey 9: a scan of one slot at a time, on the node that owns it
         "CLUSTERSCAN" => Unsupported("heatshield is one node to its clients: SCAN covers every master"),
         "MIGRATE" | "ASKING" => Unsupported("cluster administration is not supported"),

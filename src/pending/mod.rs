@@ -87,6 +87,9 @@ pub struct Ctx<'a> {
     pub stale: bool,
     /// Set by dispatch: the way to Redis the request takes ([`crate::order`]).
     pub lane: crate::order::Lane,
+    /// Set by dispatch: the command may write (not `readonly`): the nodes it is sent to
+    /// are noted for WAIT ([`ClientState::wrote`]).
+    pub writes: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -116,6 +119,7 @@ impl<'a> Ctx<'a> {
             pushing: false,
             stale: false,
             lane: crate::order::Lane::Local,
+            writes: false,
         }
     }
 
@@ -467,6 +471,9 @@ pub fn start_in(
         } else {
             joined(buffer.as_ref(), ctx.req, &p.parts[i..j])
         };
+        if ctx.writes {
+            ctx.client.wrote_to(&node.addr);
+        }
         let conn = node.conn(ctx.client.proto, ctx.client.id);
         if n == 1 && conn.stats.held(ctx.now) && ctx.client.inflight == 0 && !asking {
             // A script has held this shared connection for a while: Redis reads nothing

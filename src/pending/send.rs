@@ -71,6 +71,9 @@ pub(super) fn send_part(
     count: u32,
 ) -> Result<(), Bytes> {
     let (node, asking) = resolve(proxy, &part.target)?;
+    if ctx.writes {
+        ctx.client.wrote_to(&node.addr);
+    }
     let req = BackendRequest {
         data: part.data(ctx.req).clone(),
         count,
