@@ -53,6 +53,9 @@ pub struct BackendRequest {
     pub reply_to: ReplyTx,
     /// A blocking command's place in its node's send order (see [`SendOrder`]).
     pub order: Option<Box<OrderTicket>>,
+    /// The database the commands run in: not 0, they are written between `SELECT db` and
+    /// `SELECT 0`, whose replies are dropped, so the connection is always left in 0.
+    pub db: u32,
 }
 
 /// Blocking commands for one node reach it in the order heatshield took them from its
@@ -315,6 +318,27 @@ struct Inflight {
     /// A prefix's reply precedes this request's reply.
     prefix: Prefix,
     sent: Instant,
+    /// A `SELECT` written around a request in another database: its reply is dropped.
+    select: bool,
+}
+
+impl Inflight {
+    /// The entry of a `SELECT` written around a request for `reply_to`.
+    fn select(reply_to: &ReplyTx, now: Instant) -> Inflight {
+        let tag = Tag { seq: 0, part: u32::MAX };
+        Inflight { tag, count: 1, reply_to: reply_to.clone(), prefix: Prefix::None, sent: now, select: true }
+    }
+}
+
+/// `SELECT db`, as written before a request in database `db`.
+fn select(wbuf: &mut BytesMut, db: u32) {
+    let mut n = itoa::Buffer::new();
+    let n = n.format(db);
+    wbuf.extend_from_slice(b"*2\r\n$6\r\nSELECT\r\n$");
+    wbuf.extend_from_slice(itoa::Buffer::new().format(n.len()).as_bytes());
+    wbuf.extend_from_slice(b"\r\n");
+    wbuf.extend_from_slice(n.as_bytes());
+    wbuf.extend_from_slice(b"\r\n");
 }
 
 const BATCH_BYTES: usize = 256 * 1024;
@@ -574,13 +598,27 @@ async fn serve(
             // (a reply can only follow the write)
             let mut added = 0usize;
             while let Some(req) = next.take() {
+                let db = req.db;
+                if db != 0 {
+                    select(&mut wbuf, db);
+                    batch.push(Inflight::select(&req.reply_to, now));
+                    added += 1;
+                }
                 wbuf.extend_from_slice(req.prefix.bytes());
                 let big = req.data.len() > 64 * 1024;
                 if !big {
                     wbuf.extend_from_slice(&req.data);
                 }
                 let count = req.count.max(1);
-                batch.push(Inflight { tag: req.tag, count, reply_to: req.reply_to, prefix: req.prefix, sent: now });
+                let back = (db != 0).then(|| Inflight::select(&req.reply_to, now));
+                batch.push(Inflight {
+                    tag: req.tag,
+                    count,
+                    reply_to: req.reply_to,
+                    prefix: req.prefix,
+                    sent: now,
+                    select: false,
+                });
                 added += count as usize;
                 if big {
                     // large values go straight from the client's buffer to the socket
@@ -588,6 +626,11 @@ async fn serve(
                     wr.write_all(&wbuf).await?;
                     wbuf.clear();
                     wr.write_all(&req.data).await?;
+                }
+                if let Some(back) = back {
+                    select(&mut wbuf, 0);
+                    batch.push(back);
+                    added += 1;
                 }
                 if wbuf.len() < BATCH_BYTES {
                     next = rx.try_recv();
@@ -650,6 +693,16 @@ async fn serve(
                     failed = Some(std::io::Error::other("reply with no request"));
                     break;
                 };
+                if front.select {
+                    // (nothing is held before it: it is a request of its own)
+                    let frame = rbuf.split_to(n);
+                    if frame.first() == Some(&b'-') {
+                        warn!(node = %addr, reply = %String::from_utf8_lossy(&frame).trim_end(), "SELECT refused");
+                    }
+                    q.pop_front();
+                    answered += 1;
+                    continue;
+                }
                 if front.prefix != Prefix::None {
                     let frame = rbuf.split_to(n); // nothing is held before a prefix's reply
                     if front.prefix == Prefix::CachingYes
@@ -728,6 +781,9 @@ async fn serve(
     }
     for inf in fifo.lock().drain(..) {
         stats.inflight.fetch_sub(inf.count as usize, Ordering::Relaxed);
+        if inf.select {
+            continue;
+        }
         let e = if timed_out {
             metrics.err_timeout.increment(inf.count as u64);
             BackendError::Timeout(addr.clone())

@@ -159,6 +159,8 @@ pub struct ClientInfo {
     pub subs: [AtomicUsize; 3],
     /// CLIENT LIST's `redir`: -1 not tracking, 0 tracking without a redirect, else its id.
     pub redir: AtomicI64,
+    /// CLIENT LIST's `db`: the database SELECT chose.
+    pub db: std::sync::atomic::AtomicU32,
     /// The session's reply channel, for [`Control`] messages.
     control: ReplyTx,
 }
@@ -178,6 +180,7 @@ impl ClientInfo {
             resp: AtomicU8::new(2),
             subs: Default::default(),
             redir: AtomicI64::new(-1),
+            db: Default::default(),
             control,
         }
     }
@@ -266,16 +269,20 @@ pub struct ClientState {
     /// The nodes this client's writes were sent to (what WAIT and WAITAOF answer for,
     /// see crate::replicas), at most [`WROTE_MAX`].
     pub wrote: Vec<Arc<str>>,
+    /// SELECT: the database this client's commands run in (see `crate::backend::BackendRequest::db`).
+    pub db: u32,
 }
 
 /// At most this many nodes in [`ClientState::wrote`]; past it, the longest-known goes.
 pub const WROTE_MAX: usize = 64;
 
 impl ClientState {
-    /// Notes that a write of this client's goes to `node`.
+    /// Notes that a write of this client's goes to `node` (a node's pool keeps its
+    /// address: pointers are compared; a pool made anew for an address may be noted twice,
+    /// which crate::replicas folds).
     #[inline]
     pub fn wrote_to(&mut self, node: &Arc<str>) {
-        if self.wrote.iter().any(|a| Arc::ptr_eq(a, node) || a == node) {
+        if self.wrote.iter().rev().any(|a| Arc::ptr_eq(a, node)) {
             return;
         }
         if self.wrote.len() == WROTE_MAX {

@@ -135,7 +135,7 @@ pub fn line(proxy: &Proxy, c: &ClientInfo) -> String {
     let idle = now_ms.saturating_sub(c.last_ms.load(Ordering::Relaxed)) / 1000;
     let cmd = proxy.commands.name_of(c.last_cmd.load(Ordering::Relaxed)).to_ascii_lowercase();
     format!(
-        "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db=0 sub={} psub={} ssub={} multi={} \
+        "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db={} sub={} psub={} ssub={} multi={} \
          qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} \
          user=default redir={} resp={} lib-name={} lib-ver={}",
         c.id,
@@ -145,6 +145,7 @@ pub fn line(proxy: &Proxy, c: &ClientInfo) -> String {
         c.created.elapsed().as_secs(),
         idle,
         flags,
+        c.db.load(Ordering::Relaxed),
         c.subs[0].load(Ordering::Relaxed),
         c.subs[1].load(Ordering::Relaxed),
         c.subs[2].load(Ordering::Relaxed),

@@ -56,7 +56,7 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         }
     };
     ctx.cmd = cmd.id;
-    ctx.writes = !cmd.is_readonly();
+    ctx.writes = !cmd.is_read();
     // (Redis turns a refused EXEC into EXECABORT, and discards the transaction)
     if !ctx.client.authed && !matches!(cmd.route, Route::Local(l) if l.auth_free()) {
         if cmd.route == Route::Transaction(TxCmd::Exec) {

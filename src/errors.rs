@@ -37,6 +37,8 @@ pub const PROTO_NOT_AN_INTEGER: &str = "ERR Protocol version is not an integer o
 pub const HELLO_NOAUTH: &str = "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time";
 /// SELECT of a database other than 0 (Redis's text, and why).
 pub const DB_OUT_OF_RANGE: &str = "ERR DB index is out of range (heatshield serves database 0 only)";
+/// Redis's own text, where the masters have several databases.
+pub const DB_INDEX_OUT_OF_RANGE: &str = "ERR DB index is out of range";
 
 // Redis's own texts for the keys of a request (command table).
 pub const NUMKEYS_NEGATIVE: &str = "ERR Number of keys can't be negative";

@@ -4,7 +4,8 @@
 //! from every master and gives the command table what they all agree on
 //! ([`crate::command::CommandTable::learn`]). The check is two small requests per master
 //! each `backend.refresh_interval_ms`, on a connection of its own, never on the request
-//! path.
+//! path. The same check reads how many databases the masters have (Valkey 9's
+//! `cluster-databases`, a standalone server's `databases`): SELECT accepts that many.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +25,8 @@ struct Seen {
     version: String,
     /// `COMMAND COUNT`: changes when a module adds commands.
     count: i64,
+    /// Its databases (1 where it has no setting for them, or does not say).
+    databases: u32,
 }
 
 /// How long start-up waits for the first learning (the masters' `COMMAND`): a master
@@ -73,6 +76,11 @@ async fn check(proxy: &Proxy, seen: &mut Vec<Seen>) -> Result<(), String> {
         let mut c = Conn::open(m).await.map_err(|e| format!("{}: {e}", m.addr))?;
         now.push(c.seen().await.map_err(|e| format!("{}: {e}", m.addr))?);
         conns.push(c);
+    }
+    let databases = now.iter().map(|s| s.databases).min().unwrap_or(1).max(1);
+    let was = proxy.databases.swap(databases, std::sync::atomic::Ordering::Relaxed);
+    if was != databases {
+        info!(databases, "databases the masters have");
     }
     let mut sorted = now.clone();
     sorted.sort_by(|a, b| a.addr.cmp(&b.addr));
@@ -133,8 +141,27 @@ impl Conn {
             .ok()
             .and_then(|(v, _)| v.as_int())
             .ok_or("COMMAND COUNT: not an integer")?;
-        Ok(Seen { addr: self.addr.clone(), version: version_of(&info), count })
+        // (cluster mode has database 0 only, unless Valkey 9's cluster-databases says more)
+        let setting = if String::from_utf8_lossy(&info).contains("redis_mode:cluster") {
+            "cluster-databases"
+        } else {
+            "databases"
+        };
+        let databases = databases_of(&self.ask(&["CONFIG", "GET", setting]).await?);
+        Ok(Seen { addr: self.addr.clone(), version: version_of(&info), count, databases })
     }
+}
+
+/// The value of a `CONFIG GET` reply for one setting: 1 if there is none (Redis 7's
+/// cluster mode), or CONFIG is refused (managed services rename it).
+fn databases_of(reply: &[u8]) -> u32 {
+    use crate::protocol::reply::Value;
+    let value = match Value::parse(reply) {
+        Ok((Value::Array(v), _)) => v.get(1).and_then(Value::as_int),
+        Ok((Value::Map(v), _)) => v.first().and_then(|(_, v)| v.as_int()),
+        _ => None,
+    };
+    value.and_then(|n| u32::try_from(n).ok()).unwrap_or(1).max(1)
 }
 
 /// `valkey 9.1.2` or `redis 7.0.15` from an `INFO server` reply.
@@ -147,5 +174,19 @@ fn version_of(info: &[u8]) -> String {
         (Some(v), _) => format!("valkey {v}"),
         (None, Some(v)) => format!("redis {v}"),
         _ => "unknown".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn databases_are_read_from_config_get() {
+        assert_eq!(databases_of(b"*2\r\n$17\r\ncluster-databases\r\n$2\r\n16\r\n"), 16);
+        assert_eq!(databases_of(b"%1\r\n$9\r\ndatabases\r\n$1\r\n4\r\n"), 4);
+        assert_eq!(databases_of(b"*0\r\n"), 1);
+        assert_eq!(databases_of(b"-ERR unknown command 'CONFIG'\r\n"), 1);
+        assert_eq!(databases_of(b"*2\r\n$9\r\ndatabases\r\n$1\r\n0\r\n"), 1);
     }
 }

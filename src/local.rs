@@ -108,11 +108,19 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             ctx.reply(|w| w.ok())
         }
         Local::Ok => ctx.reply(|w| w.ok()),
-        Local::Select => match parse_i64(req.arg(1)) {
-            Some(0) => ctx.reply(|w| w.ok()),
-            Some(_) => ctx.error(errors::DB_OUT_OF_RANGE),
-            None => ctx.error(crate::errors::NOT_AN_INTEGER),
-        },
+        Local::Select => {
+            let dbs = proxy.databases.load(std::sync::atomic::Ordering::Relaxed);
+            match parse_i64(req.arg(1)) {
+                Some(n) if (0..dbs as i64).contains(&n) => {
+                    ctx.client.db = n as u32;
+                    ctx.client.info.db.store(n as u32, std::sync::atomic::Ordering::Relaxed);
+                    ctx.reply(|w| w.ok())
+                }
+                Some(_) if dbs > 1 => ctx.error(errors::DB_INDEX_OUT_OF_RANGE),
+                Some(_) => ctx.error(errors::DB_OUT_OF_RANGE),
+                None => ctx.error(crate::errors::NOT_AN_INTEGER),
+            }
+        }
         Local::Time => {
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
             ctx.reply(|w| {
@@ -135,6 +143,8 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             ctx.client.mode = crate::client::Mode::Normal;
             ctx.client.unwatch();
             ctx.client.proto = Proto::Resp2;
+            ctx.client.db = 0;
+            ctx.client.info.db.store(0, std::sync::atomic::Ordering::Relaxed);
             ctx.client.info.names.lock().name = None;
             ctx.client.reply = crate::client::ReplyMode::On;
             (ctx.client.no_evict, ctx.client.no_touch) = (false, false);

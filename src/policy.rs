@@ -66,7 +66,14 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
     let mget = route == Route::Split(Split::Mget);
     let mut found = Lookup::None;
     // (under WATCH reads go to the master, on the pinned connection)
-    if cache.enabled && !keys.is_empty() && cmd.is_readonly() && lock.is_none() && ctx.client.watch.is_none() {
+    // (the cache holds database 0's values: reads in another go to the master)
+    if cache.enabled
+        && !keys.is_empty()
+        && cmd.is_readonly()
+        && lock.is_none()
+        && ctx.client.watch.is_none()
+        && ctx.client.db == 0
+    {
         if mget {
             for &k in &keys {
                 cache.sample(key(k));

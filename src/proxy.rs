@@ -67,6 +67,9 @@ pub struct Proxy {
     pub pubsub: Arc<crate::pubsub::Hub>,
     /// CLIENT TRACKING: the keys each tracking client read.
     pub client_side: Arc<crate::cache::clients::ClientSide>,
+    /// How many databases every master has (Valkey 9's `cluster-databases`, a standalone
+    /// server's `databases`; 1 until learned, see crate::learn): what SELECT accepts.
+    pub databases: std::sync::atomic::AtomicU32,
 }
 
 /// What statistics need of a reply once it has been written (the reply itself is gone).
@@ -127,6 +130,7 @@ impl Proxy {
             locks: Arc::default(),
             pubsub: Arc::new(crate::pubsub::Hub::new(cluster.clone(), config.limits.max_subscriptions)),
             client_side: Arc::new(crate::cache::clients::ClientSide::new(config.limits.tracking_max_keys)),
+            databases: std::sync::atomic::AtomicU32::new(1),
             scripts: Default::default(),
             clients: Default::default(),
             live: crate::config::Live::new(&config),

@@ -55,6 +55,7 @@ pub fn asks(topo: &Topology, wrote: &[Arc<str>]) -> (Vec<Ask>, bool) {
     let mut out = Vec::with_capacity(wrote.len());
     for addr in wrote {
         match topo.masters.iter().find(|m| *m.addr == **addr) {
+            Some(m) if out.iter().any(|a: &Ask| Arc::ptr_eq(&a.node, m)) => {}
             Some(m) => match touch_key(topo, m) {
                 Some(k) => out.push(Ask { node: m.clone(), touch: Some(k) }),
                 None => lost = true,

@@ -344,6 +344,7 @@ pub fn while_busy<H: Send + 'static>(
                 tag: Tag { seq: 0, part: i as u32 },
                 reply_to: tx.clone(),
                 order: None,
+                db: 0,
             });
         }
         drop(tx);

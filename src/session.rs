@@ -522,6 +522,7 @@ impl Session {
             subs: None,
             tracking: None,
             wrote: Vec::new(),
+            db: 0,
         };
         let limits = &proxy.config.limits;
         let soft = limits.output_soft_bytes as usize;

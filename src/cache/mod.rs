@@ -514,6 +514,7 @@ impl HotCache {
             tag: Tag { seq: id, part: 0 },
             reply_to: fill_tx.clone(),
             order: None,
+            db: 0,
         });
         true
     }

@@ -164,6 +164,7 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
                 tag: Tag { seq: conns.len() as u64, part: 0 },
                 reply_to: rearm_tx.clone(),
                 order: None,
+                db: 0,
             });
             conns.push(b.stats.clone());
         }

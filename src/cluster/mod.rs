@@ -196,6 +196,7 @@ impl Lease {
                     tag: backend::Tag { seq: 0, part: 0 },
                     reply_to: tx,
                     order: None,
+                    db: 0,
                 });
             }
             list.push(conn);

@@ -937,7 +937,8 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "WATCH" => Transaction(TxCmd::Watch),
         "UNWATCH" => Transaction(TxCmd::Unwatch),
         "MONITOR" => Unsupported(""),
-        "MOVE" | "SWAPDB" => Unsupported("only database 0 exists behind the proxy"),
+        // (MOVE goes to its key's master, which has the databases or says it has not)
+        "SWAPDB" => Unsupported("each master would swap its databases at its own moment"),
         "WAIT" => Local(self::Local::Wait),
         "WAITAOF" => Local(self::Local::WaitAof),
         // Valkey 9: a scan of one slot at a time, on the node that owns it

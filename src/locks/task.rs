@@ -341,6 +341,7 @@ fn send_to(
             tag,
             reply_to: rtx.clone(),
             order: None,
+            db: 0,
         }),
         None => {
             let _ = rtx.send(BackendReply::one(tag, Err(BackendError::NotSent("unserved slot".into()))));

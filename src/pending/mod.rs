@@ -499,6 +499,7 @@ pub fn start_in(
             tag: Tag { seq: ctx.seq, part: i as u32 },
             reply_to: ctx.reply_to.clone(),
             order: None,
+            db: ctx.client.db,
         });
         i = j;
     }
@@ -750,6 +751,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
                         tag: Tag { seq: ctx.seq, part: u32::MAX },
                         reply_to: ctx.reply_to.clone(),
                         order: None,
+                        db: 0,
                     });
                     return resend(proxy, ctx, p, idx);
                 }

@@ -81,6 +81,7 @@ pub(super) fn send_part(
         tag: Tag { seq: ctx.seq, part: idx },
         reply_to: ctx.reply_to.clone(),
         order: None,
+        db: ctx.client.db,
     };
     let Some(d) = dedicated else {
         node.conn(ctx.client.proto, ctx.client.id).send(req);
@@ -160,7 +161,7 @@ pub(super) fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &mut P
     let target = part.target.clone();
     let data = part.data(ctx.req).clone();
     let reply_to = ctx.reply_to.clone();
-    let (proto, affinity) = (ctx.client.proto, ctx.client.id);
+    let (proto, affinity, db) = (ctx.client.proto, ctx.client.id, ctx.client.db);
     let tag = Tag { seq: ctx.seq, part: idx };
     tokio::spawn(async move {
         tokio::time::sleep(RETRY_DELAY).await;
@@ -176,6 +177,7 @@ pub(super) fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &mut P
                 tag,
                 reply_to,
                 order: None,
+                db,
             }),
             None => {
                 for k in 0..count {
