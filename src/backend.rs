@@ -610,7 +610,8 @@ async fn serve(
                     wbuf.extend_from_slice(&req.data);
                 }
                 let count = req.count.max(1);
-                let back = (db != 0).then(|| Inflight::select(&req.reply_to, now));
+                // (the SELECT 0 written after it answers to the same session)
+                let back = if db != 0 { Some(req.reply_to.clone()) } else { None };
                 batch.push(Inflight {
                     tag: req.tag,
                     count,
@@ -627,9 +628,9 @@ async fn serve(
                     wbuf.clear();
                     wr.write_all(&req.data).await?;
                 }
-                if let Some(back) = back {
+                if let Some(to) = back {
                     select(&mut wbuf, 0);
-                    batch.push(back);
+                    batch.push(Inflight::select(&to, now));
                     added += 1;
                 }
                 if wbuf.len() < BATCH_BYTES {

@@ -266,31 +266,14 @@ pub struct ClientState {
     pub subs: Option<Box<crate::pubsub::Subscriptions>>,
     /// CLIENT TRACKING on (`None`: off).
     pub tracking: Option<Box<crate::cache::clients::Tracking>>,
-    /// The nodes this client's writes were sent to (what WAIT and WAITAOF answer for,
-    /// see crate::replicas), at most [`WROTE_MAX`].
-    pub wrote: Vec<Arc<str>>,
+    /// The nodes this client's writes were sent to, as a mask of their pools' bits (what
+    /// WAIT and WAITAOF answer for, see crate::replicas).
+    pub wrote: u64,
     /// SELECT: the database this client's commands run in (see `crate::backend::BackendRequest::db`).
     pub db: u32,
 }
 
-/// At most this many nodes in [`ClientState::wrote`]; past it, the longest-known goes.
-pub const WROTE_MAX: usize = 64;
-
 impl ClientState {
-    /// Notes that a write of this client's goes to `node` (a node's pool keeps its
-    /// address: pointers are compared; a pool made anew for an address may be noted twice,
-    /// which crate::replicas folds).
-    #[inline]
-    pub fn wrote_to(&mut self, node: &Arc<str>) {
-        if self.wrote.iter().rev().any(|a| Arc::ptr_eq(a, node)) {
-            return;
-        }
-        if self.wrote.len() == WROTE_MAX {
-            self.wrote.remove(0);
-        }
-        self.wrote.push(node.clone());
-    }
-
     /// The [`flag`] bits of this client now (`blocked`: a blocking command waits).
     pub fn flags(&self, blocked: bool) -> u8 {
         let mut f = 0;

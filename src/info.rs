@@ -395,6 +395,10 @@ fn run_id(proxy: &Proxy) -> String {
 }
 
 /// heatshield's own CPU time (user, system) in seconds, from /proc (0 elsewhere).
+pub(crate) fn cpu_seconds() -> (f64, f64) {
+    own_cpu()
+}
+
 fn own_cpu() -> (f64, f64) {
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return (0.0, 0.0) };
     let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();

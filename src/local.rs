@@ -58,10 +58,10 @@ fn wait(proxy: &Proxy, ctx: &mut Ctx, req: &Request, kind: crate::replicas::Kind
     // (arguments the server refuses are its to refuse, in its words: an ask with them
     // answers its error; only the timeout is read here, to keep the request alive)
     let timeout = parse_i64(req.arg(req.argc() - 1)).filter(|&t| t >= 0).unwrap_or(0);
-    let (asks, lost) = crate::replicas::asks(&proxy.cluster.topology(), &ctx.client.wrote);
-    // (a node that is no master any more is answered for once, then forgotten)
     let topo = proxy.cluster.topology();
-    ctx.client.wrote.retain(|a| topo.masters.iter().any(|m| *m.addr == **a));
+    let (asks, lost) = crate::replicas::asks(&topo, ctx.client.wrote);
+    // (a node that is no master any more is answered for once, then forgotten)
+    ctx.client.wrote &= topo.masters.iter().fold(0, |m, n| m | n.bit);
     let Some(first) = asks.first().map(|a| a.node.clone()).or_else(|| topo.masters.first().cloned()) else {
         return ctx.error(errors::NO_SLOT_MAP);
     };
@@ -168,6 +168,14 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
         Local::Hello => hello(proxy, ctx, req),
         Local::Client => crate::clients::run(proxy, ctx, req),
         Local::Proxy => crate::admin::proxy_command(proxy, ctx, req),
+        Local::Hotkeys => {
+            // (what changes the session needs PROXY AUTH where admin.password is set)
+            let reads = matches!(req.arg(1).to_ascii_uppercase().as_slice(), b"GET" | b"HELP");
+            if !reads && proxy.config.admin.password.is_some() && !ctx.client.admin {
+                return ctx.error(errors::ADMIN_NOPERM);
+            }
+            ctx.reply(|w| proxy.hotkeys.command(req, w))
+        }
         Local::Cluster => crate::cluster_face::run(proxy, ctx, req),
         Local::Config => crate::config_face::run(proxy, ctx, req),
         // the masters' INFO for the same sections, aggregated (crate::info)

@@ -139,7 +139,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
     if let Some(r) = lock {
         // (the lock task writes to the key's master: WAIT answers for it)
         if let Some(m) = proxy.cluster.topology().master_for_slot(crate::cluster::slot::slot(key(1))) {
-            ctx.client.wrote_to(&m.addr);
+            ctx.client.wrote |= m.bit;
         }
         return route::lock(proxy, ctx, r);
     }

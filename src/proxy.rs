@@ -49,6 +49,8 @@ pub struct Proxy {
     pub live: crate::config::Live,
     pub slowlog: crate::stats::SlowLog,
     pub bigkeys: crate::stats::BigKeys,
+    /// `HOTKEYS`: the session, if one was started.
+    pub hotkeys: crate::stats::Hotkeys,
     /// Per-command statistics for INFO (per worker).
     pub command_stats: crate::stats::CommandStats,
     /// Per-command Prometheus handles.
@@ -139,6 +141,7 @@ impl Proxy {
             command_metrics: crate::metrics::CommandsMetrics::new(ids),
             slowlog: Default::default(),
             bigkeys: Default::default(),
+            hotkeys: Default::default(),
             workers,
             config,
             commands,
@@ -211,6 +214,8 @@ impl Proxy {
         }
         let big = self.live.bigkey_bytes.load(Ordering::Relaxed);
         let size = req.raw().len() as u64;
+        let key = (first_key > 0).then(|| req.arg(first_key as usize));
+        self.hotkeys.observe(key, size + reply.len as u64, took);
         if first_key > 0 && (size >= big || reply.len as u64 >= big) {
             let key = req.arg_bytes(first_key as usize);
             let name = self.command_name(cmd);

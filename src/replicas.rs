@@ -44,26 +44,25 @@ pub struct Ask {
     pub touch: Option<String>,
 }
 
-/// The masters to ask for a client that wrote to the nodes `wrote` (addresses): those
-/// still masters, each with a slot it owns; a node that is no master any more counts as
-/// a master with no replica that has the writes (`lost`). Nothing written: every master.
-pub fn asks(topo: &Topology, wrote: &[Arc<str>]) -> (Vec<Ask>, bool) {
-    if wrote.is_empty() {
+/// The masters to ask for a client whose writes went to the nodes of mask `wrote` (their
+/// pools' bits): those masters, each with a key it serves; a bit no master has (a node
+/// that is no master any more, after a failover) makes `lost`. Nothing written: every
+/// master, with no key. (Bits are shared by pools made 64 apart: a master that shares one
+/// is asked too, which can only make the answer smaller.)
+pub fn asks(topo: &Topology, wrote: u64) -> (Vec<Ask>, bool) {
+    if wrote == 0 {
         return (topo.masters.iter().map(|m| Ask { node: m.clone(), touch: None }).collect(), false);
     }
-    let mut lost = false;
-    let mut out = Vec::with_capacity(wrote.len());
-    for addr in wrote {
-        match topo.masters.iter().find(|m| *m.addr == **addr) {
-            Some(m) if out.iter().any(|a: &Ask| Arc::ptr_eq(&a.node, m)) => {}
-            Some(m) => match touch_key(topo, m) {
-                Some(k) => out.push(Ask { node: m.clone(), touch: Some(k) }),
-                None => lost = true,
-            },
-            None => lost = true,
+    let mut out = Vec::new();
+    let mut covered = 0u64;
+    for m in topo.masters.iter().filter(|m| wrote & m.bit != 0) {
+        covered |= m.bit;
+        match touch_key(topo, m) {
+            Some(k) => out.push(Ask { node: m.clone(), touch: Some(k) }),
+            None => return (out, true),
         }
     }
-    (out, lost)
+    (out, wrote & !covered != 0)
 }
 
 /// A key of heatshield's that `node` serves now: `{heatshield:wait:N}` for the least N

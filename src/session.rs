@@ -521,7 +521,7 @@ impl Session {
             watch: None,
             subs: None,
             tracking: None,
-            wrote: Vec::new(),
+            wrote: 0,
             db: 0,
         };
         let limits = &proxy.config.limits;

@@ -50,6 +50,9 @@ const CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
 /// `n` RESP2 connections, and `n` RESP3 ones when the first RESP3 client needs them.
 pub struct NodePool {
     pub addr: Arc<str>,
+    /// This pool's bit in a client's mask of the nodes it wrote to (one of 64, given in
+    /// turn as pools are made; see crate::replicas).
+    pub bit: u64,
     /// Server-assisted caching state of this node's connections (the hot-key cache owns the policy).
     pub tracking: Arc<Tracking>,
     opts: BackendOptions,
@@ -76,8 +79,10 @@ struct WorkerConns {
 impl NodePool {
     fn new(addr: &str, opts: &BackendOptions, n: usize, workers: usize) -> NodePool {
         let tracking = Arc::new(Tracking::default());
+        static MADE: AtomicUsize = AtomicUsize::new(0);
         NodePool {
             addr: Arc::from(addr),
+            bit: 1 << (MADE.fetch_add(1, Ordering::Relaxed) % 64),
             opts: BackendOptions { tracking: Some(tracking.clone()), ..opts.clone() },
             tracking,
             per_conn: n.max(1),

@@ -147,6 +147,8 @@ pub enum Local {
     Wait,
     /// WAITAOF (Redis 7.2): the same, for the fsyncs of the masters and their replicas.
     WaitAof,
+    /// HOTKEYS (Redis 8.6): heatshield's own count of what it serves (crate::stats).
+    Hotkeys,
 }
 
 impl Local {
@@ -457,6 +459,18 @@ impl CommandTable {
             subs: &[],
         };
         by_name.insert(b"PROXY".to_vec(), build(&PROXY, None, &mut next_id));
+        // Redis 8.6's HOTKEYS, answered by heatshield for the whole cluster.
+        static HOTKEYS: RawSpec = RawSpec {
+            name: "HOTKEYS",
+            arity: -2,
+            flags: flags::ADMIN | flags::NOSCRIPT | flags::LOADING | flags::STALE,
+            first: 0,
+            last: 0,
+            step: 0,
+            movable: false,
+            subs: &[],
+        };
+        by_name.insert(b"HOTKEYS".to_vec(), build(&HOTKEYS, None, &mut next_id));
         // heatshield's lock commands (one key, the lock).
         static LOCKS: [RawSpec; 4] = [
             RawSpec {
@@ -597,10 +611,11 @@ impl CommandTable {
         tops.filter(|c| refused(c)).map(|c| c.lower.as_bytes().to_vec()).collect()
     }
 
-    /// heatshield's own commands (PROXY and the lock commands): no server has them.
+    /// heatshield's own commands (PROXY, HOTKEYS and the lock commands): no server
+    /// heatshield was tested with has them.
     pub fn own(&self) -> Vec<&Command> {
-        let mut own: Vec<&Command> =
-            self.list.iter().filter(|c| matches!(c.route, Route::Local(Local::Proxy) | Route::Lock(_))).collect();
+        let own = |c: &&Command| matches!(c.route, Route::Local(Local::Proxy | Local::Hotkeys) | Route::Lock(_));
+        let mut own: Vec<&Command> = self.list.iter().filter(own).collect();
         own.sort_by(|a, b| a.name.cmp(&b.name));
         own
     }
@@ -884,6 +899,7 @@ pub fn route_of(name: &str, fl: u32) -> Route {
     match name {
         "PING" => Local(self::Local::Ping),
         "PROXY" => Local(self::Local::Proxy),
+        "HOTKEYS" => Local(self::Local::Hotkeys),
         "LOCK.ACQUIRE" => Lock(LockCmd::Acquire),
         "LOCK.RELEASE" => Lock(LockCmd::Release),
         "LOCK.EXTEND" => Lock(LockCmd::Extend),

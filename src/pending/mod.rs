@@ -472,7 +472,7 @@ pub fn start_in(
             joined(buffer.as_ref(), ctx.req, &p.parts[i..j])
         };
         if ctx.writes {
-            ctx.client.wrote_to(&node.addr);
+            ctx.client.wrote |= node.bit;
         }
         let conn = node.conn(ctx.client.proto, ctx.client.id);
         if n == 1 && conn.stats.held(ctx.now) && ctx.client.inflight == 0 && !asking {

@@ -72,7 +72,7 @@ pub(super) fn send_part(
 ) -> Result<(), Bytes> {
     let (node, asking) = resolve(proxy, &part.target)?;
     if ctx.writes {
-        ctx.client.wrote_to(&node.addr);
+        ctx.client.wrote |= node.bit;
     }
     let req = BackendRequest {
         data: part.data(ctx.req).clone(),
