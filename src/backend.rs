@@ -330,6 +330,22 @@ impl Inflight {
     }
 }
 
+/// Writes `req` (in database `req.db`, not 0) between `SELECT db` and `SELECT 0`, with
+/// its FIFO entries: the replies it adds.
+#[cold]
+fn in_db(wbuf: &mut BytesMut, batch: &mut Vec<Inflight>, req: BackendRequest, now: Instant) -> usize {
+    select(wbuf, req.db);
+    batch.push(Inflight::select(&req.reply_to, now));
+    wbuf.extend_from_slice(req.prefix.bytes());
+    wbuf.extend_from_slice(&req.data);
+    let count = req.count.max(1);
+    select(wbuf, 0);
+    let back = Inflight::select(&req.reply_to, now);
+    batch.push(Inflight { tag: req.tag, count, reply_to: req.reply_to, prefix: req.prefix, sent: now, select: false });
+    batch.push(back);
+    count as usize + 2
+}
+
 /// `SELECT db`, as written before a request in database `db`.
 fn select(wbuf: &mut BytesMut, db: u32) {
     let mut n = itoa::Buffer::new();
@@ -598,40 +614,32 @@ async fn serve(
             // (a reply can only follow the write)
             let mut added = 0usize;
             while let Some(req) = next.take() {
-                let db = req.db;
-                if db != 0 {
-                    select(&mut wbuf, db);
-                    batch.push(Inflight::select(&req.reply_to, now));
-                    added += 1;
-                }
-                wbuf.extend_from_slice(req.prefix.bytes());
-                let big = req.data.len() > 64 * 1024;
-                if !big {
-                    wbuf.extend_from_slice(&req.data);
-                }
-                let count = req.count.max(1);
-                // (the SELECT 0 written after it answers to the same session)
-                let back = if db != 0 { Some(req.reply_to.clone()) } else { None };
-                batch.push(Inflight {
-                    tag: req.tag,
-                    count,
-                    reply_to: req.reply_to,
-                    prefix: req.prefix,
-                    sent: now,
-                    select: false,
-                });
-                added += count as usize;
-                if big {
-                    // large values go straight from the client's buffer to the socket
-                    hand_over(&fifo, &mut batch, &mut added, stats);
-                    wr.write_all(&wbuf).await?;
-                    wbuf.clear();
-                    wr.write_all(&req.data).await?;
-                }
-                if let Some(to) = back {
-                    select(&mut wbuf, 0);
-                    batch.push(Inflight::select(&to, now));
-                    added += 1;
+                if req.db != 0 {
+                    // (another database: written whole, however big, between SELECTs)
+                    added += in_db(&mut wbuf, &mut batch, req, now);
+                } else {
+                    wbuf.extend_from_slice(req.prefix.bytes());
+                    let big = req.data.len() > 64 * 1024;
+                    if !big {
+                        wbuf.extend_from_slice(&req.data);
+                    }
+                    let count = req.count.max(1);
+                    batch.push(Inflight {
+                        tag: req.tag,
+                        count,
+                        reply_to: req.reply_to,
+                        prefix: req.prefix,
+                        sent: now,
+                        select: false,
+                    });
+                    added += count as usize;
+                    if big {
+                        // large values go straight from the client's buffer to the socket
+                        hand_over(&fifo, &mut batch, &mut added, stats);
+                        wr.write_all(&wbuf).await?;
+                        wbuf.clear();
+                        wr.write_all(&req.data).await?;
+                    }
                 }
                 if wbuf.len() < BATCH_BYTES {
                     next = rx.try_recv();
