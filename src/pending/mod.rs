@@ -69,8 +69,9 @@ pub struct Ctx<'a> {
     pub cached: bool,
     /// Set by admission: hot keys a write will change (see [`Pending`]).
     pub invalidate: Vec<Bytes>,
-    /// Set by admission: the request empties the databases.
-    pub flush: bool,
+    /// Set by admission: what of the hot-key cache the reply drops beyond the request's
+    /// keys (FLUSHALL: everything).
+    pub flush: Drops,
     /// Set by admission for writes while the cache is on (see [`Pending`]).
     pub write_hot_generation: Option<u64>,
     /// Set by admission: milliseconds the request may wait on purpose (LOCK.ACQUIRE ...
@@ -90,6 +91,19 @@ pub struct Ctx<'a> {
     /// Set by dispatch: the command may write (not `readonly`): the nodes it is sent to
     /// are noted for WAIT ([`ClientState::wrote`]).
     pub writes: bool,
+}
+
+/// What of the hot-key cache a request's reply drops, beyond the request's own keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Drops {
+    #[default]
+    Nothing,
+    /// FLUSHALL / FLUSHDB.
+    Everything,
+    /// A module's write: what was read from the nodes it ran on (it may have changed keys
+    /// it does not declare, as RediSearch's FT.ADD does its documents, and the servers'
+    /// invalidations of them may arrive after its reply).
+    ItsNodes,
 }
 
 impl<'a> Ctx<'a> {
@@ -112,7 +126,7 @@ impl<'a> Ctx<'a> {
             first_key: 0,
             cached: false,
             invalidate: Vec::new(),
-            flush: false,
+            flush: Drops::Nothing,
             write_hot_generation: None,
             wait_ms: 0,
             tracked_write: false,
@@ -355,8 +369,9 @@ pub struct Pending {
     pub redirected: bool,
     /// Keys of a write whose cached replies are dropped (again) before its reply is passed on.
     invalidate: Vec<Bytes>,
-    /// FLUSHALL / FLUSHDB: empty the cache before the reply is passed on.
-    flush: bool,
+    /// FLUSHALL / FLUSHDB, a module's write: what of the cache is dropped before the
+    /// reply is passed on.
+    flush: Drops,
     /// A write: the cache's hot generation when it was sent (see [`crate::cache::HotCache::hot_generation`]).
     write_hot_generation: Option<u64>,
     /// `None`: its parts travel on the node's shared connections.
@@ -392,7 +407,7 @@ impl Pending {
             && self.parts[0].rare.is_none()
             && self.dedicated.is_none()
             && self.invalidate.is_empty()
-            && !self.flush
+            && self.flush == Drops::Nothing
             && !self.tracked_write
             && self.write_hot_generation.is_none_or(|g| g == proxy.cache.hot_generation())
     }
@@ -855,8 +870,17 @@ fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Byt
     for k in p.invalidate.drain(..) {
         proxy.cache.invalidate(&k, crate::cache::Cause::Write);
     }
-    if p.flush {
-        proxy.cache.flush(crate::cache::Cause::Flush);
+    match p.flush {
+        Drops::Nothing => {}
+        Drops::Everything => proxy.cache.flush(crate::cache::Cause::Flush),
+        Drops::ItsNodes => {
+            let topo = proxy.cluster.topology();
+            for part in &p.parts {
+                if let Ok((node, _)) = resolve_in(&topo, &part.target) {
+                    proxy.cache.drop_node(node, crate::cache::Cause::Write);
+                }
+            }
+        }
     }
     // a tracking client hears of its own write right after the reply (everyone else from
     // Redis), so its own cache never gives it back what it overwrote
