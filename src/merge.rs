@@ -66,6 +66,8 @@ pub struct Commands {
     pub kind: CommandsKind,
     /// Lowercase names of the top-level commands heatshield refuses.
     pub refused: std::collections::HashSet<Vec<u8>>,
+    /// Lowercase `parent|sub` names of the subcommands it refuses of the others.
+    pub refused_subs: std::collections::HashSet<Vec<u8>>,
     pub own: Vec<OwnCommand>,
 }
 
@@ -223,16 +225,45 @@ fn merge_commands(c: &Commands, reply: &[u8], w: &mut Writer) -> Result<(), &'st
             _ => None,
         }
     };
-    // (COMMAND LIST names subcommands too, `parent|sub`: a refused parent's go with it)
-    let kept =
-        |e: &[u8]| name_of(e).is_none_or(|n| !c.refused.contains(n.split(|&b| b == b'|').next().unwrap_or_default()));
+    // (COMMAND LIST names subcommands too, `parent|sub`: a refused parent's go with it,
+    // and a refused subcommand)
+    let kept = |e: &[u8]| {
+        name_of(e).is_none_or(|n| {
+            !c.refused.contains(n.split(|&b| b == b'|').next().unwrap_or_default()) && !c.refused_subs.contains(&n)
+        })
+    };
+    // an entry with its refused subcommands left out of its tenth element
+    let entry = |w: &mut Writer, e: &[u8]| {
+        if c.refused_subs.is_empty() {
+            return w.raw(e);
+        }
+        let Ok((n, fields)) = array_elements(e) else { return w.raw(e) };
+        let Some(Ok((_, subs))) = fields.get(9).map(|s| array_elements(s)) else { return w.raw(e) };
+        let left: Vec<&[u8]> = subs.iter().copied().filter(|s| kept(s)).collect();
+        if left.len() == subs.len() {
+            return w.raw(e);
+        }
+        w.raw(&e[..memchr::memchr(b'\n', e).map_or(0, |p| p + 1)]);
+        for (i, f) in fields.iter().enumerate().take(n) {
+            if i != 9 {
+                w.raw(f);
+                continue;
+            }
+            w.raw(&f[..1]);
+            w.raw(itoa::Buffer::new().format(left.len()).as_bytes());
+            w.raw(b"\r\n");
+            for s in &left {
+                w.raw(s);
+            }
+        }
+    };
     match &c.kind {
         CommandsKind::All => {
             let (_, es) = array_elements(reply)?;
             let kept: Vec<&[u8]> = es.into_iter().filter(|e| kept(e)).collect();
             w.array(kept.len() + c.own.len());
             for e in kept {
-                w.raw(e);
+                entry(w, e);
             }
             for o in &c.own {
                 own_entry(w, o);
@@ -265,10 +296,10 @@ fn merge_commands(c: &Commands, reply: &[u8], w: &mut Writer) -> Result<(), &'st
                 let asked = names.get(i).map(Vec::as_slice).unwrap_or_default();
                 if let Some(o) = c.own.iter().find(|o| o.name.as_bytes() == asked) {
                     own_entry(w, o);
-                } else if c.refused.contains(asked) {
+                } else if c.refused.contains(asked) || c.refused_subs.contains(asked) {
                     w.nil();
                 } else {
-                    w.raw(e);
+                    entry(w, e);
                 }
             }
         }

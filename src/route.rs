@@ -263,7 +263,8 @@ fn commands_view(proxy: &Proxy, req: &Request) -> (crate::merge::Commands, Bytes
             key: matches!(c.route, crate::command::Route::Lock(_)),
         })
         .collect();
-    (Commands { kind, refused: proxy.commands.refused_names(), own }, data)
+    let (refused, refused_subs) = (proxy.commands.refused_names(), proxy.commands.refused_subs());
+    (Commands { kind, refused, refused_subs, own }, data)
 }
 
 /// CLUSTER SLOT-STATS ORDERBY metric [LIMIT n] [ASC|DESC]: the metric, the limit (16)

@@ -282,12 +282,22 @@ fn time_and_command_introspection() {
             let top = n.split('|').next().unwrap().to_string();
             assert!(names.contains(&top), "{n} listed without {top}");
         }
-        for n in ["get", "mset", "cluster", "client", "config", "proxy", "lock.acquire", "lock.info"] {
+        for n in ["get", "mset", "cluster", "client", "config", "proxy", "hotkeys", "lock.acquire", "lock.info"] {
             assert!(names.contains(&n.to_string()) && list.contains(&n.to_string()), "{n} missing");
         }
         for n in ["monitor", "debug", "shutdown", "swapdb", "migrate"] {
             assert!(!names.contains(&n.to_string()) && !list.contains(&n.to_string()), "{n} listed");
         }
+        // a refused subcommand is not listed, nor among its command's subcommands
+        assert!(list.contains(&"cluster|info".to_string()), "cluster|info missing");
+        assert!(!list.contains(&"cluster|failover".to_string()) && !list.contains(&"client|pause".to_string()));
+        let cluster = c.cmd(&["COMMAND", "INFO", "cluster", "cluster|failover"]);
+        let subs: Vec<String> = cluster.items()[0].items()[9].items().iter().map(|s| s.items()[0].text()).collect();
+        assert!(
+            subs.contains(&"cluster|info".to_string()) && !subs.contains(&"cluster|failover".to_string()),
+            "{subs:?}"
+        );
+        assert!(cluster.items()[1].is_nil(), "{cluster:?}");
         let info = c.cmd(&["COMMAND", "INFO", "monitor", "lock.acquire", "get"]);
         assert!(info.items()[0].is_nil(), "{info:?}");
         assert_eq!(info.items()[1].items()[0], V::s("lock.acquire"));

@@ -611,6 +611,15 @@ impl CommandTable {
         tops.filter(|c| refused(c)).map(|c| c.lower.as_bytes().to_vec()).collect()
     }
 
+    /// The subcommands heatshield refuses of commands it accepts otherwise, lowercase
+    /// `parent|sub` (CLUSTER FAILOVER, CLIENT PAUSE, ...).
+    pub fn refused_subs(&self) -> std::collections::HashSet<Vec<u8>> {
+        let learned = self.learned.load();
+        let tops = self.list.iter().chain(learned.top.values().map(|c| &**c));
+        let subs = tops.flat_map(|c| c.subs.values()).chain(learned.subs.values().map(|c| &**c));
+        subs.filter(|s| matches!(s.route, Route::Unsupported(_))).map(|s| s.lower.as_bytes().to_vec()).collect()
+    }
+
     /// heatshield's own commands (PROXY, HOTKEYS and the lock commands): no server
     /// heatshield was tested with has them.
     pub fn own(&self) -> Vec<&Command> {
