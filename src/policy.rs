@@ -66,14 +66,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
     let mget = route == Route::Split(Split::Mget);
     let mut found = Lookup::None;
     // (under WATCH reads go to the master, on the pinned connection)
-    // (the cache holds database 0's values: reads in another go to the master)
-    if cache.enabled
-        && !keys.is_empty()
-        && cmd.is_readonly()
-        && lock.is_none()
-        && ctx.client.watch.is_none()
-        && ctx.client.db == 0
-    {
+    if cache.enabled && !keys.is_empty() && cmd.is_readonly() && lock.is_none() && ctx.client.watch.is_none() {
         if mget {
             for &k in &keys {
                 cache.sample(key(k));
@@ -91,7 +84,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
                 let Some(owner) = proxy.cluster.topology().master_for_slot(s).cloned() else {
                     return ctx.error(&errors::slot_not_served(s));
                 };
-                found = match cache.lookup(cmd.id, ctx.client.proto, req, key(keys[0]), &owner) {
+                found = match cache.lookup(cmd.id, ctx.client.proto, ctx.client.db, req, key(keys[0]), &owner) {
                     Some(reply) => Lookup::Hit(reply),
                     None => Lookup::Fill(owner),
                 };
@@ -170,7 +163,7 @@ fn hits(proxy: &Proxy, ctx: &Ctx, keys: &[u32]) -> Vec<(u32, Bytes)> {
         let key = ctx.req.arg(k as usize);
         if proxy.cache.tracked(key)
             && let Some(owner) = topo.master_for_slot(slot(key))
-            && let Some(r) = proxy.cache.lookup_get(ctx.client.proto, key, owner)
+            && let Some(r) = proxy.cache.lookup_get(ctx.client.proto, ctx.client.db, key, owner)
         {
             cached.push((i as u32, r));
         }

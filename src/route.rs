@@ -123,7 +123,7 @@ pub fn fill(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, k: u32, owner: std::syn
     let tag = Tag { seq: ctx.seq, part: 0 };
     let (proto, id) = (ctx.client.proto, ctx.client.id);
     let conn = owner.conn(proto, id);
-    if proxy.cache.fill(cmd.id, proto, req, key, &owner, conn, ctx.reply_to, tag) {
+    if proxy.cache.fill(cmd.id, proto, ctx.client.db, req, key, &owner, conn, ctx.reply_to, tag) {
         return Outcome::Waiting(Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec![part]));
     }
     start(proxy, ctx, Finish::Merge(Merge::Pass), smallvec![part])

@@ -251,6 +251,8 @@ type HotSet = HashMap<Bytes, HotInfo, ahash::RandomState>;
 struct Variant {
     cmd: usize,
     proto: Proto,
+    /// The database it was read in (SELECT).
+    db: u32,
     /// The arguments after the command name.
     args: Vec<Bytes>,
     reply: Bytes,
@@ -262,9 +264,10 @@ struct Variant {
 }
 
 impl Variant {
-    fn matches(&self, cmd: usize, proto: Proto, req: &Request) -> bool {
+    fn matches(&self, cmd: usize, proto: Proto, db: u32, req: &Request) -> bool {
         self.cmd == cmd
             && self.proto == proto
+            && self.db == db
             && self.args.len() + 1 == req.argc()
             && self.args.iter().enumerate().all(|(i, a)| a[..] == *req.arg(i + 1))
     }
@@ -292,18 +295,19 @@ struct Fill {
     key: Bytes,
     cmd: usize,
     proto: Proto,
+    db: u32,
     args: Vec<Bytes>,
     pool: Arc<NodePool>,
     snap: Snap,
     /// The client whose request was sent, then clients waiting for the same reply.
     waiters: Vec<(ReplyTx, Tag)>,
-    req: (Proto, Bytes),
+    req: (Proto, u32, Bytes),
 }
 
 #[derive(Default)]
 struct Fills {
     by_id: HashMap<u64, Fill>,
-    by_req: HashMap<(Proto, Bytes), u64>,
+    by_req: HashMap<(Proto, u32, Bytes), u64>,
 }
 
 /// The shared hot-key cache.
@@ -436,9 +440,17 @@ impl HotCache {
 
     /// A cached reply for this read, if one is valid: `owner` is the master serving the
     /// key's slot now.
-    pub fn lookup(&self, cmd: usize, proto: Proto, req: &Request, key: &[u8], owner: &Arc<NodePool>) -> Option<Bytes> {
+    pub fn lookup(
+        &self,
+        cmd: usize,
+        proto: Proto,
+        db: u32,
+        req: &Request,
+        key: &[u8],
+        owner: &Arc<NodePool>,
+    ) -> Option<Bytes> {
         let found = self.entries.get(key).and_then(|e| {
-            let v = e.variants.iter().find(|v| v.matches(cmd, proto, req))?;
+            let v = e.variants.iter().find(|v| v.matches(cmd, proto, db, req))?;
             self.valid(v, owner).then(|| v.reply.clone())
         });
         match &found {
@@ -449,9 +461,10 @@ impl HotCache {
     }
 
     /// The cached `GET key` reply (for MGET), if valid.
-    pub fn lookup_get(&self, proto: Proto, key: &[u8], owner: &Arc<NodePool>) -> Option<Bytes> {
+    pub fn lookup_get(&self, proto: Proto, db: u32, key: &[u8], owner: &Arc<NodePool>) -> Option<Bytes> {
         let e = self.entries.get(key)?;
-        let v = e.variants.iter().find(|v| v.cmd == self.get_id && v.proto == proto && v.args.len() == 1)?;
+        let v =
+            e.variants.iter().find(|v| v.cmd == self.get_id && v.proto == proto && v.db == db && v.args.len() == 1)?;
         if self.valid(v, owner) {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
             Some(v.reply.clone())
@@ -469,6 +482,7 @@ impl HotCache {
         &self,
         cmd: usize,
         proto: Proto,
+        db: u32,
         req: &Request,
         key: &[u8],
         owner: &Arc<NodePool>,
@@ -482,7 +496,7 @@ impl HotCache {
             return false; // invalidations from this connection would not reach us
         }
         let mut fills = self.fills.lock();
-        if let Some(id) = fills.by_req.get(&(proto, req.raw().clone())).copied()
+        if let Some(id) = fills.by_req.get(&(proto, db, req.raw().clone())).copied()
             && let Some(f) = fills.by_id.get_mut(&id)
         {
             f.waiters.push((reply_to.clone(), tag));
@@ -491,18 +505,19 @@ impl HotCache {
         }
         let id = self.next_fill.fetch_add(1, Ordering::Relaxed);
         let raw = Bytes::copy_from_slice(req.raw());
-        fills.by_req.insert((proto, raw.clone()), id);
+        fills.by_req.insert((proto, db, raw.clone()), id);
         fills.by_id.insert(
             id,
             Fill {
                 key: Bytes::copy_from_slice(key),
                 cmd,
                 proto,
+                db,
                 args: req.args().skip(1).map(Bytes::copy_from_slice).collect(),
                 pool: owner.clone(),
                 snap: self.snap(key, owner),
                 waiters: vec![(reply_to.clone(), tag)],
-                req: (proto, raw.clone()),
+                req: (proto, db, raw.clone()),
             },
         );
         drop(fills);
@@ -514,7 +529,7 @@ impl HotCache {
             tag: Tag { seq: id, part: 0 },
             reply_to: fill_tx.clone(),
             order: None,
-            db: 0,
+            db,
         });
         true
     }
@@ -555,6 +570,7 @@ impl HotCache {
             let v = Variant {
                 cmd: f.cmd,
                 proto: f.proto,
+                db: f.db,
                 args: f.args,
                 reply: data.clone(),
                 node_generation: f.snap.node,
@@ -582,6 +598,7 @@ impl HotCache {
         let v = Variant {
             cmd,
             proto,
+            db: 0,
             args: args.iter().map(|a| Bytes::copy_from_slice(a)).collect(),
             reply,
             pool: owner.clone(),
@@ -596,11 +613,12 @@ impl HotCache {
         let mut variants: Vec<Variant> = Vec::new();
         if let Some(old) = self.entries.get(&key) {
             for o in &old.variants {
-                let same = o.cmd == v.cmd && o.proto == v.proto && o.args == v.args;
+                let same = o.cmd == v.cmd && o.proto == v.proto && o.db == v.db && o.args == v.args;
                 if !same && self.valid(o, &v.pool) {
                     variants.push(Variant {
                         cmd: o.cmd,
                         proto: o.proto,
+                        db: o.db,
                         args: o.args.clone(),
                         reply: o.reply.clone(),
                         pool: o.pool.clone(),
