@@ -172,7 +172,7 @@ fn the_hot_key_cache_keeps_each_database_apart() {
         }
         // a write in database 0 leaves database 2's value as it is, and is seen in 0
         assert_eq!(zero.cmd(&["SET", &key, &format!("{v0}b")]), V::ok());
-        if zero.cmd(&["GET", &key]) != V::s(&format!("{v0}b")) || two.cmd(&["GET", &key]) != V::s(&v2) {
+        if zero.cmd(&["GET", &key]) != V::s(format!("{v0}b")) || two.cmd(&["GET", &key]) != V::s(&v2) {
             stale.push(format!("{key}: after a db 0 write"));
         }
         // MOVE takes database 0's key away: no cached read keeps it
