@@ -124,10 +124,7 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 "HOTKEYS [COUNT <n>] -- keys read hot enough to cache: estimated reads/s, and whether a reply is cached.",
                 "CACHE STATS | FLUSH -- hot-key cache counters, or drop every cached reply.",
             ];
-            w.array(lines.len());
-            for l in lines {
-                w.simple(l);
-            }
+            w.lines(&lines);
         }),
         "RATELIMIT" if argc >= 3 => ratelimit::ratelimit_command(proxy, ctx, req),
         "HOTKEYS" => {

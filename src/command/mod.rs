@@ -447,30 +447,33 @@ impl CommandTable {
             };
             client.subs.entry(b"NO-TOUCH".to_vec()).or_insert_with(|| build(&NO_TOUCH, Some(&CLIENT), &mut next_id));
         }
-        // heatshield's own admin command.
-        static PROXY: RawSpec = RawSpec {
-            name: "PROXY",
-            arity: -2,
-            flags: flags::ADMIN | flags::NOSCRIPT | flags::LOADING | flags::STALE,
-            first: 0,
-            last: 0,
-            step: 0,
-            movable: false,
-            subs: &[],
-        };
-        by_name.insert(b"PROXY".to_vec(), build(&PROXY, None, &mut next_id));
-        // Redis 8.6's HOTKEYS, answered by heatshield for the whole cluster.
-        static HOTKEYS: RawSpec = RawSpec {
-            name: "HOTKEYS",
-            arity: -2,
-            flags: flags::ADMIN | flags::NOSCRIPT | flags::LOADING | flags::STALE,
-            first: 0,
-            last: 0,
-            step: 0,
-            movable: false,
-            subs: &[],
-        };
-        by_name.insert(b"HOTKEYS".to_vec(), build(&HOTKEYS, None, &mut next_id));
+        // heatshield's own admin command, and Redis 8.6's HOTKEYS, answered by heatshield
+        // for the whole cluster.
+        static ADMIN: [RawSpec; 2] = [
+            RawSpec {
+                name: "PROXY",
+                arity: -2,
+                flags: flags::ADMIN | flags::NOSCRIPT | flags::LOADING | flags::STALE,
+                first: 0,
+                last: 0,
+                step: 0,
+                movable: false,
+                subs: &[],
+            },
+            RawSpec {
+                name: "HOTKEYS",
+                arity: -2,
+                flags: flags::ADMIN | flags::NOSCRIPT | flags::LOADING | flags::STALE,
+                first: 0,
+                last: 0,
+                step: 0,
+                movable: false,
+                subs: &[],
+            },
+        ];
+        for raw in &ADMIN {
+            by_name.insert(raw.name.as_bytes().to_vec(), build(raw, None, &mut next_id));
+        }
         // heatshield's lock commands (one key, the lock).
         static LOCKS: [RawSpec; 4] = [
             RawSpec {

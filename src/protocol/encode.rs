@@ -117,6 +117,14 @@ impl<'a> Writer<'a> {
     }
 
     /// A null array (`*-1` in RESP2, `_` in RESP3).
+    /// An array of simple strings (a HELP reply).
+    pub fn lines(&mut self, lines: &[&str]) {
+        self.array(lines.len());
+        for l in lines {
+            self.simple(l);
+        }
+    }
+
     pub fn nil_array(&mut self) {
         match self.proto {
             Proto::Resp2 => self.buf.extend_from_slice(b"*-1\r\n"),

@@ -176,10 +176,7 @@ impl Hotkeys {
                     "HELP",
                     "    Print this help.",
                 ];
-                w.array(lines.len());
-                for l in lines {
-                    w.simple(l);
-                }
+                w.lines(&lines);
             }
             _ => {
                 let name = String::from_utf8_lossy(req.arg(1));
