@@ -26,11 +26,11 @@ pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
             b"redirect" if more => {
                 j += 1;
                 if m.redirect != 0 {
-                    return ctx.error("ERR A client can only redirect to a single other client");
+                    return ctx.error(errors::REDIRECT_ONE);
                 }
                 let Some(id) = parse_i64(req.arg(j)) else { return ctx.error(errors::NOT_AN_INTEGER) };
                 if id <= 0 || proxy.clients.get(id as u64).is_none() {
-                    return ctx.error("ERR The client ID you want redirect to does not exist");
+                    return ctx.error(errors::REDIRECT_GONE);
                 }
                 m.redirect = id as u64;
             }
@@ -59,48 +59,36 @@ pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         _ => return ctx.error(errors::SYNTAX),
     }
     if !m.bcast && !prefixes.is_empty() {
-        return ctx.error("ERR PREFIX option requires BCAST mode to be enabled");
+        return ctx.error(errors::PREFIX_NEEDS_BCAST);
     }
     let old = ctx.client.tracking.as_ref().map(|t| t.mode.clone());
     if let Some(o) = &old
         && o.bcast != m.bcast
     {
-        return ctx.error(
-            "ERR You can't switch BCAST mode on/off before disabling tracking for this client, and then re-enabling it with a different mode.",
-        );
+        return ctx.error(errors::BCAST_SWITCH);
     }
     if m.bcast && (m.optin || m.optout) {
-        return ctx.error("ERR OPTIN and OPTOUT are not compatible with BCAST");
+        return ctx.error(errors::OPT_WITH_BCAST);
     }
     if m.optin && m.optout {
-        return ctx.error("ERR You can't specify both OPTIN mode and OPTOUT mode");
+        return ctx.error(errors::OPTIN_AND_OPTOUT);
     }
     if let Some(o) = &old
         && ((m.optin && o.optout) || (m.optout && o.optin))
     {
-        return ctx.error(
-            "ERR You can't switch OPTIN/OPTOUT mode before disabling tracking for this client, and then re-enabling it with a different mode.",
-        );
+        return ctx.error(errors::OPT_SWITCH);
     }
     // prefixes must not overlap: with the client's own, then with each other
     let existing: &[Bytes] = old.as_ref().map_or(&[], |o| &o.prefixes);
     for (i, p) in prefixes.iter().enumerate() {
         for e in existing {
             if p != e && (p.starts_with(e) || e.starts_with(p)) {
-                return ctx.error(&format!(
-                    "ERR Prefix '{}' overlaps with an existing prefix '{}'. Prefixes for a single client must not overlap.",
-                    String::from_utf8_lossy(p),
-                    String::from_utf8_lossy(e)
-                ));
+                return ctx.error(&errors::prefix_overlaps(p, e, true));
             }
         }
         for q in &prefixes[i + 1..] {
             if p.starts_with(q) || q.starts_with(p) {
-                return ctx.error(&format!(
-                    "ERR Prefix '{}' overlaps with another provided prefix '{}'. Prefixes for a single client must not overlap.",
-                    String::from_utf8_lossy(p),
-                    String::from_utf8_lossy(q)
-                ));
+                return ctx.error(&errors::prefix_overlaps(p, q, false));
             }
         }
     }
@@ -117,7 +105,7 @@ pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     let (tx, resp3) = if m.redirect != 0 {
         match proxy.clients.get(m.redirect) {
             Some(target) => (target.reply_tx(), target.resp.load(std::sync::atomic::Ordering::Relaxed) >= 3),
-            None => return ctx.error("ERR The client ID you want redirect to does not exist"),
+            None => return ctx.error(errors::REDIRECT_GONE),
         }
     } else {
         (ctx.reply_to.clone(), ctx.client.proto == Proto::Resp3)
@@ -153,15 +141,13 @@ pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
 /// `CLIENT CACHING yes|no`: whether the next command's keys are tracked (OPTIN / OPTOUT).
 pub fn caching(ctx: &mut Ctx, req: &Request) -> Outcome {
     let Some(t) = ctx.client.tracking.as_deref_mut() else {
-        return ctx.error(
-            "ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled",
-        );
+        return ctx.error(errors::CACHING_NOT_OPT);
     };
     match req.arg(2).to_ascii_lowercase().as_slice() {
         b"yes" if t.mode.optin => t.caching = Some(true),
-        b"yes" => return ctx.error("ERR CLIENT CACHING YES is only valid when tracking is enabled in OPTIN mode."),
+        b"yes" => return ctx.error(errors::CACHING_YES_NOT_OPTIN),
         b"no" if t.mode.optout => t.caching = Some(false),
-        b"no" => return ctx.error("ERR CLIENT CACHING NO is only valid when tracking is enabled in OPTOUT mode."),
+        b"no" => return ctx.error(errors::CACHING_NO_NOT_OPTOUT),
         _ => return ctx.error(errors::SYNTAX),
     }
     ctx.reply(|w| w.ok())

@@ -105,12 +105,7 @@ fn each_reply(_proxy: &Proxy, ctx: &mut Ctx, replies: &[(&str, &Bytes)]) -> Byte
             format!("{addr}: {}", text.as_deref().unwrap_or("no reply"))
         })
         .collect();
-    let text = format!(
-        "ERR heatshield: applied on {} of {} masters; not on {}",
-        replies.len() - failed.len(),
-        replies.len(),
-        detail.join("; ")
-    );
+    let text = crate::errors::applied_on_some(replies.len() - failed.len(), replies.len(), &detail.join("; "));
     let mut w = crate::protocol::Writer::new(ctx.scratch, ctx.client.proto);
     w.error(&text);
     ctx.scratch.split().freeze()

@@ -60,6 +60,79 @@ pub const RATE_AND_BURST: &str = "ERR rate must be a number and burst an integer
 // heatshield's lock commands (docs/locks.md).
 pub const LOCK_SCRIPT_REPLY: &str = "ERR heatshield: unexpected reply from the lock script";
 
+// CLIENT TRACKING / CLIENT CACHING (Redis's texts)
+pub const REDIRECT_ONE: &str = "ERR A client can only redirect to a single other client";
+pub const REDIRECT_GONE: &str = "ERR The client ID you want redirect to does not exist";
+pub const PREFIX_NEEDS_BCAST: &str = "ERR PREFIX option requires BCAST mode to be enabled";
+pub const BCAST_SWITCH: &str = "ERR You can't switch BCAST mode on/off before disabling tracking for this client, and then re-enabling it with a different mode.";
+pub const OPT_WITH_BCAST: &str = "ERR OPTIN and OPTOUT are not compatible with BCAST";
+pub const OPTIN_AND_OPTOUT: &str = "ERR You can't specify both OPTIN mode and OPTOUT mode";
+pub const OPT_SWITCH: &str = "ERR You can't switch OPTIN/OPTOUT mode before disabling tracking for this client, and then re-enabling it with a different mode.";
+pub const CACHING_NOT_OPT: &str =
+    "ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled";
+pub const CACHING_YES_NOT_OPTIN: &str = "ERR CLIENT CACHING YES is only valid when tracking is enabled in OPTIN mode.";
+pub const CACHING_NO_NOT_OPTOUT: &str = "ERR CLIENT CACHING NO is only valid when tracking is enabled in OPTOUT mode.";
+
+// HOTKEYS (Redis 8.6's texts)
+pub const HOTKEYS_RUNNING: &str = "ERR hotkey tracking session in progress, stop tracking first";
+pub const HOTKEYS_STARTED: &str = "ERR hotkey tracking session already in progress";
+pub const HOTKEYS_METRICS_REQUIRED: &str = "ERR METRICS parameter is required";
+pub const HOTKEYS_COUNTS_DIFFER: &str = "ERR METRICS count does not match number of metric types provided";
+pub const HOTKEYS_NO_METRIC: &str = "ERR METRICS no valid metrics passed. Supported: CPU|NET";
+pub const HOTKEYS_SLOTS_TWICE: &str = "ERR SLOTS parameter already specified";
+pub const HOTKEYS_FEW_SLOTS: &str = "ERR not enough slot numbers provided";
+pub const HOTKEYS_BAD_SLOT: &str = "ERR Invalid or out of range slot";
+pub const HOTKEYS_SLOT_TWICE: &str = "ERR duplicate slot number";
+
+/// CLIENT TRACKING ... PREFIX: `p` overlaps `q`, one of the client's prefixes already
+/// (`existing`) or another of those given.
+pub fn prefix_overlaps(p: &[u8], q: &[u8], existing: bool) -> String {
+    let which = if existing { "an existing" } else { "another provided" };
+    format!(
+        "ERR Prefix '{}' overlaps with {which} prefix '{}'. Prefixes for a single client must not overlap.",
+        String::from_utf8_lossy(p),
+        String::from_utf8_lossy(q)
+    )
+}
+
+/// WAIT / WAITAOF: a master could not be asked.
+pub fn wait_failed(whom: &str, why: &str) -> String {
+    format!("ERR heatshield: WAIT could not ask {whom}: {why}")
+}
+
+/// Refused while heatshield stops.
+pub const STOPPING: &str = "ERR heatshield is stopping";
+
+/// Redis's refusal of a command on a RESP2 connection with subscriptions.
+pub fn not_while_subscribed(lower: &str) -> String {
+    format!(
+        "ERR Can't execute '{lower}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context"
+    )
+}
+
+/// CONFIG SET that only some masters took.
+pub fn applied_on_some(ok: usize, of: usize, not_on: &str) -> String {
+    format!("ERR heatshield: applied on {ok} of {of} masters; not on {not_on}")
+}
+
+/// Redis 7.0's text for a zero `numkeys` of the sorted-set commands that take several keys.
+pub fn at_least_one_key(name: &str) -> &'static str {
+    match name {
+        "ZUNION" => "ERR at least 1 input key is needed for 'zunion' command",
+        "ZINTER" => "ERR at least 1 input key is needed for 'zinter' command",
+        "ZDIFF" => "ERR at least 1 input key is needed for 'zdiff' command",
+        "ZINTERCARD" => "ERR at least 1 input key is needed for 'zintercard' command",
+        "ZUNIONSTORE" => "ERR at least 1 input key is needed for 'zunionstore' command",
+        "ZINTERSTORE" => "ERR at least 1 input key is needed for 'zinterstore' command",
+        _ => "ERR at least 1 input key is needed for 'zdiffstore' command",
+    }
+}
+
+/// HOTKEYS START METRICS ... CPU CPU.
+pub fn hotkeys_metric_twice(name: &str) -> String {
+    format!("ERR METRICS {name} defined more than once!")
+}
+
 /// `text` as a RESP error reply (`-text\r\n`).
 pub fn resp(text: &str) -> bytes::Bytes {
     bytes::Bytes::from(format!("-{text}\r\n"))

@@ -108,7 +108,7 @@ async fn answer(
     deadline: Option<Instant>,
     gone: &ReplyTx,
 ) -> Bytes {
-    let Ok(_turn) = RUNNING.acquire().await else { return Bytes::from_static(b"-ERR heatshield is stopping\r\n") };
+    let Ok(_turn) = RUNNING.acquire().await else { return crate::errors::resp(crate::errors::STOPPING) };
     // the timeout is what remains of the client's (it may have waited for its turn)
     let data = match deadline {
         Some(d) => {
@@ -130,7 +130,7 @@ async fn answer(
     for t in tasks {
         let r = match t.await {
             Ok(r) => r,
-            Err(e) => Err(Bytes::from(format!("-ERR heatshield: WAIT could not ask a master: {e}\r\n"))),
+            Err(e) => Err(crate::errors::resp(&crate::errors::wait_failed("a master", &e.to_string()))),
         };
         match r {
             Ok(n) => least = Some(least.map_or(n, |l| [l[0].min(n[0]), l[1].min(n[1])])),
@@ -148,7 +148,7 @@ async fn answer(
 /// One master's counts for `data` (WAIT: `[n, n]`; WAITAOF: `[local, replicas]`), or the
 /// error reply to give the client.
 async fn ask(a: &Ask, data: &Bytes, deadline: Option<Instant>, gone: &ReplyTx) -> Result<[i64; 2], Bytes> {
-    let fail = |e: String| Bytes::from(format!("-ERR heatshield: WAIT could not ask {}: {e}\r\n", a.node.addr));
+    let fail = |e: String| crate::errors::resp(&crate::errors::wait_failed(&a.node.addr, &e));
     let opts = BackendOptions { resp3: false, ..a.node.options().clone() };
     let timeout = opts.command_timeout;
     let (mut s, _) = tokio::time::timeout(timeout, backend::connect(&a.node.addr, &opts))

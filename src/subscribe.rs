@@ -137,8 +137,5 @@ pub fn allowed_while_subscribed(cmd: &Command) -> bool {
 
 /// Redis's refusal of any other command.
 pub fn not_allowed(cmd: &Command) -> String {
-    format!(
-        "ERR Can't execute '{}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context",
-        cmd.lower
-    )
+    crate::errors::not_while_subscribed(&cmd.lower)
 }

@@ -122,7 +122,11 @@ fn hotkeys_counts_what_heatshield_serves() {
             assert_eq!(c.cmd(args).err(), Some(*want), "{args:?}");
         }
         assert!(c.cmd(&["HOTKEYS", "GET"]).is_nil(), "a refused START started a session");
-        assert!(c.cmd(&["HOTKEYS", "NOPE"]).err().unwrap().contains("Try HOTKEYS HELP"));
+        assert_eq!(c.cmd(&["HOTKEYS", "NOPE"]).err(), Some("ERR unknown subcommand 'NOPE'. Try HOTKEYS HELP."));
+        assert_eq!(
+            c.cmd(&["HOTKEYS", "GET", "x"]).err(),
+            Some("ERR wrong number of arguments for 'hotkeys|get' command")
+        );
         assert!(!c.cmd(&["HOTKEYS", "HELP"]).items().is_empty());
     }
 }

@@ -1115,15 +1115,7 @@ enum NumKeys {
 /// (each checks its own arguments); `None` where the value is acceptable (EVAL's 0).
 fn numkeys_error(name: &str, bad: NumKeys) -> Option<&'static str> {
     use crate::errors::{NOT_AN_INTEGER, NUMKEYS_NEGATIVE, NUMKEYS_TOO_MANY, NUMKEYS_ZERO, SYNTAX};
-    let at_least_one = || match name {
-        "ZUNION" => "ERR at least 1 input key is needed for 'zunion' command",
-        "ZINTER" => "ERR at least 1 input key is needed for 'zinter' command",
-        "ZDIFF" => "ERR at least 1 input key is needed for 'zdiff' command",
-        "ZINTERCARD" => "ERR at least 1 input key is needed for 'zintercard' command",
-        "ZUNIONSTORE" => "ERR at least 1 input key is needed for 'zunionstore' command",
-        "ZINTERSTORE" => "ERR at least 1 input key is needed for 'zinterstore' command",
-        _ => "ERR at least 1 input key is needed for 'zdiffstore' command",
-    };
+    let at_least_one = || crate::errors::at_least_one_key(name);
     Some(match (name, bad) {
         // numkeys parsed as a count of at least 1; a count past the arguments leaves
         // no LEFT/RIGHT (MIN/MAX) where one must be

@@ -66,7 +66,7 @@ const NET: u8 = 2;
 fn range_err(n: Option<i64>, lo: i64, hi: i64, text: &str) -> Result<i64, String> {
     match n {
         Some(v) if (lo..=hi).contains(&v) => Ok(v),
-        _ => Err(format!("ERR {text}")),
+        _ => Err(crate::errors::err(text)),
     }
 }
 
@@ -142,7 +142,7 @@ impl Hotkeys {
             b"RESET" if two => {
                 let mut s = self.session.lock();
                 if s.as_ref().is_some_and(|s| s.active && s.until.is_none_or(|u| Instant::now() < u)) {
-                    w.error("ERR hotkey tracking session in progress, stop tracking first");
+                    w.error(crate::errors::HOTKEYS_RUNNING);
                 } else {
                     *s = None;
                     self.active.store(false, Ordering::Relaxed);
@@ -178,9 +178,14 @@ impl Hotkeys {
                 ];
                 w.lines(&lines);
             }
+            // (a known subcommand with arguments it takes none of)
+            b"STOP" | b"RESET" | b"GET" | b"HELP" => {
+                let name = String::from_utf8_lossy(&sub).to_ascii_lowercase();
+                w.error(&crate::errors::wrong_arity(&format!("hotkeys|{name}")))
+            }
             _ => {
                 let name = String::from_utf8_lossy(req.arg(1));
-                w.error(&format!("ERR unknown subcommand or wrong number of arguments for '{name}'. Try HOTKEYS HELP."))
+                w.error(&crate::errors::unknown_subcommand(&name, "HOTKEYS"))
             }
         }
     }
@@ -188,11 +193,11 @@ impl Hotkeys {
     fn start(&self, req: &Request) -> Result<(), String> {
         let mut current = self.session.lock();
         if current.as_ref().is_some_and(|s| s.active && s.until.is_none_or(|u| Instant::now() < u)) {
-            return Err("ERR hotkey tracking session already in progress".into());
+            return Err(crate::errors::HOTKEYS_STARTED.into());
         }
         let args: Vec<&[u8]> = req.args().skip(2).collect();
         if args.len() < 2 || !args[0].eq_ignore_ascii_case(b"METRICS") {
-            return Err("ERR METRICS parameter is required".into());
+            return Err(crate::errors::HOTKEYS_METRICS_REQUIRED.into());
         }
         let n = range_err(int(args[1]), 1, 2, "METRICS count must be > 0 and <= 2")? as usize;
         let mut metrics = 0u8;
@@ -208,17 +213,17 @@ impl Hotkeys {
             };
             if m != 0 && metrics & m != 0 {
                 let name = if m == CPU { "CPU" } else { "NET" };
-                return Err(format!("ERR METRICS {name} defined more than once!"));
+                return Err(crate::errors::hotkeys_metric_twice(name));
             }
             metrics |= m;
             parsed += 1;
             j += 1;
         }
         if parsed != n {
-            return Err("ERR METRICS count does not match number of metric types provided".into());
+            return Err(crate::errors::HOTKEYS_COUNTS_DIFFER.into());
         }
         if metrics == 0 {
-            return Err("ERR METRICS no valid metrics passed. Supported: CPU|NET".into());
+            return Err(crate::errors::HOTKEYS_NO_METRIC.into());
         }
         let (mut count, mut duration, mut sample) = (10usize, 0u64, 1u64);
         let mut slots: Option<Vec<u16>> = None;
@@ -236,17 +241,17 @@ impl Hotkeys {
                 j += 2;
             } else if more && word.eq_ignore_ascii_case(b"SLOTS") {
                 if slots.is_some() {
-                    return Err("ERR SLOTS parameter already specified".into());
+                    return Err(crate::errors::HOTKEYS_SLOTS_TWICE.into());
                 }
                 let k = range_err(int(args[j + 1]), 1, 16384, "SLOTS count must be between 1 and 16384")? as usize;
                 if j + 1 + k >= args.len() {
-                    return Err("ERR not enough slot numbers provided".into());
+                    return Err(crate::errors::HOTKEYS_FEW_SLOTS.into());
                 }
                 let mut list = Vec::with_capacity(k);
                 for a in &args[j + 2..j + 2 + k] {
-                    let s = int(a).filter(|s| (0..16384).contains(s)).ok_or("ERR Invalid or out of range slot")?;
+                    let s = int(a).filter(|s| (0..16384).contains(s)).ok_or(crate::errors::HOTKEYS_BAD_SLOT)?;
                     if list.contains(&(s as u16)) {
-                        return Err("ERR duplicate slot number".into());
+                        return Err(crate::errors::HOTKEYS_SLOT_TWICE.into());
                     }
                     list.push(s as u16);
                 }
