@@ -228,6 +228,42 @@ impl Registry {
     }
 }
 
+/// The way to Redis a request takes (the ordering rule is crate::order's) (a byte: it is compared on every pipelined request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum Lane {
+    /// Answered from heatshield's own state, changing nothing a request in flight uses (a
+    /// command queued after MULTI): never waits.
+    #[default]
+    Local,
+    /// The nodes' shared pipelined connections this client uses, in RESP2 (each node's
+    /// one connection for this client, so requests to one node stay in order).
+    Shared2,
+    /// The same in RESP3: other connections.
+    Shared3,
+    /// The client's WATCH connection.
+    Pinned,
+    /// Parked with the lock task (`LOCK.ACQUIRE ... WAIT`), which serves each lock's
+    /// waiters in the order they came: several may wait together, the commands after them
+    /// wait for them.
+    LockTask,
+    /// A way of its own (a dedicated connection, the pub/sub hub), or a change to the way
+    /// the requests in flight travel (the end of a WATCH, RESET): only once nothing is in
+    /// flight.
+    Own,
+}
+
+impl Lane {
+    /// The shared connections in protocol `p`.
+    #[inline]
+    pub fn shared(p: Proto) -> Lane {
+        match p {
+            Proto::Resp2 => Lane::Shared2,
+            Proto::Resp3 => Lane::Shared3,
+        }
+    }
+}
+
 /// What the proxy knows about a client connection.
 pub struct ClientState {
     pub id: u64,
@@ -249,7 +285,7 @@ pub struct ClientState {
     /// Requests dispatched whose replies are not complete yet.
     pub inflight: u32,
     /// The way to Redis those requests took (they share one: see [`crate::order`]).
-    pub lane: crate::order::Lane,
+    pub lane: Lane,
     /// The slot map's version they were routed by (see [`crate::order`]).
     pub map_version: u64,
     /// The client parked a LOCK.ACQUIRE ... WAIT or holds KEEPALIVE locks: the lock task

@@ -394,17 +394,9 @@ fn run_id(proxy: &Proxy) -> String {
     sha1_smol::Sha1::from(format!("heatshield {} {nanos}", std::process::id())).digest().to_string()
 }
 
-/// heatshield's own CPU time (user, system) in seconds, from /proc (0 elsewhere).
-pub(crate) fn cpu_seconds() -> (f64, f64) {
-    own_cpu()
-}
-
+/// heatshield's own CPU time (user, system) in seconds (see [`crate::stats::own_cpu`]).
 fn own_cpu() -> (f64, f64) {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return (0.0, 0.0) };
-    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();
-    // utime and stime, fields 14 and 15, in ticks of 1/100 s (USER_HZ on Linux)
-    let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) / 100.0;
-    (tick(11), tick(12))
+    crate::stats::own_cpu()
 }
 
 /// INFO's `# Commandstats` and `# Latencystats` sections for the proxy (Redis's format;

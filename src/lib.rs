@@ -1,16 +1,16 @@
 //! heatshield: a Redis-protocol proxy for Redis Cluster.
 //!
-//! Every module imports only from the modules listed before it (the README's
-//! "Architecture" has the floors and the path of a request):
+//! Every module imports only from the modules listed before it (docs/architecture.md
+//! has the floors and the path of a request):
 //! - [`protocol`]: RESP request reader, reply scanner/decoder, reply writer (no I/O);
 //! - [`errors`]: the error texts heatshield writes itself on the request path;
-//! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
 //! - [`glob`]: Redis-style glob patterns; [`worker`]: which worker thread this is;
 //!   [`queue`]: the batch-drained channel between sessions and backend connections;
+//! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
 //! - [`command`]: the command table (arity, keys, flags, routing);
 //! - [`backend`]: pipelined connections to one Redis node;
-//! - [`stats`]: slow log, big-key log, per-command statistics;
 //! - [`cluster`]: slot function, slot map, node pools, topology refresh, announced nodes;
+//! - [`stats`]: slow log, big-key log, HOTKEYS sessions, per-command statistics;
 //! - [`retry`]: what a backend reply asks of its request (follow, retry, pass on), for the
 //!   request path and the lock task alike;
 //! - [`ratelimit`]: per-key rate limits (rules, GCRA budgets, tracked-key cap);
@@ -35,6 +35,8 @@
 //!   native transaction; WATCH / UNWATCH on a pinned dedicated connection;
 //! - [`subscribe`]: SUBSCRIBE / UNSUBSCRIBE and their pattern and shard forms, PUBLISH;
 //! - [`info`]: INFO as heatshield answers it (its own sections, the masters' keyspace);
+//! - [`config_face`]: CONFIG GET / SET / RESETSTAT / REWRITE: the masters' settings as one
+//!   server's;
 //! - [`admin`]: `PROXY ...` commands (settings, rate-limit rules, views);
 //! - [`cluster_face`]: CLUSTER INFO / SLOTS / SHARDS / NODES / ...: heatshield as a one-node
 //!   cluster for cluster-aware clients;

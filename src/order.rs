@@ -22,43 +22,10 @@
 use crate::client::{ClientState, Mode};
 use crate::cluster::slot;
 use crate::command::{Command, FanOut, KeySpec, Local, Route, TxCmd, keys_of};
-use crate::protocol::{Proto, Request};
+use crate::protocol::Request;
 
-/// The way to Redis a request takes (a byte: it is compared on every pipelined request).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[repr(u8)]
-pub enum Lane {
-    /// Answered from heatshield's own state, changing nothing a request in flight uses (a
-    /// command queued after MULTI): never waits.
-    #[default]
-    Local,
-    /// The nodes' shared pipelined connections this client uses, in RESP2 (each node's
-    /// one connection for this client, so requests to one node stay in order).
-    Shared2,
-    /// The same in RESP3: other connections.
-    Shared3,
-    /// The client's WATCH connection.
-    Pinned,
-    /// Parked with the lock task (`LOCK.ACQUIRE ... WAIT`), which serves each lock's
-    /// waiters in the order they came: several may wait together, the commands after them
-    /// wait for them.
-    LockTask,
-    /// A way of its own (a dedicated connection, the pub/sub hub), or a change to the way
-    /// the requests in flight travel (the end of a WATCH, RESET): only once nothing is in
-    /// flight.
-    Own,
-}
-
-impl Lane {
-    /// The shared connections in protocol `p`.
-    #[inline]
-    pub fn shared(p: Proto) -> Lane {
-        match p {
-            Proto::Resp2 => Lane::Shared2,
-            Proto::Resp3 => Lane::Shared3,
-        }
-    }
-}
+/// (the type lives with the client state that holds it)
+pub use crate::client::Lane;
 
 /// Whether a request on `next` must wait until the client's `inflight` requests, all on
 /// `current`, have their replies.
@@ -149,6 +116,7 @@ fn slot_of(cmd: &Command, req: &Request) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::Proto;
 
     #[test]
     fn only_a_change_of_way_waits() {

@@ -275,7 +275,7 @@ impl Hotkeys {
             started_unix_ms: unix_ms.as_millis() as u64,
             until: (duration > 0).then(|| now + Duration::from_secs(duration)),
             lasted: None,
-            cpu_at_start: crate::info::cpu_seconds(),
+            cpu_at_start: super::own_cpu(),
             all_us: 0,
             all_net: 0,
             selected_us: 0,
@@ -326,7 +326,7 @@ impl Session {
         fields.push(("collection-start-time-unix-ms", Field::Int(self.started_unix_ms as i64)));
         fields.push(("collection-duration-ms", Field::Int(lasted)));
         if self.cpu.is_some() {
-            let (user, sys) = crate::info::cpu_seconds();
+            let (user, sys) = super::own_cpu();
             let ms = |now: f64, then: f64| ((now - then).max(0.0) * 1000.0) as i64;
             fields.push(("total-cpu-time-user-ms", Field::Int(ms(user, self.cpu_at_start.0))));
             fields.push(("total-cpu-time-sys-ms", Field::Int(ms(sys, self.cpu_at_start.1))));

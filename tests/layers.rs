@@ -1,0 +1,119 @@
+//! The layering src/lib.rs promises: "every module imports only from the modules listed
+//! before it". The list is read from lib.rs's own doc comment, each module's files
+//! (`src/<name>.rs`, `src/<name>/**.rs`) are searched for `crate::<other>`, and an import
+//! of a module listed later (or not listed at all) fails the test, naming the file.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+
+/// The modules in the order lib.rs's doc comment lists them (each `[`name`]`).
+fn listed() -> Vec<String> {
+    let lib = std::fs::read_to_string(format!("{SRC}/lib.rs")).unwrap();
+    let mut out = Vec::new();
+    for line in lib.lines().take_while(|l| l.starts_with("//!")) {
+        let mut rest = line;
+        while let Some(at) = rest.find("[`") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find("`]") else { break };
+            out.push(after[..end].to_string());
+            rest = &after[end + 2..];
+        }
+    }
+    out
+}
+
+/// The modules lib.rs declares (`pub mod x;` / `mod x;`).
+fn declared() -> Vec<String> {
+    let lib = std::fs::read_to_string(format!("{SRC}/lib.rs")).unwrap();
+    lib.lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod ").or_else(|| l.trim().strip_prefix("mod ")))
+        .map(|l| l.trim_end_matches(';').to_string())
+        .collect()
+}
+
+fn files(module: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let file = Path::new(SRC).join(format!("{module}.rs"));
+    if file.exists() {
+        out.push(file);
+    }
+    let mut dirs = vec![Path::new(SRC).join(module)];
+    while let Some(d) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The `crate::<name>` references of a file's code (comments and test modules left out).
+fn imports(text: &str) -> Vec<String> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or(text);
+    let mut out = Vec::new();
+    for line in code.lines() {
+        let line = line.split("//").next().unwrap_or("");
+        let mut rest = line;
+        while let Some(at) = rest.find("crate::") {
+            let name: String = rest[at + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            if !name.is_empty() {
+                out.push(name);
+            }
+            rest = &rest[at + 7..];
+        }
+        // `use crate::{a, b::c}` groups
+        if let Some(at) = line.find("crate::{") {
+            let group = &line[at + 8..];
+            for part in group.split([',', '}']) {
+                let name: String = part.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                if !name.is_empty() {
+                    out.push(name);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_module_imports_only_from_modules_listed_before_it() {
+    let order = listed();
+    let declared = declared();
+    let place: HashMap<&str, usize> = order.iter().enumerate().map(|(i, m)| (m.as_str(), i)).collect();
+    let mut problems = Vec::new();
+    for m in &declared {
+        if !place.contains_key(m.as_str()) {
+            problems.push(format!("{m}: declared in lib.rs but not in its list"));
+        }
+    }
+    for m in &order {
+        if !declared.contains(m) {
+            problems.push(format!("{m}: listed in lib.rs but not declared"));
+        }
+    }
+    for (i, m) in order.iter().enumerate() {
+        for f in files(m) {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for used in imports(&text) {
+                match place.get(used.as_str()) {
+                    Some(&j) if j <= i => {}
+                    Some(_) => problems.push(format!(
+                        "{}: {m} imports {used}, listed after it",
+                        f.strip_prefix(SRC).unwrap().display()
+                    )),
+                    None if declared.contains(&used) => {}
+                    None => {}
+                }
+            }
+        }
+    }
+    assert!(order.len() >= 30, "lib.rs lists only {} modules: {order:?}", order.len());
+    assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
+}
