@@ -14,7 +14,7 @@
 //! waiting on the client: a client that does not read stalls only itself, and the session
 //! keeps taking replies off its channel and watching its limits meanwhile.
 //!
-//! Bounds (`[limits]`, README "Security"): a client is not read from while it has
+//! Bounds (`[limits]`, docs/security.md): a client is not read from while it has
 //! `max_pipeline` commands unanswered, more than `max_inflight_request_bytes` of requests
 //! in flight, or more than `output_soft_bytes` of replies held; its commands then wait in
 //! the socket, not in memory. How many commands it may have in flight also shrinks with
