@@ -263,7 +263,7 @@ fn ratelimit_check(c: &mut Criterion) {
 fn hot_key_cache(c: &mut Criterion) {
     use heatshield::backend::BackendOptions;
     use heatshield::cache::{CacheConfig, HotCache};
-    use heatshield::cluster::{Cluster, Mode};
+    use heatshield::cluster::{Backing, Cluster};
     use heatshield::protocol::Proto;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
@@ -300,7 +300,7 @@ fn hot_key_cache(c: &mut Criterion) {
         dedicated_idle: 4,
     };
     // no connection is made: the pool only names the node that owns the slot
-    let cluster = Cluster::new(Mode::Standalone { addr: "127.0.0.1:1".into() }, opts, 1, 1);
+    let cluster = Cluster::new(Backing::Standalone { addr: "127.0.0.1:1".into() }, opts, 1, 1);
     let owner = cluster.topology().master_for_slot(0).unwrap().clone();
     let get = t.get(b"GET").unwrap().id;
     let value = Bytes::from(format!("$100\r\n{}\r\n", "x".repeat(100)));

@@ -106,7 +106,7 @@ pub enum Prefix {
     None,
     /// `ASKING` (after an ASK redirection).
     Asking,
-    /// `CLIENT CACHING yes`: the read that follows is tracked (see [`Tracking`]).
+    /// `CLIENT CACHING yes`: the read that follows is tracked (see [`NodeTracking`]).
     CachingYes,
 }
 
@@ -126,7 +126,7 @@ impl Prefix {
 /// so reads sent with [`Prefix::CachingYes`] are tracked and their invalidations go to
 /// the node's invalidation connection.
 #[derive(Debug, Default)]
-pub struct Tracking {
+pub struct NodeTracking {
     /// Client id of the node's invalidation connection; 0 while there is none.
     pub redirect: AtomicU64,
     /// Bumped whenever invalidations from this node may have been lost: a connection
@@ -197,7 +197,7 @@ pub struct BackendOptions {
     /// Time one backend request in this many for the latency histogram.
     pub latency_sample_every: u32,
     /// The node's tracking state, when the hot-key cache is on.
-    pub tracking: Option<Arc<Tracking>>,
+    pub tracking: Option<Arc<NodeTracking>>,
     /// A dedicated connection (leased to one client at a time, see
     /// [`crate::cluster::Lease`]): it connects once and never again, has no command
     /// timeout of its own (its lessee bounds the wait), starts with small buffers (there

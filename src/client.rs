@@ -301,7 +301,7 @@ pub struct ClientState {
     /// RESP3 a subscribed client may run a transaction).
     pub subs: Option<Box<crate::pubsub::Subscriptions>>,
     /// CLIENT TRACKING on (`None`: off).
-    pub tracking: Option<Box<crate::cache::clients::Tracking>>,
+    pub tracking: Option<Box<crate::cache::clients::ClientTracking>>,
     /// The nodes this client's writes were sent to, as a mask of their pools' bits (what
     /// WAIT and WAITAOF answer for, see crate::replicas).
     pub wrote: u64,

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 
 use crate::backend::{BackendReply, Tag};
-use crate::cache::clients::{Mode, Tracking};
+use crate::cache::clients::{ClientTracking, TrackingOptions};
 use crate::client::flag;
 use crate::errors;
 use crate::merge::Merge;
@@ -16,7 +16,7 @@ use crate::proxy::Proxy;
 
 /// `CLIENT TRACKING on|off [REDIRECT id] [PREFIX p ...] [BCAST] [OPTIN] [OPTOUT] [NOLOOP]`.
 pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
-    let mut m = Mode::default();
+    let mut m = TrackingOptions::default();
     let mut prefixes: Vec<Bytes> = Vec::new();
     let mut j = 3;
     while j < req.argc() {
@@ -114,7 +114,7 @@ pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     let deliver = resp3 || m.redirect != 0;
     proxy.client_side.enable(ctx.client.id, tx, resp3, deliver, &m);
     ctx.client.info.redir.store(m.redirect as i64, std::sync::atomic::Ordering::Relaxed);
-    ctx.client.tracking = Some(Box::new(Tracking { mode: m, caching: None }));
+    ctx.client.tracking = Some(Box::new(ClientTracking { mode: m, caching: None }));
     ctx.client.info.flags.store(ctx.client.flags(false), std::sync::atomic::Ordering::Relaxed);
     let masters = proxy.cluster.topology().masters.len();
     if proxy.client_side.reporting() >= masters {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::Mode;
+use crate::cluster::Backing;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize, Serialize, Default)]
@@ -448,12 +448,12 @@ impl Config {
         if p.is_empty() { Ok(()) } else { Err(p) }
     }
 
-    /// The backend mode (after validation).
-    pub fn mode(&self) -> Mode {
+    /// What heatshield fronts, from `backend.mode` (after validation).
+    pub fn backing(&self) -> Backing {
         if self.backend.mode == "standalone" {
-            Mode::Standalone { addr: self.backend.address.clone().unwrap_or_default() }
+            Backing::Standalone { addr: self.backend.address.clone().unwrap_or_default() }
         } else {
-            Mode::Cluster { seeds: self.backend.seeds.clone() }
+            Backing::Cluster { seeds: self.backend.seeds.clone() }
         }
     }
 
@@ -547,6 +547,6 @@ mod tests {
         let mut cfg = Config::default();
         cfg.apply(&Overrides { standalone: Some("127.0.0.1:7000".into()), ..Default::default() });
         cfg.validate().unwrap();
-        assert_eq!(cfg.mode(), Mode::Standalone { addr: "127.0.0.1:7000".into() });
+        assert_eq!(cfg.backing(), Backing::Standalone { addr: "127.0.0.1:7000".into() });
     }
 }

@@ -122,7 +122,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
         }
         info!(listen = %addr, "metrics at /metrics");
     }
-    let cluster = Cluster::new(config.mode(), opts.clone(), config.backend.connections_per_node, workers);
+    let cluster = Cluster::new(config.backing(), opts.clone(), config.backend.connections_per_node, workers);
     if cluster.is_cluster() {
         // Wait briefly for a first slot map; without one, requests get CLUSTERDOWN until
         // the refresher finds a node.

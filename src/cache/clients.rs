@@ -32,7 +32,7 @@ use crate::protocol::request::{write_array_header, write_bulk};
 
 /// How a client tracks (CLIENT TRACKING on ...).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Mode {
+pub struct TrackingOptions {
     /// BCAST: told about every key matching a prefix (none: every key), read or not.
     pub bcast: bool,
     pub prefixes: Vec<Bytes>,
@@ -48,13 +48,13 @@ pub struct Mode {
 
 /// A client's tracking state, kept with the connection.
 #[derive(Debug, Clone, Default)]
-pub struct Tracking {
-    pub mode: Mode,
+pub struct ClientTracking {
+    pub mode: TrackingOptions,
     /// CLIENT CACHING yes / no for the next command.
     pub caching: Option<bool>,
 }
 
-impl Tracking {
+impl ClientTracking {
     /// Whether the keys of a read sent now are tracked.
     pub fn tracks_reads(&self) -> bool {
         let m = &self.mode;
@@ -112,7 +112,7 @@ impl Table {
 /// The table of tracked keys (see the module comment).
 pub struct ClientSide {
     table: Mutex<Table>,
-    /// Tracking clients now: the request path looks here first, and does nothing more
+    /// ClientTracking clients now: the request path looks here first, and does nothing more
     /// while it is 0.
     active: AtomicUsize,
     /// Some client has tracked since start: the invalidation connections turn BCAST on.
@@ -141,7 +141,7 @@ impl ClientSide {
         self.active.load(Ordering::Relaxed) > 0
     }
 
-    /// Tracking clients now (INFO's `tracking_clients`).
+    /// ClientTracking clients now (INFO's `tracking_clients`).
     pub fn clients(&self) -> usize {
         self.active.load(Ordering::Relaxed)
     }
@@ -158,7 +158,7 @@ impl ClientSide {
 
     /// Client `id` tracks now; its invalidations go to `tx` (RESP3 pushes if `resp3`), or
     /// nowhere (`deliver` false: a RESP2 client without a redirect, as Redis allows).
-    pub fn enable(&self, id: u64, tx: ReplyTx, resp3: bool, deliver: bool, mode: &Mode) {
+    pub fn enable(&self, id: u64, tx: ReplyTx, resp3: bool, deliver: bool, mode: &TrackingOptions) {
         let c = Client {
             tx,
             resp3,
@@ -230,7 +230,7 @@ impl ClientSide {
         }
     }
 
-    /// Tracking client `writer` wrote `keys` through heatshield, and Redis answered: it is
+    /// ClientTracking client `writer` wrote `keys` through heatshield, and Redis answered: it is
     /// told now (right after that reply, as Redis tells it), unless NOLOOP, so reading its
     /// own cache next it never finds what it overwrote. Everyone else hears from Redis
     /// ([`ClientSide::invalidate`]), as with one Redis.
@@ -362,7 +362,7 @@ mod tests {
     fn a_key_is_told_once_and_forgotten() {
         let cs = ClientSide::new(100);
         let (tx, mut rx) = crate::backend::reply_channel();
-        cs.enable(7, tx, true, true, &Mode::default());
+        cs.enable(7, tx, true, true, &TrackingOptions::default());
         cs.read(7, [&b"a"[..], b"b"].into_iter());
         cs.invalidate(&[b"a"]);
         assert_eq!(&rx.try_recv().unwrap().result.unwrap()[..], &message(true, Some(&[b"a"]))[..]);

@@ -12,7 +12,7 @@
 //! tracking clients' table as well. They then run even with the hot-key cache disabled.
 //!
 //! While a node's invalidation connection is up, its id is published in the node's
-//! [`Tracking`](crate::backend::Tracking) so new backend connections redirect to it, and
+//! [`NodeTracking`](crate::backend::NodeTracking) so new backend connections redirect to it, and
 //! connections made earlier are switched to it. When it breaks, the id is withdrawn and
 //! the node's generation bumped: everything cached from the node is dropped, and no read
 //! from it fills the cache until a new invalidation connection is up and connections are

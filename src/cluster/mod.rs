@@ -29,7 +29,7 @@ use redis_protocol::resp2::types::OwnedFrame;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
-use crate::backend::{self, Backend, BackendOptions, Tracking};
+use crate::backend::{self, Backend, BackendOptions, NodeTracking};
 use crate::protocol::{Proto, Request};
 use crate::worker;
 pub use slot::{SLOTS, slot};
@@ -54,7 +54,7 @@ pub struct NodePool {
     /// turn as pools are made; see crate::replicas).
     pub bit: u64,
     /// Server-assisted caching state of this node's connections (the hot-key cache owns the policy).
-    pub tracking: Arc<Tracking>,
+    pub tracking: Arc<NodeTracking>,
     opts: BackendOptions,
     per_conn: usize,
     workers: Box<[WorkerConns]>,
@@ -78,7 +78,7 @@ struct WorkerConns {
 
 impl NodePool {
     fn new(addr: &str, opts: &BackendOptions, n: usize, workers: usize) -> NodePool {
-        let tracking = Arc::new(Tracking::default());
+        let tracking = Arc::new(NodeTracking::default());
         static MADE: AtomicUsize = AtomicUsize::new(0);
         NodePool {
             addr: Arc::from(addr),
@@ -289,16 +289,16 @@ impl Topology {
     }
 }
 
-/// Backend mode.
+/// What heatshield fronts: a Redis Cluster (found from seeds) or one standalone server.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Mode {
+pub enum Backing {
     Cluster { seeds: Vec<String> },
     Standalone { addr: String },
 }
 
 /// The cluster as the proxy sees it.
 pub struct Cluster {
-    pub mode: Mode,
+    pub backing: Backing,
     topo: ArcSwap<Topology>,
     pools: Mutex<HashMap<String, Arc<NodePool>>>,
     opts: BackendOptions,
@@ -319,9 +319,9 @@ pub struct Cluster {
 impl Cluster {
     /// Creates the cluster view for `workers` worker threads; in standalone mode the
     /// topology is complete at once. No connection is made until a worker uses a node.
-    pub fn new(mode: Mode, opts: BackendOptions, conns_per_node: usize, workers: usize) -> Arc<Cluster> {
+    pub fn new(backing: Backing, opts: BackendOptions, conns_per_node: usize, workers: usize) -> Arc<Cluster> {
         let c = Arc::new(Cluster {
-            mode: mode.clone(),
+            backing: backing.clone(),
             topo: ArcSwap::from_pointee(Topology::empty()),
             pools: Mutex::new(HashMap::new()),
             opts,
@@ -334,7 +334,7 @@ impl Cluster {
             started: AtomicU64::new(0),
             refreshed: watch::Sender::new(0),
         });
-        if let Mode::Standalone { addr } = &mode {
+        if let Backing::Standalone { addr } = &backing {
             let pool = c.pool(addr);
             c.install(HashSet::from([addr.clone()]), vec![0; SLOTS], vec![pool], vec![vec![]]);
         }
@@ -342,7 +342,7 @@ impl Cluster {
     }
 
     pub fn is_cluster(&self) -> bool {
-        matches!(self.mode, Mode::Cluster { .. })
+        matches!(self.backing, Backing::Cluster { .. })
     }
 
     /// The current snapshot.
@@ -445,7 +445,7 @@ impl Cluster {
 
     /// Fetches the slot map from the first node that answers and installs it.
     pub async fn refresh(&self) -> Result<(), String> {
-        let Mode::Cluster { seeds } = &self.mode else {
+        let Backing::Cluster { seeds } = &self.backing else {
             return Ok(());
         };
         self.refreshes.fetch_add(1, Ordering::Relaxed);
