@@ -5,7 +5,7 @@
 //! ([`crate::policy`]) and routed to Redis ([`crate::route`]).
 
 use crate::client::Mode;
-use crate::command::{Command, FanOut, Local, Route, TxCmd, keys_of};
+use crate::command::{Command, FanOut, Local, Route, TxCmd, keys_of, traits};
 use crate::errors;
 use crate::local;
 use crate::order;
@@ -48,7 +48,7 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
             // a known command used wrongly still counts as that command
             if let Some(c) = proxy.commands.get(req.arg(0)) {
                 ctx.cmd = c.id;
-                if c.name == "EXEC" {
+                if c.route == Route::Transaction(TxCmd::Exec) {
                     return transaction::exec_refused(ctx, e.message());
                 }
             }
@@ -93,17 +93,10 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
             let name = if cmd.name.contains('|') { cmd.name.replace('|', " ") } else { cmd.name.clone() };
             ctx.error(&errors::unsupported(&name, why))
         }
-        Route::Forward
-            if matches!(cmd.name.as_str(), "XREAD" | "XREADGROUP")
-                && req.args().any(|a| a.eq_ignore_ascii_case(b"BLOCK")) =>
-        {
-            policy::admit(proxy, ctx, cmd, Route::Block)
-        }
+        Route::Forward if cmd.blocks_with(req) => policy::admit(proxy, ctx, cmd, Route::Block),
         Route::Transaction(t) => transaction::run(proxy, ctx, cmd, t),
         Route::Subscribe(kind, sub) => subscribe::run(proxy, ctx, kind, sub),
-        Route::Forward if matches!(cmd.name.as_str(), "PUBLISH" | "SPUBLISH") => {
-            subscribe::publish(proxy, ctx, cmd.name == "SPUBLISH")
-        }
+        Route::Forward if cmd.has(traits::PUBLISH) => subscribe::publish(proxy, ctx, cmd.has(traits::SHARD)),
         route => {
             // only scripts and SCRIPT / FUNCTION subcommands sent to every master are noted:
             // two comparisons, not one per name, for every other command
@@ -141,5 +134,6 @@ fn track(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) {
             t.caching = None;
         }
     }
-    ctx.tracked_write = ctx.client.tracking.is_some() && (cmd.is_write() || cmd.name == "EXEC");
+    ctx.tracked_write =
+        ctx.client.tracking.is_some() && (cmd.is_write() || cmd.route == Route::Transaction(TxCmd::Exec));
 }

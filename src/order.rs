@@ -94,9 +94,7 @@ fn lane_of(client: &ClientState, cmd: &Command, req: &Request, queuing: bool) ->
 
 /// XREAD / XREADGROUP with BLOCK.
 fn blocking_read(cmd: &Command, req: &Request) -> bool {
-    matches!(cmd.keys, KeySpec::Streams)
-        && matches!(cmd.name.as_str(), "XREAD" | "XREADGROUP")
-        && req.args().any(|a| a.eq_ignore_ascii_case(b"BLOCK"))
+    matches!(cmd.keys, KeySpec::Streams) && cmd.blocks_with(req)
 }
 
 /// The one slot the request's keys share (a keyless script's is slot 0; a lock command's

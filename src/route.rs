@@ -91,13 +91,14 @@ pub fn block(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, keys: &[u32]) -> Outco
     if proxy.cluster.is_cluster() && keys[1..].iter().any(|&k| slot(req.arg(k as usize)) != s) {
         return ctx.error(errors::CROSSSLOT);
     }
-    let (arg, ms) = match cmd.name.as_str() {
-        "BLMPOP" | "BZMPOP" => (1, false),
-        "XREAD" | "XREADGROUP" => {
-            let at = req.args().position(|a| a.eq_ignore_ascii_case(b"BLOCK")).unwrap_or(0);
-            (at + 1, true)
-        }
-        _ => (req.argc() - 1, false),
+    use crate::command::traits::{BLOCK_OPTION, NIL_STRING_ON_TIMEOUT, TIMEOUT_FIRST};
+    let (arg, ms) = if cmd.has(TIMEOUT_FIRST) {
+        (1, false)
+    } else if cmd.has(BLOCK_OPTION) {
+        let at = req.args().position(|a| a.eq_ignore_ascii_case(b"BLOCK")).unwrap_or(0);
+        (at + 1, true)
+    } else {
+        (req.argc() - 1, false)
     };
     // Redis checks the timeout itself: one it cannot read is answered at once
     let timeout = std::str::from_utf8(req.arg(arg)).ok().and_then(|t| t.parse::<f64>().ok());
@@ -111,7 +112,8 @@ pub fn block(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, keys: &[u32]) -> Outco
         _ => (None, 0),
     };
     ctx.wait_ms = wait_ms;
-    crate::pending::start_blocking(proxy, ctx, s, crate::pending::Block::new(deadline, arg, ms))
+    let nil_string = cmd.has(NIL_STRING_ON_TIMEOUT);
+    crate::pending::start_blocking(proxy, ctx, s, crate::pending::Block::new(deadline, arg, ms, nil_string))
 }
 
 /// A read of one hot key the cache could not answer: sent as the cache's fill (whose

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use smallvec::smallvec;
 
 use crate::backend::Tag;
-use crate::command::{Command, Route};
+use crate::command::{Command, Local, Route};
 use crate::merge::Merge;
 use crate::pending::{Ctx, Finish, Outcome, Part, Pending, Target, start};
 use crate::protocol::{Proto, Writer};
@@ -132,7 +132,7 @@ pub fn publish(proxy: &Proxy, ctx: &mut Ctx, shard: bool) -> Outcome {
 
 /// What a RESP2 connection with subscriptions may send (Redis's list).
 pub fn allowed_while_subscribed(cmd: &Command) -> bool {
-    matches!(cmd.route, Route::Subscribe(..)) || matches!(cmd.name.as_str(), "PING" | "QUIT" | "RESET")
+    matches!(cmd.route, Route::Subscribe(..) | Route::Local(Local::Ping | Local::Quit | Local::Reset))
 }
 
 /// Redis's refusal of any other command.

@@ -81,7 +81,7 @@ pub fn refuse(ctx: &mut Ctx, text: &str) -> Outcome {
 /// A command sent after MULTI: checked and queued.
 pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
     let req = ctx.req;
-    if cmd.name == "WATCH" {
+    if cmd.route == Route::Transaction(TxCmd::Watch) {
         // Redis answers this without failing the transaction
         return ctx.error(errors::WATCH_IN_MULTI);
     }
@@ -132,9 +132,9 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
     };
     // An EVALSHA of a script heatshield knows is queued as EVAL: a NOSCRIPT inside a
     // transaction cannot be repaired (the transaction has run when it comes back).
-    let queued = match cmd.name.as_str() {
-        "EVALSHA" | "EVALSHA_RO" => proxy.scripts.eval_form(req.raw()).and_then(|e| Request::parse(&e)),
-        _ => None,
+    let queued = match cmd.has(crate::command::traits::BY_DIGEST) {
+        true => proxy.scripts.eval_form(req.raw()).and_then(|e| Request::parse(&e)),
+        false => None,
     };
     let queued = queued.as_ref().unwrap_or(req);
     // what queuing it holds: its bytes, its parsed form, and the keys of a write

@@ -101,23 +101,6 @@ pub const DEFAULT_COMMANDS: &[&str] = &[
     "ZCOUNT",
 ];
 
-/// Read-only commands whose reply changes without a write (time, randomness): never cached.
-const NOT_CACHEABLE: &[&str] = &[
-    "TTL",
-    "PTTL",
-    "EXPIRETIME",
-    "PEXPIRETIME",
-    "SRANDMEMBER",
-    "HRANDFIELD",
-    "ZRANDMEMBER",
-    "RANDOMKEY",
-    "OBJECT|IDLETIME",
-    "OBJECT|FREQ",
-    "OBJECT|ENCODING",
-    "OBJECT|REFCOUNT",
-    "MEMORY|USAGE",
-];
-
 impl Default for CacheConfig {
     fn default() -> Self {
         CacheConfig {
@@ -193,7 +176,7 @@ fn cacheable<'t>(table: &'t CommandTable, name: &str) -> Result<&'t Command, &'s
     if !cmd.is_readonly() {
         return Err("is not a read-only command");
     }
-    if NOT_CACHEABLE.contains(&cmd.name.as_str()) {
+    if cmd.has(crate::command::traits::VOLATILE) {
         return Err("has a reply that changes without a write (time or randomness)");
     }
     match (cmd.route, &cmd.keys) {

@@ -226,8 +226,50 @@ pub struct Command {
     /// otherwise (a WATCH, a MULTI): every route but the blocking, subscription, lock,
     /// transaction and RESET ones and SCRIPT/FUNCTION KILL (see `crate::order`).
     pub shared_lane: bool,
+    /// What heatshield knows of it beyond Redis's flags ([`traits`]), decided here once
+    /// from its name, so nothing else matches command names.
+    pub traits: u16,
     /// Subcommands, by uppercase name.
     subs: Names,
+}
+
+/// Properties of a command that Redis's flags do not give, decided by name when the
+/// table is built ([`Command::traits`]).
+pub mod traits {
+    /// A script or function call: it may write (EVAL, EVALSHA, FCALL).
+    pub const MAY_WRITE: u16 = 1 << 0;
+    /// Blocks only with its BLOCK option, whose value is the timeout in milliseconds
+    /// (XREAD, XREADGROUP).
+    pub const BLOCK_OPTION: u16 = 1 << 1;
+    /// Its timeout is its first argument (BLMPOP, BZMPOP); otherwise its last.
+    pub const TIMEOUT_FIRST: u16 = 1 << 2;
+    /// Answers a timeout with a nil string, not a nil array (BRPOPLPUSH, BLMOVE).
+    pub const NIL_STRING_ON_TIMEOUT: u16 = 1 << 3;
+    /// Names its script by digest (EVALSHA, EVALSHA_RO).
+    pub const BY_DIGEST: u16 = 1 << 4;
+    /// A read whose reply changes without a write (time, randomness, object statistics):
+    /// never cached.
+    pub const VOLATILE: u16 = 1 << 5;
+    /// PUBLISH; with [`SHARD`], SPUBLISH.
+    pub const PUBLISH: u16 = 1 << 6;
+    pub const SHARD: u16 = 1 << 7;
+
+    /// The traits of command `name` (uppercase, `PARENT|SUB` for a subcommand).
+    pub fn of(name: &str) -> u16 {
+        match name {
+            "EVAL" | "FCALL" => MAY_WRITE,
+            "EVALSHA" => MAY_WRITE | BY_DIGEST,
+            "EVALSHA_RO" => BY_DIGEST,
+            "XREAD" | "XREADGROUP" => BLOCK_OPTION,
+            "BLMPOP" | "BZMPOP" => TIMEOUT_FIRST,
+            "BRPOPLPUSH" | "BLMOVE" => NIL_STRING_ON_TIMEOUT,
+            "PUBLISH" => PUBLISH,
+            "SPUBLISH" => PUBLISH | SHARD,
+            "TTL" | "PTTL" | "EXPIRETIME" | "PEXPIRETIME" | "SRANDMEMBER" | "HRANDFIELD" | "ZRANDMEMBER"
+            | "RANDOMKEY" | "OBJECT|IDLETIME" | "OBJECT|FREQ" | "OBJECT|ENCODING" | "OBJECT|REFCOUNT" => VOLATILE,
+            _ => 0,
+        }
+    }
 }
 
 impl Command {
@@ -238,12 +280,23 @@ impl Command {
     }
 
     pub fn is_write(&self) -> bool {
-        self.flags & flags::WRITE != 0 || matches!(self.name.as_str(), "EVAL" | "EVALSHA" | "FCALL")
+        self.flags & flags::WRITE != 0 || self.traits & traits::MAY_WRITE != 0
     }
 
     /// A command that may block (BLPOP, XREAD ... BLOCK, ...).
     pub fn is_blocking(&self) -> bool {
-        self.flags & flags::BLOCKING != 0 || matches!(self.name.as_str(), "XREAD" | "XREADGROUP")
+        self.flags & flags::BLOCKING != 0 || self.traits & traits::BLOCK_OPTION != 0
+    }
+
+    /// Whether it has trait `t` ([`traits`]).
+    #[inline]
+    pub fn has(&self, t: u16) -> bool {
+        self.traits & t != 0
+    }
+
+    /// XREAD / XREADGROUP with BLOCK: a blocking command for this request.
+    pub fn blocks_with(&self, req: &Request) -> bool {
+        self.has(traits::BLOCK_OPTION) && req.args().any(|a| a.eq_ignore_ascii_case(b"BLOCK"))
     }
 
     pub fn is_readonly(&self) -> bool {
@@ -865,9 +918,10 @@ fn build(raw: &'static RawSpec, parent: Option<&'static RawSpec>, next_id: &mut 
 
 /// A command from its parts; `route` says what heatshield does with it.
 fn make(id: usize, name: String, arity: i32, flags: u32, keys: KeySpec, route: Route, subs: Names) -> Command {
+    let traits = traits::of(&name);
     let shared_lane = match route {
         // XREAD and XREADGROUP block with BLOCK
-        Route::Forward => !matches!(name.as_str(), "XREAD" | "XREADGROUP"),
+        Route::Forward => traits & traits::BLOCK_OPTION == 0,
         Route::Split(_) | Route::AnyMaster | Route::Unsupported(_) => true,
         Route::FanOut(f) => f != FanOut::Kill,
         // (PING takes connections of its own while a script runs: see crate::dispatch)
@@ -884,6 +938,7 @@ fn make(id: usize, name: String, arity: i32, flags: u32, keys: KeySpec, route: R
         keys,
         route,
         shared_lane,
+        traits,
         name,
         subs,
     }
@@ -1292,5 +1347,27 @@ mod tests {
         assert_eq!(k(&["OBJECT", "ENCODING", "a"]), Ok(vec![2]));
         assert_eq!(k(&["BITOP", "AND", "d", "a", "b"]), Ok(vec![2, 3, 4]));
         assert_eq!(k(&["PING"]), Ok(vec![]));
+    }
+}
+
+#[cfg(test)]
+mod trait_tests {
+    use super::*;
+
+    #[test]
+    fn traits_are_decided_once_by_name() {
+        let t = CommandTable::new();
+        let has = |name: &str, tr: u16| t.get(name.as_bytes()).unwrap().has(tr);
+        assert!(has("EVAL", traits::MAY_WRITE) && t.get(b"EVAL").unwrap().is_write());
+        assert!(!t.get(b"EVAL_RO").unwrap().is_write());
+        assert!(has("XREAD", traits::BLOCK_OPTION) && t.get(b"XREAD").unwrap().is_blocking());
+        assert!(has("BLMPOP", traits::TIMEOUT_FIRST) && has("BLMOVE", traits::NIL_STRING_ON_TIMEOUT));
+        assert!(has("SPUBLISH", traits::PUBLISH) && has("SPUBLISH", traits::SHARD) && !has("PUBLISH", traits::SHARD));
+        assert!(has("EVALSHA_RO", traits::BY_DIGEST) && has("TTL", traits::VOLATILE));
+        assert!(t.get(b"OBJECT").unwrap().sub(b"FREQ").unwrap().has(traits::VOLATILE));
+        assert_eq!(t.get(b"GET").unwrap().traits, 0);
+        let xread = Request::from_args(&["XREAD", "BLOCK", "10", "STREAMS", "s", "$"]);
+        assert!(t.get(b"XREAD").unwrap().blocks_with(&xread));
+        assert!(!t.get(b"XREAD").unwrap().blocks_with(&Request::from_args(&["XREAD", "STREAMS", "s", "$"])));
     }
 }

@@ -201,6 +201,8 @@ pub struct Block {
     pub arg: usize,
     /// The timeout is in milliseconds (XREAD BLOCK), not seconds.
     pub ms: bool,
+    /// Its timeout is a nil string, not a nil array (BRPOPLPUSH, BLMOVE).
+    pub nil_string: bool,
 }
 
 /// Clients blocked now (INFO's `blocked_clients`; the process's, like the metric).
@@ -210,13 +212,13 @@ pub static BLOCKED_TIMED: AtomicUsize = AtomicUsize::new(0);
 
 impl Block {
     /// Counted in `heatshield_blocked_clients`, [`BLOCKED`] and [`BLOCKED_TIMED`] while it exists.
-    pub fn new(deadline: Option<Instant>, arg: usize, ms: bool) -> Block {
+    pub fn new(deadline: Option<Instant>, arg: usize, ms: bool, nil_string: bool) -> Block {
         crate::metrics::global().blocked.increment(1.0);
         BLOCKED.fetch_add(1, Ordering::Relaxed);
         if deadline.is_some() {
             BLOCKED_TIMED.fetch_add(1, Ordering::Relaxed);
         }
-        Block { deadline, arg, ms }
+        Block { deadline, arg, ms, nil_string }
     }
 }
 
@@ -782,7 +784,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
                 .is_some_and(|b| b.deadline.is_some_and(|t| t <= Instant::now())) =>
         {
             let mut w = Writer::new(ctx.scratch, ctx.client.proto);
-            if matches!(proxy.command_name(ctx.cmd), "BRPOPLPUSH" | "BLMOVE") {
+            if p.dedicated.as_ref().and_then(|d| d.block.as_ref()).is_some_and(|b| b.nil_string) {
                 w.nil();
             } else {
                 w.nil_array();
