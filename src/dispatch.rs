@@ -7,7 +7,7 @@
 use crate::client::Mode;
 use crate::command::{Command, FanOut, Local, Route, TxCmd, keys_of, traits};
 use crate::errors;
-use crate::local;
+use crate::face::local;
 use crate::order;
 use crate::pending::{Ctx, Outcome};
 use crate::policy;

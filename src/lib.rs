@@ -34,38 +34,25 @@
 //! - [`transaction`]: MULTI / EXEC / DISCARD: commands checked and queued, sent as one
 //!   native transaction; WATCH / UNWATCH on a pinned dedicated connection;
 //! - [`subscribe`]: SUBSCRIBE / UNSUBSCRIBE and their pattern and shard forms, PUBLISH;
-//! - [`info`]: INFO as heatshield answers it (its own sections, the masters' keyspace);
-//! - [`config_face`]: CONFIG GET / SET / RESETSTAT / REWRITE: the masters' settings as one
-//!   server's;
-//! - [`admin`]: `PROXY ...` commands (settings, rate-limit rules, views);
-//! - [`cluster_face`]: CLUSTER INFO / SLOTS / SHARDS / NODES / ...: heatshield as a one-node
-//!   cluster for cluster-aware clients;
-//! - [`client_tracking`]: CLIENT TRACKING / CACHING / GETREDIR / TRACKINGINFO;
-//! - [`clients`]: CLIENT LIST / INFO / KILL / REPLY / UNBLOCK / ... about heatshield's own
-//!   clients;
-//! - [`local`]: commands the proxy answers itself;
+//! - [`face`]: what heatshield answers as one Redis would, from its own state or the
+//!   masters': INFO, CONFIG, PROXY (admin), CLUSTER, CLIENT and CLIENT TRACKING, and the
+//!   other commands it answers itself (PING, HELLO, SELECT, WAIT, HOTKEYS, ...);
 //! - [`dispatch`]: command lookup, the connection's gates, the route of each request;
 //! - [`session`]: one client connection, replies in order, the client's byte limits;
 //! - [`server`]: the listeners, connection limit and graceful shutdown.
 #![forbid(unsafe_code)]
 
-pub mod admin;
 pub mod backend;
 pub mod cache;
 pub mod client;
-pub mod client_tracking;
-pub mod clients;
 pub mod cluster;
-pub mod cluster_face;
 pub mod command;
 pub mod config;
-pub mod config_face;
 pub mod dispatch;
 pub mod errors;
+pub mod face;
 pub mod glob;
-pub mod info;
 pub mod learn;
-pub mod local;
 pub mod locks;
 pub mod merge;
 pub mod metrics;

@@ -147,7 +147,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
         let node = cluster.topology().masters.first()?.addr.clone();
         let (mut s, _) = backend::connect(&node, &opts).await.ok()?;
         let reply = backend::roundtrip(&mut s, Request::from_args(&["INFO", "server"]).raw()).await.ok()?;
-        heatshield::info::redis_version_of(&reply)
+        heatshield::face::info::redis_version_of(&reply)
     };
     if let Ok(Some(v)) = tokio::time::timeout(opts.command_timeout, probe).await {
         *proxy.redis_version.write() = v;

@@ -117,3 +117,27 @@ fn every_module_imports_only_from_modules_listed_before_it() {
     assert!(order.len() >= 30, "lib.rs lists only {} modules: {order:?}", order.len());
     assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
 }
+
+/// docs/architecture.md's table names every module lib.rs lists, and no other.
+#[test]
+fn the_architecture_table_names_every_module() {
+    let order = listed();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/architecture.md")).unwrap();
+    let mut named = Vec::new();
+    for line in doc.lines() {
+        let cells: Vec<&str> = line.split('|').collect();
+        if cells.len() < 4 || cells[1].trim().parse::<u32>().is_err() {
+            continue;
+        }
+        let mut rest = cells[2];
+        while let Some(at) = rest.find('`') {
+            let after = &rest[at + 1..];
+            let Some(end) = after.find('`') else { break };
+            named.push(after[..end].trim_end_matches('/').to_string());
+            rest = &after[end + 1..];
+        }
+    }
+    let missing: Vec<&String> = order.iter().filter(|m| !named.contains(m)).collect();
+    let unknown: Vec<&String> = named.iter().filter(|n| !order.contains(n)).collect();
+    assert!(missing.is_empty() && unknown.is_empty(), "not in the table: {missing:?}; not in lib.rs: {unknown:?}");
+}

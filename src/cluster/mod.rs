@@ -64,7 +64,7 @@ pub struct NodePool {
     /// Dedicated connections alive (leased and idle), at most `opts.dedicated_max`.
     dedicated: AtomicUsize,
     /// Scripts (EVAL, FCALL, ...) sent here whose reply has not come yet: while there are
-    /// some, a PING asks this node whether it is busy (see `crate::local`).
+    /// some, a PING asks this node whether it is busy (see `crate::face::local`).
     pub scripts: AtomicUsize,
     /// The order blocking commands for this node are written in.
     pub order: backend::SendOrder,

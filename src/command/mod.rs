@@ -132,15 +132,15 @@ pub enum Local {
     /// READONLY / READWRITE: accepted and ignored (reads go to masters).
     Ok,
     /// `CLIENT SETNAME | GETNAME | ID | SETINFO | INFO | LIST | KILL | REPLY | UNBLOCK |
-    /// NO-EVICT | NO-TOUCH`: about heatshield's own clients (crate::clients).
+    /// NO-EVICT | NO-TOUCH`: about heatshield's own clients (crate::face::client).
     Client,
     /// `PROXY ...`: heatshield's admin commands.
     Proxy,
     /// `CLUSTER INFO | MYID | SLOTS | SHARDS | NODES | KEYSLOT | COUNTKEYSINSLOT |
-    /// GETKEYSINSLOT`: heatshield as a one-node cluster (crate::cluster_face).
+    /// GETKEYSINSLOT`: heatshield as a one-node cluster (crate::face::cluster).
     Cluster,
     /// `CONFIG GET | SET | RESETSTAT | REWRITE`: the masters' settings as one server's
-    /// (crate::config_face).
+    /// (crate::face::config).
     Config,
     /// WAIT: the replicas' acknowledgements of the client's writes, asked of the masters
     /// on connections of heatshield's own (crate::replicas).

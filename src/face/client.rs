@@ -43,10 +43,10 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
             ctx.reply(|w| w.verbatim(line.as_bytes()))
         }
         b"LIST" => list(proxy, ctx, req),
-        b"TRACKING" => crate::client_tracking::tracking(proxy, ctx, req),
-        b"CACHING" => crate::client_tracking::caching(ctx, req),
-        b"GETREDIR" => crate::client_tracking::getredir(ctx),
-        b"TRACKINGINFO" => crate::client_tracking::trackinginfo(ctx),
+        b"TRACKING" => crate::face::tracking::tracking(proxy, ctx, req),
+        b"CACHING" => crate::face::tracking::caching(ctx, req),
+        b"GETREDIR" => crate::face::tracking::getredir(ctx),
+        b"TRACKINGINFO" => crate::face::tracking::trackinginfo(ctx),
         b"KILL" => kill(proxy, ctx, req),
         b"UNBLOCK" => unblock(proxy, ctx, req),
         b"REPLY" => {
@@ -123,7 +123,7 @@ pub fn line(proxy: &Proxy, c: &ClientInfo) -> String {
             flags.push(ch);
         }
     }
-    for (bit, ch) in crate::client_tracking::FLAGS {
+    for (bit, ch) in crate::face::tracking::FLAGS {
         if f & bit != 0 {
             flags.push(ch);
         }

@@ -1,5 +1,5 @@
 //! Commands heatshield answers itself, about the client connection or the proxy: PING,
-//! ECHO, QUIT, SELECT, HELLO, AUTH, TIME, RESET, CLIENT (crate::clients) and
+//! ECHO, QUIT, SELECT, HELLO, AUTH, TIME, RESET, CLIENT (crate::face::client) and
 //! INFO (whose keyspace part is gathered from the masters). Replies follow Redis's texts.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -166,8 +166,8 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             }
         }
         Local::Hello => hello(proxy, ctx, req),
-        Local::Client => crate::clients::run(proxy, ctx, req),
-        Local::Proxy => crate::admin::proxy_command(proxy, ctx, req),
+        Local::Client => crate::face::client::run(proxy, ctx, req),
+        Local::Proxy => crate::face::admin::proxy_command(proxy, ctx, req),
         Local::Hotkeys => {
             // (what changes the session needs PROXY AUTH where admin.password is set)
             let reads = matches!(req.arg(1).to_ascii_uppercase().as_slice(), b"GET" | b"HELP");
@@ -176,10 +176,10 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             }
             ctx.reply(|w| proxy.hotkeys.command(req, w))
         }
-        Local::Cluster => crate::cluster_face::run(proxy, ctx, req),
-        Local::Config => crate::config_face::run(proxy, ctx, req),
-        // the masters' INFO for the same sections, aggregated (crate::info)
-        Local::Info => crate::route::to_masters(proxy, ctx, req.raw().clone(), crate::info::info_text),
+        Local::Cluster => crate::face::cluster::run(proxy, ctx, req),
+        Local::Config => crate::face::config::run(proxy, ctx, req),
+        // the masters' INFO for the same sections, aggregated (crate::face::info)
+        Local::Info => crate::route::to_masters(proxy, ctx, req.raw().clone(), crate::face::info::info_text),
     }
 }
 
@@ -235,7 +235,7 @@ fn hello(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         return ctx.error(errors::HELLO_NOAUTH);
     }
     if let Some(n) = name
-        && let Err(e) = crate::clients::set_name(ctx, n)
+        && let Err(e) = crate::face::client::set_name(ctx, n)
     {
         return ctx.error(e);
     }
