@@ -6,12 +6,12 @@ use bytes::{Bytes, BytesMut};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 
-use heatshield::cluster::slot;
 use heatshield::command::CommandTable;
 use heatshield::merge::merge_mget;
 use heatshield::protocol::reply::ReplyScanner;
 use heatshield::protocol::request::{Limits, Next, Request, RequestReader};
 use heatshield::route::split_by_slot;
+use heatshield::upstream::cluster::slot;
 
 fn pipeline_batch(n: usize) -> Vec<u8> {
     let mut v = Vec::new();
@@ -261,10 +261,10 @@ fn ratelimit_check(c: &mut Criterion) {
 /// The hot-key cache: what sampling costs every read, and a cache hit from 1 and 4
 /// threads at once (moka's sync cache, LRU policy, as the proxy configures it).
 fn hot_key_cache(c: &mut Criterion) {
-    use heatshield::backend::BackendOptions;
     use heatshield::cache::{CacheConfig, HotCache};
-    use heatshield::cluster::{Backing, Cluster};
     use heatshield::protocol::Proto;
+    use heatshield::upstream::backend::BackendOptions;
+    use heatshield::upstream::cluster::{Backing, Cluster};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 

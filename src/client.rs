@@ -18,10 +18,10 @@ use std::time::Instant;
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use crate::backend::{BackendError, BackendReply, ReplyTx, Tag};
+use crate::upstream::backend::{BackendError, BackendReply, ReplyTx, Tag};
 
-use crate::cluster::Lease;
 use crate::protocol::{Proto, Request};
+use crate::upstream::cluster::Lease;
 
 /// Which commands a connection may send now, and what they mean.
 #[derive(Debug, Default)]
@@ -305,7 +305,7 @@ pub struct ClientState {
     /// The nodes this client's writes were sent to, as a mask of their pools' bits (what
     /// WAIT and WAITAOF answer for, see crate::replicas).
     pub wrote: u64,
-    /// SELECT: the database this client's commands run in (see `crate::backend::BackendRequest::db`).
+    /// SELECT: the database this client's commands run in (see `crate::upstream::backend::BackendRequest::db`).
     pub db: u32,
 }
 

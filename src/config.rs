@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::Backing;
+use crate::upstream::cluster::Backing;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize, Serialize, Default)]

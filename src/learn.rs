@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::backend;
 use crate::command::learned;
 use crate::protocol::Request;
 use crate::proxy::Proxy;
+use crate::upstream::backend;
 
 /// What one master said about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +66,7 @@ pub async fn start(proxy: Arc<Proxy>) {
 /// Asks every master its version and command count; learns the commands again if they
 /// changed since `seen` (one connection per master, closed after).
 async fn check(proxy: &Proxy, seen: &mut Vec<Seen>) -> Result<(), String> {
-    let masters: Vec<Arc<crate::cluster::NodePool>> = proxy.cluster.topology().masters.to_vec();
+    let masters: Vec<Arc<crate::upstream::cluster::NodePool>> = proxy.cluster.topology().masters.to_vec();
     if masters.is_empty() {
         return Err("no master known yet".into());
     }
@@ -117,8 +117,8 @@ struct Conn {
 }
 
 impl Conn {
-    async fn open(node: &crate::cluster::NodePool) -> Result<Conn, String> {
-        let opts = crate::backend::BackendOptions { resp3: false, ..node.options().clone() };
+    async fn open(node: &crate::upstream::cluster::NodePool) -> Result<Conn, String> {
+        let opts = crate::upstream::backend::BackendOptions { resp3: false, ..node.options().clone() };
         let (stream, _) = tokio::time::timeout(opts.command_timeout, backend::connect(&node.addr, &opts))
             .await
             .map_err(|_| "timeout".to_string())?

@@ -8,11 +8,10 @@
 //!   [`queue`]: the batch-drained channel between sessions and backend connections;
 //! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
 //! - [`command`]: the command table (arity, keys, flags, routing);
-//! - [`backend`]: pipelined connections to one Redis node;
-//! - [`cluster`]: slot function, slot map, node pools, topology refresh, announced nodes;
+//! - [`upstream`]: what faces the Redis nodes: pipelined connections to one node
+//!   (`backend`), the slot map, node pools and topology refresh (`cluster`), and what a
+//!   node's reply asks of its request (`retry`);
 //! - [`stats`]: slow log, big-key log, HOTKEYS sessions, per-command statistics;
-//! - [`retry`]: what a backend reply asks of its request (follow, retry, pass on), for the
-//!   request path and the lock task alike;
 //! - [`ratelimit`]: per-key rate limits (rules, GCRA budgets, tracked-key cap);
 //! - [`cache`]: hot-key detection and the never-stale hot-key cache;
 //! - [`locks`]: distributed-lock commands (Lua scripts, parked waiters, KEEPALIVE);
@@ -42,10 +41,8 @@
 //! - [`server`]: the listeners, connection limit and graceful shutdown.
 #![forbid(unsafe_code)]
 
-pub mod backend;
 pub mod cache;
 pub mod client;
-pub mod cluster;
 pub mod command;
 pub mod config;
 pub mod dispatch;
@@ -65,7 +62,6 @@ pub mod pubsub;
 pub mod queue;
 pub mod ratelimit;
 pub mod replicas;
-pub mod retry;
 pub mod route;
 pub mod scripts;
 pub mod server;
@@ -73,4 +69,5 @@ pub mod session;
 pub mod stats;
 pub mod subscribe;
 pub mod transaction;
+pub mod upstream;
 pub mod worker;

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use clap::Parser;
 use tracing::{error, info, warn};
 
-use heatshield::backend::{self, BackendOptions};
-use heatshield::cluster::Cluster;
 use heatshield::config::{Config, Overrides};
 use heatshield::protocol::Request;
 use heatshield::proxy::Proxy;
+use heatshield::upstream::backend::{self, BackendOptions};
+use heatshield::upstream::cluster::Cluster;
 
 /// A Redis-protocol proxy for Redis Cluster.
 #[derive(Parser, Debug)]
@@ -222,9 +222,9 @@ fn spawn_gauges(proxy: Arc<Proxy>) {
                 let (mut up, mut connecting, mut down) = (0, 0, 0);
                 for (_, b) in node.connections() {
                     match b.stats.state() {
-                        heatshield::backend::ConnState::Up => up += 1,
-                        heatshield::backend::ConnState::Connecting => connecting += 1,
-                        heatshield::backend::ConnState::Down => down += 1,
+                        heatshield::upstream::backend::ConnState::Up => up += 1,
+                        heatshield::upstream::backend::ConnState::Connecting => connecting += 1,
+                        heatshield::upstream::backend::ConnState::Down => down += 1,
                     }
                 }
                 heatshield::metrics::set_backend_connections(&node.addr, up, connecting, down);

@@ -20,9 +20,9 @@
 //!    out after it, in the client's order.
 
 use crate::client::{ClientState, Mode};
-use crate::cluster::slot;
 use crate::command::{Command, FanOut, KeySpec, Local, Route, TxCmd, keys_of};
 use crate::protocol::Request;
+use crate::upstream::cluster::slot;
 
 /// (the type lives with the client state that holds it)
 pub use crate::client::Lane;

@@ -16,19 +16,19 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use smallvec::SmallVec;
 
-use crate::cluster::slot;
 use crate::command::{Command, FanOut, Route, Split, keys_of};
 use crate::errors;
 use crate::pending::{Ctx, Outcome};
 use crate::proxy::Proxy;
 use crate::route;
+use crate::upstream::cluster::slot;
 
 /// What the cache lookup found for a read.
 enum Lookup {
     /// Not a cacheable read of hot keys: Redis answers.
     None,
     /// One hot key, not in the cache: Redis answers, as the cache's fill.
-    Fill(std::sync::Arc<crate::cluster::NodePool>),
+    Fill(std::sync::Arc<crate::upstream::cluster::NodePool>),
     /// One hot key, answered from the cache.
     Hit(Bytes),
     /// MGET: these keys (by position among the keys) are answered from the cache.
@@ -134,7 +134,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
 
     if let Some(r) = lock {
         // (the lock task writes to the key's master: WAIT answers for it)
-        if let Some(m) = proxy.cluster.topology().master_for_slot(crate::cluster::slot::slot(key(1))) {
+        if let Some(m) = proxy.cluster.topology().master_for_slot(crate::upstream::cluster::slot::slot(key(1))) {
             ctx.client.wrote |= m.bit;
         }
         return route::lock(proxy, ctx, r);

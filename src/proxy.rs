@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::ClientState;
-use crate::cluster::Cluster;
 use crate::command::CommandTable;
 use crate::config::Config;
 use crate::protocol::Request;
+use crate::upstream::cluster::Cluster;
 
 /// What [`Proxy::reply_deadline`] adds to the command timeout: the window in which a
-/// failed part is retried ([`crate::retry`]) and a redirection confirmed.
+/// failed part is retried ([`crate::upstream::retry`]) and a redirection confirmed.
 pub const REPLY_GRACE: Duration = Duration::from_secs(10);
 
 /// Process-wide counters.

@@ -35,12 +35,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
-use crate::backend::{self, BackendOptions, BackendReply, ReplyTx, Tag};
-use crate::cluster::{Cluster, NodePool, slot};
 use crate::protocol::Request;
 use crate::protocol::reply::{ReplyScanner, Value};
+use crate::upstream::backend::{self, BackendOptions, BackendReply, ReplyTx, Tag};
+use crate::upstream::cluster::{Cluster, NodePool, slot};
 
-pub use crate::backend::PUSH_SEQ;
+pub use crate::upstream::backend::PUSH_SEQ;
 
 /// After the home master changed, how long messages from the new home (other than
 /// notifications) are not passed on. Redis Cluster's bus may bring the new home a message

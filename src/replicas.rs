@@ -24,10 +24,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-use crate::backend::{self, BackendOptions, BackendReply, ReplyTx, Tag};
-use crate::cluster::{NodePool, Topology};
 use crate::protocol::Request;
 use crate::protocol::reply::ReplyScanner;
+use crate::upstream::backend::{self, BackendOptions, BackendReply, ReplyTx, Tag};
+use crate::upstream::cluster::{NodePool, Topology};
 
 /// WAIT / WAITAOF asked at once, proxy-wide (each holds one connection per master asked).
 pub const MAX_RUNNING: usize = 64;
@@ -68,9 +68,9 @@ pub fn asks(topo: &Topology, wrote: u64) -> (Vec<Ask>, bool) {
 /// A key of heatshield's that `node` serves now: `{heatshield:wait:N}` for the least N
 /// that hashes to one of its slots (a few tries: names spread evenly over the slots).
 fn touch_key(topo: &Topology, node: &Arc<NodePool>) -> Option<String> {
-    (0u32..1 << 16)
-        .map(|n| format!("{{heatshield:wait:{n}}}"))
-        .find(|k| topo.master_for_slot(crate::cluster::slot::slot(k.as_bytes())).is_some_and(|m| Arc::ptr_eq(m, node)))
+    (0u32..1 << 16).map(|n| format!("{{heatshield:wait:{n}}}")).find(|k| {
+        topo.master_for_slot(crate::upstream::cluster::slot::slot(k.as_bytes())).is_some_and(|m| Arc::ptr_eq(m, node))
+    })
 }
 
 /// What the client asked.

@@ -10,8 +10,6 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use smallvec::{SmallVec, smallvec};
 
-use crate::backend::{BackendReply, BackendRequest, Prefix, Tag};
-use crate::cluster::{NodePool, slot};
 use crate::command::{Command, FanOut, Split};
 use crate::errors;
 use crate::locks::{LockCmd, LockRequest, Waiter};
@@ -20,6 +18,8 @@ use crate::pending::{Ctx, Finish, MastersBuilder, Outcome, Part, Pending, Script
 use crate::protocol::Request;
 use crate::protocol::request::{parse_i64, write_array_header, write_bulk};
 use crate::proxy::Proxy;
+use crate::upstream::backend::{BackendReply, BackendRequest, Prefix, Tag};
+use crate::upstream::cluster::{NodePool, slot};
 
 /// The whole request to one node.
 fn pass(proxy: &Proxy, ctx: &mut Ctx, target: Target) -> Outcome {
@@ -338,7 +338,7 @@ pub fn while_busy<H: Send + 'static>(
     let timeout = Duration::from_millis(proxy.config.backend.command_timeout_ms);
     tokio::spawn(async move {
         let _hold = hold;
-        let (tx, mut rx) = crate::backend::reply_channel();
+        let (tx, mut rx) = crate::upstream::backend::reply_channel();
         for (i, l) in leases.iter().enumerate() {
             l.conn().send(BackendRequest {
                 data: data.clone(),
@@ -369,7 +369,7 @@ pub fn while_busy<H: Send + 'static>(
         let reply = if answered {
             merge(&replies)
         } else {
-            errors::resp(&errors::backend_failed(&crate::backend::BackendError::Timeout("a master".into())))
+            errors::resp(&errors::backend_failed(&crate::upstream::backend::BackendError::Timeout("a master".into())))
         };
         let _ = reply_to.send(BackendReply::one(tag, Ok(reply)));
     });

@@ -38,7 +38,6 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::WriteHalf;
 use tracing::{debug, info, warn};
 
-use crate::backend::{BackendReply, ReplyTx};
 use crate::client::{ClientInfo, ClientState, Control, Mode, ReplyMode};
 use crate::pending::{Ctx, Outcome, Pending};
 use crate::protocol::reply::ReplyScanner;
@@ -46,6 +45,7 @@ use crate::protocol::request::{Limits, Request};
 use crate::protocol::{Next, Proto, RequestReader, Writer};
 use crate::proxy::{Answered, Proxy, ReplySummary};
 use crate::pubsub::PUSH_SEQ;
+use crate::upstream::backend::{BackendReply, ReplyTx};
 
 enum Reply {
     /// Not dispatched yet: it waits for the client's requests before it
@@ -357,7 +357,7 @@ impl ReplyClock {
 /// limits, or the proxy shuts down.
 pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, stopping: Arc<AtomicBool>) {
     let _ = stream.set_nodelay(true);
-    let (tx, mut rx) = crate::backend::reply_channel();
+    let (tx, mut rx) = crate::upstream::backend::reply_channel();
     let mut s = Session::new(proxy, &stream, tx);
     let id = s.client.id;
     // The server tells every registered client of a shutdown on its reply channel

@@ -11,13 +11,13 @@
 use bytes::Bytes;
 use smallvec::smallvec;
 
-use crate::backend::Tag;
 use crate::command::{Command, Local, Route};
 use crate::merge::Merge;
 use crate::pending::{Ctx, Finish, Outcome, Part, Pending, Target, start};
 use crate::protocol::{Proto, Writer};
 use crate::proxy::Proxy;
 use crate::pubsub::{Kind, Subscriptions};
+use crate::upstream::backend::Tag;
 
 /// SUBSCRIBE / PSUBSCRIBE / SSUBSCRIBE (`sub`) or their UNSUBSCRIBE.
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, kind: Kind, sub: bool) -> Outcome {
@@ -123,7 +123,7 @@ fn show(ctx: &mut Ctx) {
 pub fn publish(proxy: &Proxy, ctx: &mut Ctx, shard: bool) -> Outcome {
     let channel = ctx.req.arg(1);
     let (adjust, target) = if shard {
-        (proxy.pubsub.spublish_adjust(channel), Target::Slot(crate::cluster::slot(channel)))
+        (proxy.pubsub.spublish_adjust(channel), Target::Slot(crate::upstream::cluster::slot(channel)))
     } else {
         (proxy.pubsub.publish_adjust(channel), Target::Slot(0))
     };

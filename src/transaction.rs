@@ -20,12 +20,12 @@
 use bytes::{BufMut, BytesMut};
 
 use crate::client::{Mode, Queued, Watch};
-use crate::cluster::slot;
 use crate::command::{Command, Local, Route, Split, TxCmd, keys_of};
 use crate::errors;
 use crate::pending::{Ctx, Outcome, Target, TxPart, start_transaction};
 use crate::protocol::Request;
 use crate::proxy::Proxy;
+use crate::upstream::cluster::slot;
 
 /// MULTI, EXEC, DISCARD, WATCH or UNWATCH.
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, t: TxCmd) -> Outcome {

@@ -27,8 +27,8 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 use tokio::sync::watch;
 
-use crate::backend::{BackendReply, PUSH_SEQ, ReplyTx, Tag};
 use crate::protocol::request::{write_array_header, write_bulk};
+use crate::upstream::backend::{BackendReply, PUSH_SEQ, ReplyTx, Tag};
 
 /// How a client tracks (CLIENT TRACKING on ...).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -361,7 +361,7 @@ mod tests {
     #[test]
     fn a_key_is_told_once_and_forgotten() {
         let cs = ClientSide::new(100);
-        let (tx, mut rx) = crate::backend::reply_channel();
+        let (tx, mut rx) = crate::upstream::backend::reply_channel();
         cs.enable(7, tx, true, true, &TrackingOptions::default());
         cs.read(7, [&b"a"[..], b"b"].into_iter());
         cs.invalidate(&[b"a"]);

@@ -32,10 +32,10 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
-use crate::cluster::NodePool;
 use crate::command::{Command, CommandTable, KeySpec, Route};
 use crate::protocol::{Proto, Request};
+use crate::upstream::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
+use crate::upstream::cluster::NodePool;
 use detect::{Detector, DetectorConfig};
 
 /// Generation stripes for keys: an invalidation bumps its key's stripe.
@@ -469,7 +469,7 @@ impl HotCache {
         req: &Request,
         key: &[u8],
         owner: &Arc<NodePool>,
-        conn: &crate::backend::Backend,
+        conn: &crate::upstream::backend::Backend,
         reply_to: &ReplyTx,
         tag: Tag,
     ) -> bool {

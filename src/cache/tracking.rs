@@ -12,7 +12,7 @@
 //! tracking clients' table as well. They then run even with the hot-key cache disabled.
 //!
 //! While a node's invalidation connection is up, its id is published in the node's
-//! [`NodeTracking`](crate::backend::NodeTracking) so new backend connections redirect to it, and
+//! [`NodeTracking`](crate::upstream::backend::NodeTracking) so new backend connections redirect to it, and
 //! connections made earlier are switched to it. When it breaks, the id is withdrawn and
 //! the node's generation bumped: everything cached from the node is dropped, and no read
 //! from it fills the cache until a new invalidation connection is up and connections are
@@ -29,11 +29,11 @@ use tracing::{debug, info, warn};
 
 use super::clients::ClientSide;
 use super::{Cause, HotCache};
-use crate::backend::{self, BackendOptions, BackendRequest, Prefix, Tag};
-use crate::cluster::Cluster;
-use crate::cluster::NodePool;
 use crate::protocol::Request;
 use crate::protocol::reply::{ReplyScanner, Value, error_text};
+use crate::upstream::backend::{self, BackendOptions, BackendRequest, Prefix, Tag};
+use crate::upstream::cluster::Cluster;
+use crate::upstream::cluster::NodePool;
 
 /// What the cache's tasks use: the cache, the tracking clients' table and the cluster
 /// view, nothing else of the proxy.
@@ -76,7 +76,7 @@ pub fn start(cache: Arc<HotCache>, clients: Arc<ClientSide>, cluster: Arc<Cluste
 
 /// The hot-key cache's own tasks: landing fills, the detection window clock.
 fn start_cache(h: Arc<Handles>) {
-    let (tx, mut rx) = crate::backend::reply_channel();
+    let (tx, mut rx) = crate::upstream::backend::reply_channel();
     if h.cache.fill_tx.set(tx).is_err() {
         return; // already started
     }
@@ -152,7 +152,7 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
 
     // Connections made before now report to no one (or to a dead connection): switch
     // them over. Until one answers, its reads do not fill the cache.
-    let (rearm_tx, mut rearm_rx) = crate::backend::reply_channel();
+    let (rearm_tx, mut rearm_rx) = crate::upstream::backend::reply_channel();
     let mut conns = Vec::new();
     let cmd = Request::from_args(&["CLIENT", "TRACKING", "on", "REDIRECT", &id.to_string(), "OPTIN"]);
     for (_, b) in pool.connections() {

@@ -8,13 +8,13 @@
 //! The address announced is `server.announce` when set, else the address the client
 //! connected to (so it is right for every listener and every client).
 
-use crate::cluster::slot;
 use crate::errors;
 use crate::pending::{Ctx, Outcome};
 use crate::protocol::Request;
 use crate::protocol::request::parse_i64;
 use crate::proxy::Proxy;
 use crate::route;
+use crate::upstream::cluster::slot;
 
 /// `CLUSTER <subcommand> ...` (the subcommands listed in the module comment).
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {

@@ -4,7 +4,6 @@
 
 use bytes::Bytes;
 
-use crate::backend::{BackendReply, Tag};
 use crate::cache::clients::{ClientTracking, TrackingOptions};
 use crate::client::flag;
 use crate::errors;
@@ -13,6 +12,7 @@ use crate::pending::{Ctx, Finish, Outcome, Part, Pending, Target};
 use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request};
 use crate::proxy::Proxy;
+use crate::upstream::backend::{BackendReply, Tag};
 
 /// `CLIENT TRACKING on|off [REDIRECT id] [PREFIX p ...] [BCAST] [OPTIN] [OPTOUT] [NOLOOP]`.
 pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {

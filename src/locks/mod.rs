@@ -23,11 +23,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use crate::backend::{ReplyTx, Tag};
-use crate::cluster::slot;
 use crate::protocol::reply::{Value, error_text};
 use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request, Writer};
+use crate::upstream::backend::{ReplyTx, Tag};
+use crate::upstream::cluster::slot;
 
 /// The channel releases are published on (the payload is the lock key).
 pub const CHANNEL: &str = "heatshield:lock-released";
@@ -87,7 +87,7 @@ pub fn fence_key(key: &[u8]) -> Vec<u8> {
 fn slot_tag(slot: u16) -> String {
     static TAGS: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
     let tags = TAGS.get_or_init(|| {
-        let mut tags = vec![u32::MAX; crate::cluster::SLOTS];
+        let mut tags = vec![u32::MAX; crate::upstream::cluster::SLOTS];
         let (mut left, mut n) = (tags.len(), 0u32);
         let mut buf = itoa::Buffer::new();
         while left > 0 {

@@ -14,21 +14,21 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::{CHANNEL, Event, FALLBACK_RETRY, LockCmd, LockRequest, Locks, Waiter, client_reply};
-use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
-use crate::cluster::slot;
 use crate::protocol::reply::{Redirect, Value};
 use crate::protocol::{Proto, Request, Writer};
-use crate::retry::{self, RETRY_DELAY, Verdict};
+use crate::upstream::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
+use crate::upstream::cluster::slot;
+use crate::upstream::retry::{self, RETRY_DELAY, Verdict};
 
 /// What the lock task and the subscriber use: the lock service and the cluster view,
 /// nothing else of the proxy.
 pub struct Handles {
     locks: Arc<Locks>,
-    cluster: Arc<crate::cluster::Cluster>,
+    cluster: Arc<crate::upstream::cluster::Cluster>,
 }
 
 /// Starts the lock task and the release subscriber on the current runtime.
-pub fn start(locks: Arc<Locks>, cluster: Arc<crate::cluster::Cluster>) {
+pub fn start(locks: Arc<Locks>, cluster: Arc<crate::upstream::cluster::Cluster>) {
     let h = Arc::new(Handles { locks, cluster });
     let (tx, rx) = mpsc::unbounded_channel();
     if h.locks.tx.set(tx.clone()).is_err() {
@@ -45,8 +45,9 @@ async fn subscriber(h: Arc<Handles>, tx: mpsc::UnboundedSender<Event>) {
     loop {
         let masters = h.cluster.topology().masters.clone();
         if let Some(node) = masters.get(attempt % masters.len().max(1)) {
-            let opts = crate::backend::BackendOptions { resp3: false, tracking: None, ..node.options().clone() };
-            if let Ok((mut s, _)) = crate::backend::connect(&node.addr, &opts).await {
+            let opts =
+                crate::upstream::backend::BackendOptions { resp3: false, tracking: None, ..node.options().clone() };
+            if let Ok((mut s, _)) = crate::upstream::backend::connect(&node.addr, &opts).await {
                 let sub = Request::from_args(&["SUBSCRIBE", CHANNEL]);
                 if s.write_all(sub.raw()).await.is_ok() {
                     debug!(node = %node.addr, "lock release subscriber up");
@@ -176,7 +177,7 @@ impl State {
 }
 
 async fn run(h: Arc<Handles>, mut rx: mpsc::UnboundedReceiver<Event>) {
-    let (rtx, mut rrx) = crate::backend::reply_channel();
+    let (rtx, mut rrx) = crate::upstream::backend::reply_channel();
     let mut st =
         State { queues: HashMap::new(), held: HashMap::new(), inflight: HashMap::new(), timers: BinaryHeap::new() };
     let locks = &h.locks;
@@ -329,7 +330,7 @@ fn send_to(
     id: u64,
     rtx: &ReplyTx,
     prefix: Prefix,
-    node: Option<std::sync::Arc<crate::cluster::NodePool>>,
+    node: Option<std::sync::Arc<crate::upstream::cluster::NodePool>>,
 ) {
     let tag = Tag { seq: id, part: 0 };
     let node = node.or_else(|| h.cluster.topology().master_for_slot(slot(key)).cloned());
@@ -355,7 +356,7 @@ fn on_reply(h: &Handles, st: &mut State, rtx: &ReplyTx, r: BackendReply) {
     let (key, data) = match &flight {
         Flight::Attempt { key, data, .. } | Flight::Other { key, data, .. } => (key.clone(), data.clone()),
     };
-    // transport trouble and cluster redirections: try again (crate::retry decides which)
+    // transport trouble and cluster redirections: try again (crate::upstream::retry decides which)
     let retry_after = match retry::classify(&r.result, h.cluster.is_cluster()) {
         Verdict::NoScript => {
             if let Some(eval) = h.locks.eval_form(&data) {

@@ -7,7 +7,7 @@
 //! [`Pending`] request waiting for backend replies.
 //!
 //! A [`Pending`] holds its parts (what goes where), sends them, and acts on each backend
-//! reply as [`crate::retry`] classifies it: follow a redirection the cluster announced,
+//! reply as [`crate::upstream::retry`] classifies it: follow a redirection the cluster announced,
 //! hold one it did not until a refresh confirms it, retry after a failover, or pass the
 //! reply on. When every part is in, the write's cache invalidation is applied (before the
 //! client can see the reply) and the replies are merged ([`crate::merge`]). It lives in
@@ -29,9 +29,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
-use crate::backend::{BackendError, BackendReply, BackendRequest, ConnStats, Prefix, ReplyTx, Tag};
 use crate::client::ClientState;
-use crate::cluster::{Cluster, Lease, NodePool};
 use crate::command::{Split, keys_of};
 use crate::errors;
 use crate::locks::LockRequest;
@@ -39,7 +37,9 @@ use crate::merge::{Merge, merge_replies};
 use crate::protocol::reply::{Redirect, Value, error_text, parse_redirect};
 use crate::protocol::{Request, Writer};
 use crate::proxy::Proxy;
-use crate::retry::{self, MAX_REDIRECTS, MAX_RETRIES, Verdict};
+use crate::upstream::backend::{BackendError, BackendReply, BackendRequest, ConnStats, Prefix, ReplyTx, Tag};
+use crate::upstream::cluster::{Cluster, Lease, NodePool};
+use crate::upstream::retry::{self, MAX_REDIRECTS, MAX_RETRIES, Verdict};
 
 use send::{follow, recheck_later, resend, resolve, resolve_in, send_later, send_part, void_watch};
 use split::{per_key, piece_done, splittable};

@@ -10,13 +10,13 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::{Block, Ctx, Dedicated, Part, Pending, Target, Via, complete};
-use crate::backend::{BackendError, BackendReply, BackendRequest, Prefix, Tag};
-use crate::cluster::{NodePool, Topology};
 use crate::errors;
 use crate::protocol::Request;
 use crate::protocol::reply::Redirect;
 use crate::proxy::Proxy;
-use crate::retry::{self, RETRY_DELAY};
+use crate::upstream::backend::{BackendError, BackendReply, BackendRequest, Prefix, Tag};
+use crate::upstream::cluster::{NodePool, Topology};
+use crate::upstream::retry::{self, RETRY_DELAY};
 
 /// The node a part goes to in slot map `topo` (borrowed from it), and whether ASKING must
 /// precede it; an error reply when its slot is not served.

@@ -45,7 +45,8 @@ pub(super) fn per_key(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize,
         let mut args: SmallVec<[&[u8]; 3]> = smallvec::smallvec![cmd.arg(0)];
         args.extend((a..a + step).map(|i| cmd.arg(i)));
         let key = cmd.arg(a);
-        let mut piece = Part::new(Request::from_args(&args).raw().clone(), Target::Slot(crate::cluster::slot(key)));
+        let mut piece =
+            Part::new(Request::from_args(&args).raw().clone(), Target::Slot(crate::upstream::cluster::slot(key)));
         piece.rare().pieces = Some(Pieces::Of(idx as u32));
         p.parts.push(piece);
     }

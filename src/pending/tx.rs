@@ -8,13 +8,13 @@ use smallvec::SmallVec;
 
 use super::send::{follow, send_later, send_part};
 use super::{Ctx, Dedicated, Finish, Outcome, Part, Pending, Target, Via, complete};
-use crate::backend::BackendReply;
-use crate::cluster::Lease;
 use crate::errors;
 use crate::protocol::Writer;
 use crate::protocol::reply::Redirect;
 use crate::proxy::Proxy;
-use crate::retry::{self, MAX_REDIRECTS, MAX_RETRIES, Verdict};
+use crate::upstream::backend::BackendReply;
+use crate::upstream::cluster::Lease;
+use crate::upstream::retry::{self, MAX_REDIRECTS, MAX_RETRIES, Verdict};
 
 /// A client's transaction as native transactions: one, or one per slot.
 pub struct Tx {

@@ -98,7 +98,8 @@ impl Hotkeys {
         let us = took.as_micros() as u64;
         s.all_us += us;
         s.all_net += bytes;
-        let selected = s.slots.is_empty() || key.is_some_and(|k| s.slots.contains(&crate::cluster::slot::slot(k)));
+        let selected =
+            s.slots.is_empty() || key.is_some_and(|k| s.slots.contains(&crate::upstream::cluster::slot::slot(k)));
         if !selected {
             return;
         }

@@ -5,10 +5,10 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
-use crate::backend::ConnState;
 use crate::pending::{Ctx, Outcome};
 use crate::protocol::Writer;
 use crate::proxy::Proxy;
+use crate::upstream::backend::ConnState;
 
 /// The counters of `PROXY CACHE STATS` (and INFO's cache section).
 pub fn cache_stats(proxy: &Proxy) -> Vec<(String, i64)> {

@@ -199,7 +199,7 @@ pub struct BackendOptions {
     /// The node's tracking state, when the hot-key cache is on.
     pub tracking: Option<Arc<NodeTracking>>,
     /// A dedicated connection (leased to one client at a time, see
-    /// [`crate::cluster::Lease`]): it connects once and never again, has no command
+    /// [`crate::upstream::cluster::Lease`]): it connects once and never again, has no command
     /// timeout of its own (its lessee bounds the wait), starts with small buffers (there
     /// may be thousands), and closes at once when its last handle is dropped, even with
     /// a request in flight (a blocked command must not outlive its client).

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::backend::BackendError;
-use crate::cluster::{Cluster, NodePool};
 use crate::protocol::reply::{Redirect, error_text, parse_redirect};
+use crate::upstream::backend::BackendError;
+use crate::upstream::cluster::{Cluster, NodePool};
 
 /// Redirections (MOVED, ASK, NOSCRIPT) followed for one request before the reply is
 /// passed to the client as it is.

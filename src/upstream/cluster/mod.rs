@@ -29,8 +29,8 @@ use redis_protocol::resp2::types::OwnedFrame;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
-use crate::backend::{self, Backend, BackendOptions, NodeTracking};
 use crate::protocol::{Proto, Request};
+use crate::upstream::backend::{self, Backend, BackendOptions, NodeTracking};
 use crate::worker;
 pub use slot::{SLOTS, slot};
 
