@@ -306,7 +306,7 @@ pub struct ClientState {
     /// WAIT and WAITAOF answer for, see crate::replicas).
     pub wrote: u64,
     /// SELECT: the database this client's commands run in (see `crate::upstream::backend::BackendRequest::db`).
-    pub db: u32,
+    pub db: u16,
 }
 
 impl ClientState {

@@ -214,8 +214,10 @@ impl Proxy {
         }
         let big = self.live.bigkey_bytes.load(Ordering::Relaxed);
         let size = req.raw().len() as u64;
-        let key = (first_key > 0).then(|| req.arg(first_key as usize));
-        self.hotkeys.observe(key, size + reply.len as u64, took);
+        if self.hotkeys.active() {
+            let key = (first_key > 0).then(|| req.arg(first_key as usize));
+            self.hotkeys.observe(key, size + reply.len as u64, took);
+        }
         if first_key > 0 && (size >= big || reply.len as u64 >= big) {
             let key = req.arg_bytes(first_key as usize);
             let name = self.command_name(cmd);

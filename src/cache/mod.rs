@@ -235,7 +235,7 @@ struct Variant {
     cmd: usize,
     proto: Proto,
     /// The database it was read in (SELECT).
-    db: u32,
+    db: u16,
     /// The arguments after the command name.
     args: Vec<Bytes>,
     reply: Bytes,
@@ -247,7 +247,7 @@ struct Variant {
 }
 
 impl Variant {
-    fn matches(&self, cmd: usize, proto: Proto, db: u32, req: &Request) -> bool {
+    fn matches(&self, cmd: usize, proto: Proto, db: u16, req: &Request) -> bool {
         self.cmd == cmd
             && self.proto == proto
             && self.db == db
@@ -278,19 +278,19 @@ struct Fill {
     key: Bytes,
     cmd: usize,
     proto: Proto,
-    db: u32,
+    db: u16,
     args: Vec<Bytes>,
     pool: Arc<NodePool>,
     snap: Snap,
     /// The client whose request was sent, then clients waiting for the same reply.
     waiters: Vec<(ReplyTx, Tag)>,
-    req: (Proto, u32, Bytes),
+    req: (Proto, u16, Bytes),
 }
 
 #[derive(Default)]
 struct Fills {
     by_id: HashMap<u64, Fill>,
-    by_req: HashMap<(Proto, u32, Bytes), u64>,
+    by_req: HashMap<(Proto, u16, Bytes), u64>,
 }
 
 /// The shared hot-key cache.
@@ -427,7 +427,7 @@ impl HotCache {
         &self,
         cmd: usize,
         proto: Proto,
-        db: u32,
+        db: u16,
         req: &Request,
         key: &[u8],
         owner: &Arc<NodePool>,
@@ -444,7 +444,7 @@ impl HotCache {
     }
 
     /// The cached `GET key` reply (for MGET), if valid.
-    pub fn lookup_get(&self, proto: Proto, db: u32, key: &[u8], owner: &Arc<NodePool>) -> Option<Bytes> {
+    pub fn lookup_get(&self, proto: Proto, db: u16, key: &[u8], owner: &Arc<NodePool>) -> Option<Bytes> {
         let e = self.entries.get(key)?;
         let v =
             e.variants.iter().find(|v| v.cmd == self.get_id && v.proto == proto && v.db == db && v.args.len() == 1)?;
@@ -465,7 +465,7 @@ impl HotCache {
         &self,
         cmd: usize,
         proto: Proto,
-        db: u32,
+        db: u16,
         req: &Request,
         key: &[u8],
         owner: &Arc<NodePool>,

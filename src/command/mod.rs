@@ -295,6 +295,7 @@ impl Command {
     }
 
     /// XREAD / XREADGROUP with BLOCK: a blocking command for this request.
+    #[inline]
     pub fn blocks_with(&self, req: &Request) -> bool {
         self.has(traits::BLOCK_OPTION) && req.args().any(|a| a.eq_ignore_ascii_case(b"BLOCK"))
     }

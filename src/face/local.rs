@@ -109,10 +109,11 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
         }
         Local::Ok => ctx.reply(|w| w.ok()),
         Local::Select => {
-            let dbs = proxy.databases.load(std::sync::atomic::Ordering::Relaxed);
+            // (at most 65,536: see crate::upstream::backend::BackendRequest::db)
+            let dbs = proxy.databases.load(std::sync::atomic::Ordering::Relaxed).min(1 << 16);
             match parse_i64(req.arg(1)) {
                 Some(n) if (0..dbs as i64).contains(&n) => {
-                    ctx.client.db = n as u32;
+                    ctx.client.db = n as u16;
                     ctx.client.info.db.store(n as u32, std::sync::atomic::Ordering::Relaxed);
                     ctx.reply(|w| w.ok())
                 }

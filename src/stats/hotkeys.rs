@@ -79,10 +79,16 @@ impl Hotkeys {
     /// slot, `bytes` its request and reply, `took` its time in heatshield.
     #[inline]
     pub fn observe(&self, key: Option<&[u8]>, bytes: u64, took: Duration) {
-        if !self.active.load(Ordering::Relaxed) {
+        if !self.active() {
             return;
         }
         self.count(key, bytes, took);
+    }
+
+    /// A session is counting (the request path asks before it gathers what to count).
+    #[inline]
+    pub fn active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
     }
 
     #[cold]

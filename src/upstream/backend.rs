@@ -55,7 +55,8 @@ pub struct BackendRequest {
     pub order: Option<Box<OrderTicket>>,
     /// The database the commands run in: not 0, they are written between `SELECT db` and
     /// `SELECT 0`, whose replies are dropped, so the connection is always left in 0.
-    pub db: u32,
+    /// (u16: the request fits in 72 bytes; SELECT accepts at most 65,536 databases)
+    pub db: u16,
 }
 
 /// Blocking commands for one node reach it in the order heatshield took them from its
@@ -347,7 +348,7 @@ fn in_db(wbuf: &mut BytesMut, batch: &mut Vec<Inflight>, req: BackendRequest, no
 }
 
 /// `SELECT db`, as written before a request in database `db`.
-fn select(wbuf: &mut BytesMut, db: u32) {
+fn select(wbuf: &mut BytesMut, db: u16) {
     let mut n = itoa::Buffer::new();
     let n = n.format(db);
     wbuf.extend_from_slice(b"*2\r\n$6\r\nSELECT\r\n$");
