@@ -501,9 +501,9 @@ impl CommandTable {
             };
             client.subs.entry(b"NO-TOUCH".to_vec()).or_insert_with(|| build(&NO_TOUCH, Some(&CLIENT), &mut next_id));
         }
-        // heatshield's own admin command, and Redis 8.6's HOTKEYS, answered by heatshield
-        // for the whole cluster.
-        static ADMIN: [RawSpec; 2] = [
+        // heatshield's own commands: PROXY, Redis 8.6's HOTKEYS (answered by heatshield for
+        // the whole cluster), and the lock commands (one key, the lock).
+        static OWN: [RawSpec; 6] = [
             RawSpec {
                 name: "PROXY",
                 arity: -2,
@@ -524,12 +524,6 @@ impl CommandTable {
                 movable: false,
                 subs: &[],
             },
-        ];
-        for raw in &ADMIN {
-            by_name.insert(raw.name.as_bytes().to_vec(), build(raw, None, &mut next_id));
-        }
-        // heatshield's lock commands (one key, the lock).
-        static LOCKS: [RawSpec; 4] = [
             RawSpec {
                 name: "LOCK.ACQUIRE",
                 arity: -4,
@@ -571,7 +565,7 @@ impl CommandTable {
                 subs: &[],
             },
         ];
-        for raw in &LOCKS {
+        for raw in &OWN {
             by_name.insert(raw.name.as_bytes().to_vec(), build(raw, None, &mut next_id));
         }
         let mut names = vec![String::new(); next_id];
