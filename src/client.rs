@@ -18,7 +18,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use crate::upstream::backend::{BackendError, BackendReply, ReplyTx, Tag};
+use crate::mailbox::{Delivery, ReplyTx};
 
 use crate::protocol::{Proto, Request};
 use crate::upstream::cluster::Lease;
@@ -100,36 +100,7 @@ pub mod flag {
     pub const BCAST: u8 = 128;
 }
 
-/// What another connection asks of a session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Control {
-    /// CLIENT KILL: close the connection now.
-    Kill = 0,
-    /// CLIENT UNBLOCK id [TIMEOUT]: end the blocking command as if it timed out.
-    UnblockTimeout = 1,
-    /// CLIENT UNBLOCK id ERROR: end it with `-UNBLOCKED`.
-    UnblockError = 2,
-    /// The proxy shuts down: read no more requests, finish the replies in flight.
-    Shutdown = 3,
-}
-
-impl Control {
-    /// The [`Tag::seq`] of a control message on a session's reply channel.
-    pub const SEQ: u64 = u64::MAX;
-
-    pub fn of(tag: Tag) -> Option<Control> {
-        if tag.seq != Self::SEQ {
-            return None;
-        }
-        Some(match tag.part {
-            0 => Control::Kill,
-            1 => Control::UnblockTimeout,
-            3 => Control::Shutdown,
-            _ => Control::UnblockError,
-        })
-    }
-}
+pub use crate::mailbox::Control;
 
 /// A client's name and library (CLIENT SETNAME, CLIENT SETINFO, HELLO ... SETNAME).
 #[derive(Debug, Default)]
@@ -187,8 +158,7 @@ impl ClientInfo {
 
     /// Asks the session for `c`; false if it is gone.
     pub fn send(&self, c: Control) -> bool {
-        let tag = Tag { seq: Control::SEQ, part: c as u32 };
-        self.control.send(BackendReply::one(tag, Err(BackendError::Resend))).is_ok()
+        self.control.send(Delivery::Control(c)).is_ok()
     }
 
     /// The session's reply channel (for invalidations redirected to this client).

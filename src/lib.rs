@@ -6,6 +6,7 @@
 //! - [`errors`]: the error texts heatshield writes itself on the request path;
 //! - [`glob`]: Redis-style glob patterns; [`worker`]: which worker thread this is;
 //!   [`queue`]: the batch-drained channel between sessions and backend connections;
+//!   [`mailbox`]: what reaches a session on its channel (replies, pushes, control);
 //! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
 //! - [`command`]: the command table (arity, keys, flags, routing);
 //! - [`upstream`]: what faces the Redis nodes: pipelined connections to one node
@@ -51,6 +52,7 @@ pub mod face;
 pub mod glob;
 pub mod learn;
 pub mod locks;
+pub mod mailbox;
 pub mod merge;
 pub mod metrics;
 pub mod order;

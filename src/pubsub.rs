@@ -35,12 +35,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
+use crate::mailbox::{Delivery, ReplyTx, Tag};
 use crate::protocol::Request;
 use crate::protocol::reply::{ReplyScanner, Value};
-use crate::upstream::backend::{self, BackendOptions, BackendReply, ReplyTx, Tag};
+use crate::upstream::backend::{self, BackendOptions};
 use crate::upstream::cluster::{Cluster, NodePool, slot};
-
-pub use crate::upstream::backend::PUSH_SEQ;
 
 /// After the home master changed, how long messages from the new home (other than
 /// notifications) are not passed on. Redis Cluster's bus may bring the new home a message
@@ -315,7 +314,7 @@ impl State {
                 s.ready = true;
             }
         }
-        let _ = waiter.tx.send(BackendReply::one(waiter.tag, Ok(waiter.reply)));
+        let _ = waiter.tx.send(Delivery::reply(waiter.tag, Ok(waiter.reply)));
     }
 
     /// The barriers out on a link that is gone or new: nothing sent before them will come
@@ -601,7 +600,7 @@ impl Hub {
                     })
                     .clone()
             };
-            let _ = s.tx.send(BackendReply::one(Tag { seq: PUSH_SEQ, part: 0 }, Ok(bytes)));
+            let _ = s.tx.send(Delivery::Push(bytes));
         }
         self.meters.delivered.increment(delivered);
     }

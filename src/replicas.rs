@@ -24,9 +24,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
+use crate::mailbox::{Delivery, ReplyTx, Tag};
 use crate::protocol::Request;
 use crate::protocol::reply::ReplyScanner;
-use crate::upstream::backend::{self, BackendOptions, BackendReply, ReplyTx, Tag};
+use crate::upstream::backend::{self, BackendOptions};
 use crate::upstream::cluster::{NodePool, Topology};
 
 /// WAIT / WAITAOF asked at once, proxy-wide (each holds one connection per master asked).
@@ -96,7 +97,7 @@ pub fn spawn(
 ) {
     tokio::spawn(async move {
         let reply = answer(asks, kind, &req, lost, deadline, &reply_to).await;
-        let _ = reply_to.send(BackendReply::one(tag, Ok(reply)));
+        let _ = reply_to.send(Delivery::reply(tag, Ok(reply)));
     });
 }
 

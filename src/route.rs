@@ -13,12 +13,13 @@ use smallvec::{SmallVec, smallvec};
 use crate::command::{Command, FanOut, Split};
 use crate::errors;
 use crate::locks::{LockCmd, LockRequest, Waiter};
+use crate::mailbox::{Delivery, Tag};
 use crate::merge::{Merge, scan_cursor};
 use crate::pending::{Ctx, Finish, MastersBuilder, Outcome, Part, Pending, ScriptRun, Target, start, start_in};
 use crate::protocol::Request;
 use crate::protocol::request::{parse_i64, write_array_header, write_bulk};
 use crate::proxy::Proxy;
-use crate::upstream::backend::{BackendReply, BackendRequest, Prefix, Tag};
+use crate::upstream::backend::{BackendRequest, Prefix};
 use crate::upstream::cluster::{NodePool, slot};
 
 /// The whole request to one node.
@@ -338,7 +339,7 @@ pub fn while_busy<H: Send + 'static>(
     let timeout = Duration::from_millis(proxy.config.backend.command_timeout_ms);
     tokio::spawn(async move {
         let _hold = hold;
-        let (tx, mut rx) = crate::upstream::backend::reply_channel();
+        let (tx, mut rx) = crate::mailbox::reply_channel();
         for (i, l) in leases.iter().enumerate() {
             l.conn().send(BackendRequest {
                 data: data.clone(),
@@ -354,6 +355,7 @@ pub fn while_busy<H: Send + 'static>(
         let mut replies = vec![Bytes::new(); leases.len()];
         let collect = async {
             while let Some(r) = rx.recv().await {
+                let Some(r) = r.into_reply() else { continue };
                 replies[r.tag.part as usize] = match r.result {
                     Ok(b) => b,
                     Err(e) => errors::resp(&errors::backend_failed(&e)),
@@ -369,9 +371,9 @@ pub fn while_busy<H: Send + 'static>(
         let reply = if answered {
             merge(&replies)
         } else {
-            errors::resp(&errors::backend_failed(&crate::upstream::backend::BackendError::Timeout("a master".into())))
+            errors::resp(&errors::backend_failed(&crate::mailbox::BackendError::Timeout("a master".into())))
         };
-        let _ = reply_to.send(BackendReply::one(tag, Ok(reply)));
+        let _ = reply_to.send(Delivery::reply(tag, Ok(reply)));
     });
     let part = Part::new(ctx.req.raw().clone(), Target::Node(masters[0].clone()));
     Ok(Outcome::Waiting(Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec![part])))

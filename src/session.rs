@@ -39,13 +39,12 @@ use tokio::net::tcp::WriteHalf;
 use tracing::{debug, info, warn};
 
 use crate::client::{ClientInfo, ClientState, Control, Mode, ReplyMode};
+use crate::mailbox::{BackendReply, Delivery, ReplyTx};
 use crate::pending::{Ctx, Outcome, Pending};
-use crate::protocol::reply::ReplyScanner;
 use crate::protocol::request::{Limits, Request};
 use crate::protocol::{Next, Proto, RequestReader, Writer};
 use crate::proxy::{Answered, Proxy, ReplySummary};
-use crate::pubsub::PUSH_SEQ;
-use crate::upstream::backend::{BackendReply, ReplyTx};
+use crate::upstream::retry;
 
 enum Reply {
     /// Not dispatched yet: it waits for the client's requests before it
@@ -357,7 +356,7 @@ impl ReplyClock {
 /// limits, or the proxy shuts down.
 pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, stopping: Arc<AtomicBool>) {
     let _ = stream.set_nodelay(true);
-    let (tx, mut rx) = crate::upstream::backend::reply_channel();
+    let (tx, mut rx) = crate::mailbox::reply_channel();
     let mut s = Session::new(proxy, &stream, tx);
     let id = s.client.id;
     // The server tells every registered client of a shutdown on its reply channel
@@ -587,28 +586,15 @@ impl Session {
 
     /// Hands `first` and every backend reply already waiting to their requests; a request
     /// whose reply is complete becomes ready.
-    fn take_replies(&mut self, first: BackendReply, rx: &mut crate::queue::Receiver<BackendReply>) {
+    fn take_replies(&mut self, first: Delivery, rx: &mut crate::queue::Receiver<Delivery>) {
         let mut next = Some(first);
         // one clock read for every reply that completes in this batch
         let mut now: Option<ReplyClock> = None;
-        while let Some(r) = next.take() {
-            if let Some(c) = Control::of(r.tag) {
-                self.control(c);
-            } else if r.tag.seq == PUSH_SEQ {
-                if let Ok(b) = r.result {
-                    self.pushed(b);
-                }
-            } else if r.more == 0 {
-                self.take_reply(r, &mut now);
-            } else if let Ok(data) = &r.result {
-                // a multi-command request's replies, back to back: handed over one by one
-                let (data, mut tag) = (data.clone(), r.tag);
-                let mut at = 0;
-                for _ in 0..=r.more {
-                    let Ok(Some(n)) = ReplyScanner::new().scan(&data[at..]) else { break };
-                    self.take_reply(BackendReply::one(tag, Ok(data.slice(at..at + n))), &mut now);
-                    (at, tag.part) = (at + n, tag.part + 1);
-                }
+        while let Some(d) = next.take() {
+            match d {
+                Delivery::Reply(r) => self.take_reply(r, &mut now),
+                Delivery::Push(b) => self.pushed(b),
+                Delivery::Control(c) => self.control(c),
             }
             next = rx.try_recv();
         }
@@ -672,7 +658,7 @@ impl Session {
     /// waits for the replies of the requests sent behind it ([`TryAgain`]).
     fn take_reply(&mut self, r: BackendReply, now: &mut Option<ReplyClock>) {
         // the usual reply: nothing of the ordering rule's to look at
-        if self.calm && !is_tryagain(&r) {
+        if self.calm && !retry::is_tryagain(&r.result) {
             return self.deliver(r, now, false);
         }
         self.take_reply_ordered(r, now);
@@ -697,8 +683,8 @@ impl Session {
         }
         // the requests sent behind it may have run already: see TryAgain (those answered
         // already count too)
-        let ran = self.tryagain.is_none() && is_tryagain(&r) && self.ran_behind(seq);
-        if self.tryagain.is_none() && is_tryagain(&r) && (ran || self.sent_behind(seq)) {
+        let ran = self.tryagain.is_none() && retry::is_tryagain(&r.result) && self.ran_behind(seq);
+        if self.tryagain.is_none() && retry::is_tryagain(&r.result) && (ran || self.sent_behind(seq)) {
             self.tryagain = Some(TryAgain { seq, replies: vec![r], ran });
             self.mark_retrying(seq);
             // (those behind it may be held already, their replies parked)
@@ -773,7 +759,7 @@ impl Session {
             let reply = match crate::pending::plain_reply(&self.proxy, p, r) {
                 Ok(reply) => Some(reply),
                 Err(r) => {
-                    retried = not_an_answer(&r) && !as_is;
+                    retried = retry::may_not_answer(&r.result) && !as_is;
                     let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, e.meta.started);
                     ctx.cmd = e.meta.cmd;
                     ctx.writes = e.meta.writes;
@@ -876,7 +862,7 @@ impl Session {
             return false;
         }
         let waits = self.retrying.contains(&seq);
-        if !waits && (!not_an_answer(r) || unannounced_redirect(&self.proxy, r)) {
+        if !waits && (!retry::may_not_answer(&r.result) || retry::unannounced(&self.proxy.cluster, &r.result)) {
             // (a redirection to an address the cluster did not announce is held by its
             // request while a refresh looks again, and that refresh's outcome is held here
             // in its turn: so each waits for one refresh, not one after another's)
@@ -1285,14 +1271,13 @@ impl Session {
         }
         let Some(seq) = self.blocking.take() else { return };
         let Some(e) = self.queue.get_mut(seq) else { return };
-        if !matches!(e.reply, Reply::Waiting(_)) {
-            return;
-        }
+        let Reply::Waiting(p) = &e.reply else { return };
+        let nil_string = p.nil_string_on_timeout();
         let mut w = Writer::new(&mut self.scratch, self.client.proto);
         match c {
             Control::UnblockError => w.error(crate::errors::UNBLOCKED),
             // the command's own timeout reply
-            _ if matches!(self.proxy.command_name(e.meta.cmd), "BRPOPLPUSH" | "BLMOVE") => w.nil(),
+            _ if nil_string => w.nil(),
             _ => w.nil_array(),
         }
         let b = self.scratch.split().freeze();
@@ -1396,17 +1381,6 @@ impl Session {
     }
 }
 
-/// A MOVED or ASK to an address the slot map does not announce (a script can answer any
-/// error text): its request sends nothing before a refresh has looked again.
-fn unannounced_redirect(proxy: &Proxy, r: &BackendReply) -> bool {
-    use crate::protocol::reply::{error_text, parse_redirect};
-    let Ok(d) = &r.result else { return false };
-    let Some(redirect) = error_text(d).and_then(parse_redirect) else { return false };
-    let addr = redirect.addr();
-    let topo = proxy.cluster.topology();
-    !topo.masters.iter().any(|m| &*m.addr == addr) && !topo.announces(addr)
-}
-
 /// TRYAGAIN (some keys of a multi-key command have moved with their slot, some not yet)
 /// for a request with requests sent behind it on the same connection. Redis ran those
 /// already: one that touched a key this one names and found it in place has run before
@@ -1421,21 +1395,6 @@ struct TryAgain {
     replies: Vec<BackendReply>,
     /// A request sent behind it that touches its keys has run.
     ran: bool,
-}
-
-/// A TRYAGAIN reply.
-#[inline]
-fn is_tryagain(r: &BackendReply) -> bool {
-    matches!(&r.result, Ok(d) if d.first() == Some(&b'-') && d.starts_with(b"-TRYAGAIN"))
-}
-
-/// A backend reply that may not be its request's answer: an error reply (a redirection,
-/// TRYAGAIN, ...) or no reply at all (a connection error, a resend).
-fn not_an_answer(r: &BackendReply) -> bool {
-    match &r.result {
-        Ok(d) => d.first() == Some(&b'-'),
-        Err(_) => true,
-    }
 }
 
 /// Keeps the client's share of the process-wide bytes above soft limits current; says

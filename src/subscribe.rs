@@ -12,12 +12,12 @@ use bytes::Bytes;
 use smallvec::smallvec;
 
 use crate::command::{Command, Local, Route};
+use crate::mailbox::Tag;
 use crate::merge::Merge;
 use crate::pending::{Ctx, Finish, Outcome, Part, Pending, Target, start};
 use crate::protocol::{Proto, Writer};
 use crate::proxy::Proxy;
 use crate::pubsub::{Kind, Subscriptions};
-use crate::upstream::backend::Tag;
 
 /// SUBSCRIBE / PSUBSCRIBE / SSUBSCRIBE (`sub`) or their UNSUBSCRIBE.
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, kind: Kind, sub: bool) -> Outcome {

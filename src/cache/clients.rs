@@ -27,8 +27,8 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 use tokio::sync::watch;
 
+use crate::mailbox::{Delivery, ReplyTx};
 use crate::protocol::request::{write_array_header, write_bulk};
-use crate::upstream::backend::{BackendReply, PUSH_SEQ, ReplyTx, Tag};
 
 /// How a client tracks (CLIENT TRACKING on ...).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -80,9 +80,9 @@ struct Client {
 }
 
 impl Client {
-    fn send(&self, r: BackendReply) {
+    fn send(&self, push: Bytes) {
         if self.deliver {
-            let _ = self.tx.send(r);
+            let _ = self.tx.send(Delivery::Push(push));
         }
     }
 }
@@ -225,7 +225,7 @@ impl ClientSide {
         for (i, keys) in out {
             if let Some(c) = t.clients.get(&i) {
                 let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-                c.send(BackendReply::one(PUSH, Ok(message(c.resp3, Some(&refs)))));
+                c.send(message(c.resp3, Some(&refs)));
             }
         }
     }
@@ -256,7 +256,7 @@ impl ClientSide {
         if c.own {
             return Some(notice);
         }
-        c.send(BackendReply::one(PUSH, Ok(notice)));
+        c.send(notice);
         None
     }
 
@@ -291,7 +291,7 @@ impl ClientSide {
         }
         for (id, keys) in out {
             let Some(c) = t.clients.get(&id) else { continue };
-            c.send(BackendReply::one(PUSH, Ok(message(c.resp3, Some(&keys)))));
+            c.send(message(c.resp3, Some(&keys)));
         }
     }
 
@@ -304,7 +304,7 @@ impl ClientSide {
         t.pairs = 0;
         for c in t.clients.values_mut() {
             if c.dirty || c.bcast.is_some() {
-                c.send(BackendReply::one(PUSH, Ok(message(c.resp3, None))));
+                c.send(message(c.resp3, None));
                 c.dirty = false;
             }
         }
@@ -319,8 +319,6 @@ impl Drop for Reporting<'_> {
         self.0.reporting.fetch_sub(1, Ordering::SeqCst);
     }
 }
-
-const PUSH: Tag = Tag { seq: PUSH_SEQ, part: 0 };
 
 /// `invalidate [keys]` (`None`: a null list, everything) as Redis sends it: a RESP3 push,
 /// or to a RESP2 redirect target a message on `__redis__:invalidate`.
@@ -361,11 +359,12 @@ mod tests {
     #[test]
     fn a_key_is_told_once_and_forgotten() {
         let cs = ClientSide::new(100);
-        let (tx, mut rx) = crate::upstream::backend::reply_channel();
+        let (tx, mut rx) = crate::mailbox::reply_channel();
         cs.enable(7, tx, true, true, &TrackingOptions::default());
         cs.read(7, [&b"a"[..], b"b"].into_iter());
         cs.invalidate(&[b"a"]);
-        assert_eq!(&rx.try_recv().unwrap().result.unwrap()[..], &message(true, Some(&[b"a"]))[..]);
+        let Some(Delivery::Push(told)) = rx.try_recv() else { panic!("an invalidation push") };
+        assert_eq!(&told[..], &message(true, Some(&[b"a"]))[..]);
         cs.invalidate(&[b"a"]);
         assert!(rx.try_recv().is_none(), "told once");
         assert_eq!(cs.keys(), 1);

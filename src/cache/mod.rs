@@ -33,8 +33,9 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, CommandTable, KeySpec, Route};
+use crate::mailbox::{BackendError, BackendReply, Delivery, ReplyTx, Tag};
 use crate::protocol::{Proto, Request};
-use crate::upstream::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
+use crate::upstream::backend::{BackendRequest, Prefix};
 use crate::upstream::cluster::NodePool;
 use detect::{Detector, DetectorConfig};
 
@@ -537,9 +538,9 @@ impl HotCache {
             Ok(d) if !matches!(d.first(), Some(b'-' | b'!')) => d,
             other => {
                 // errors (redirections included) are the asking client's; the others retry
-                let _ = first_tx.send(BackendReply::one(first_tag, other));
+                let _ = first_tx.send(Delivery::reply(first_tag, other));
                 for (tx, tag) in waiters {
-                    let _ = tx.send(BackendReply::one(tag, Err(BackendError::Resend)));
+                    let _ = tx.send(Delivery::reply(tag, Err(BackendError::Resend)));
                 }
                 return;
             }
@@ -568,10 +569,10 @@ impl HotCache {
                 self.stats.raced.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let _ = first_tx.send(BackendReply::one(first_tag, Ok(data.clone())));
+        let _ = first_tx.send(Delivery::reply(first_tag, Ok(data.clone())));
         for (tx, tag) in waiters {
             let result = if current { Ok(data.clone()) } else { Err(BackendError::Resend) };
-            let _ = tx.send(BackendReply::one(tag, result));
+            let _ = tx.send(Delivery::reply(tag, result));
         }
     }
 

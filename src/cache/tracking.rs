@@ -29,9 +29,10 @@ use tracing::{debug, info, warn};
 
 use super::clients::ClientSide;
 use super::{Cause, HotCache};
+use crate::mailbox::Tag;
 use crate::protocol::Request;
 use crate::protocol::reply::{ReplyScanner, Value, error_text};
-use crate::upstream::backend::{self, BackendOptions, BackendRequest, Prefix, Tag};
+use crate::upstream::backend::{self, BackendOptions, BackendRequest, Prefix};
 use crate::upstream::cluster::Cluster;
 use crate::upstream::cluster::NodePool;
 
@@ -76,14 +77,16 @@ pub fn start(cache: Arc<HotCache>, clients: Arc<ClientSide>, cluster: Arc<Cluste
 
 /// The hot-key cache's own tasks: landing fills, the detection window clock.
 fn start_cache(h: Arc<Handles>) {
-    let (tx, mut rx) = crate::upstream::backend::reply_channel();
+    let (tx, mut rx) = crate::mailbox::reply_channel();
     if h.cache.fill_tx.set(tx).is_err() {
         return; // already started
     }
     let p = h.clone();
     tokio::spawn(async move {
         while let Some(r) = rx.recv().await {
-            p.cache.fill_done(r);
+            if let Some(r) = r.into_reply() {
+                p.cache.fill_done(r);
+            }
         }
     });
     let p = h.clone();
@@ -152,7 +155,7 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
 
     // Connections made before now report to no one (or to a dead connection): switch
     // them over. Until one answers, its reads do not fill the cache.
-    let (rearm_tx, mut rearm_rx) = crate::upstream::backend::reply_channel();
+    let (rearm_tx, mut rearm_rx) = crate::mailbox::reply_channel();
     let mut conns = Vec::new();
     let cmd = Request::from_args(&["CLIENT", "TRACKING", "on", "REDIRECT", &id.to_string(), "OPTIN"]);
     for (_, b) in pool.connections() {
@@ -215,6 +218,7 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
                 }
             }
             Some(r) = rearm_rx.recv() => {
+                let Some(r) = r.into_reply() else { continue };
                 if let (Ok(reply), Some(stats)) = (&r.result, conns.get(r.tag.seq as usize))
                     && error_text(reply).is_none()
                 {

@@ -68,7 +68,7 @@ fn wait(proxy: &Proxy, ctx: &mut Ctx, req: &Request, kind: crate::replicas::Kind
     let deadline = (timeout > 0).then(|| ctx.now + std::time::Duration::from_millis(timeout as u64));
     // its own timeout, not the proxy's reply deadline (0: for ever)
     ctx.wait_ms = if timeout == 0 { u32::MAX } else { timeout.min(u32::MAX as i64) as u32 };
-    let tag = crate::upstream::backend::Tag { seq: ctx.seq, part: 0 };
+    let tag = crate::mailbox::Tag { seq: ctx.seq, part: 0 };
     crate::replicas::spawn(asks, kind, req.clone(), lost, deadline, ctx.reply_to.clone(), tag);
     // (answered by the task; the part is never sent)
     let part = crate::pending::Part::new(req.raw().clone(), crate::pending::Target::Node(first));

@@ -7,12 +7,12 @@ use bytes::Bytes;
 use crate::cache::clients::{ClientTracking, TrackingOptions};
 use crate::client::flag;
 use crate::errors;
+use crate::mailbox::{Delivery, Tag};
 use crate::merge::Merge;
 use crate::pending::{Ctx, Finish, Outcome, Part, Pending, Target};
 use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request};
 use crate::proxy::Proxy;
-use crate::upstream::backend::{BackendReply, Tag};
 
 /// `CLIENT TRACKING on|off [REDIRECT id] [PREFIX p ...] [BCAST] [OPTIN] [OPTOUT] [NOLOOP]`.
 pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
@@ -129,7 +129,7 @@ pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         while cs.reporting() < masters && std::time::Instant::now() < until {
             tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
-        let _ = tx.send(BackendReply::one(tag, Ok(Bytes::from_static(b"+OK\r\n"))));
+        let _ = tx.send(Delivery::reply(tag, Ok(Bytes::from_static(b"+OK\r\n"))));
     });
     Outcome::Waiting(Pending::new(
         ctx,

@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use crate::mailbox::{ReplyTx, Tag};
 use crate::protocol::reply::{Value, error_text};
 use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request, Writer};
-use crate::upstream::backend::{ReplyTx, Tag};
 use crate::upstream::cluster::slot;
 
 /// The channel releases are published on (the payload is the lock key).

@@ -14,11 +14,12 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::{CHANNEL, Event, FALLBACK_RETRY, LockCmd, LockRequest, Locks, Waiter, client_reply};
+use crate::mailbox::{BackendError, BackendReply, Delivery, ReplyTx, Tag};
 use crate::protocol::reply::{Redirect, Value};
 use crate::protocol::{Proto, Request, Writer};
-use crate::upstream::backend::{BackendError, BackendReply, BackendRequest, Prefix, ReplyTx, Tag};
+use crate::upstream::backend::{BackendRequest, Prefix};
 use crate::upstream::cluster::slot;
-use crate::upstream::retry::{self, RETRY_DELAY, Verdict};
+use crate::upstream::retry::{self, Attempt, RETRY_DELAY, Step};
 
 /// What the lock task and the subscriber use: the lock service and the cluster view,
 /// nothing else of the proxy.
@@ -177,7 +178,7 @@ impl State {
 }
 
 async fn run(h: Arc<Handles>, mut rx: mpsc::UnboundedReceiver<Event>) {
-    let (rtx, mut rrx) = crate::upstream::backend::reply_channel();
+    let (rtx, mut rrx) = crate::mailbox::reply_channel();
     let mut st =
         State { queues: HashMap::new(), held: HashMap::new(), inflight: HashMap::new(), timers: BinaryHeap::new() };
     let locks = &h.locks;
@@ -222,7 +223,11 @@ async fn run(h: Arc<Handles>, mut rx: mpsc::UnboundedReceiver<Event>) {
                     }
                 }
             }
-            Some(r) = rrx.recv() => on_reply(&h, &mut st, &rtx, r),
+            Some(r) = rrx.recv() => {
+                if let Some(r) = r.into_reply() {
+                    on_reply(&h, &mut st, &rtx, r);
+                }
+            }
             _ = tokio::time::sleep_until(next.into()) => {}
         }
         tick(&h, &mut st, &rtx);
@@ -345,7 +350,7 @@ fn send_to(
             db: 0,
         }),
         None => {
-            let _ = rtx.send(BackendReply::one(tag, Err(BackendError::NotSent("unserved slot".into()))));
+            let _ = rtx.send(Delivery::reply(tag, Err(BackendError::NotSent("unserved slot".into()))));
         }
     }
 }
@@ -357,8 +362,11 @@ fn on_reply(h: &Handles, st: &mut State, rtx: &ReplyTx, r: BackendReply) {
         Flight::Attempt { key, data, .. } | Flight::Other { key, data, .. } => (key.clone(), data.clone()),
     };
     // transport trouble and cluster redirections: try again (crate::upstream::retry decides which)
-    let retry_after = match retry::classify(&r.result, h.cluster.is_cluster()) {
-        Verdict::NoScript => {
+    // a lock script is safe to send again whatever became of it (its owner decides), so
+    // the limits of a client's request do not apply: the WAIT's deadline ends the tries
+    let verdict = retry::classify(&r.result, h.cluster.is_cluster());
+    let retry_after = match retry::react(verdict, &r.result, &Attempt { by_slot: true, ..Attempt::default() }) {
+        Step::Reload => {
             if let Some(eval) = h.locks.eval_form(&data) {
                 send_to(h, &key, eval, id, rtx, Prefix::None, None);
                 st.inflight.insert(id, flight);
@@ -366,7 +374,7 @@ fn on_reply(h: &Handles, st: &mut State, rtx: &ReplyTx, r: BackendReply) {
             }
             None
         }
-        Verdict::Redirect(redirect) => match (retry::follow(&h.cluster, &redirect), &redirect) {
+        Step::Follow(redirect) => match (retry::follow(&h.cluster, &redirect), &redirect) {
             // moved: once more, at once, to the slot's new owner
             (Some(_), Redirect::Moved { .. } | Redirect::Keyless { .. }) => Some(Duration::ZERO),
             (Some(pool), Redirect::Ask { .. }) => {
@@ -381,13 +389,18 @@ fn on_reply(h: &Handles, st: &mut State, rtx: &ReplyTx, r: BackendReply) {
             }
         },
         // a master that a failover has just made a replica: to the new one, once known
-        Verdict::ReadOnly => {
+        Step::NewMaster => {
             h.cluster.request_refresh();
             Some(RETRY_DELAY)
         }
-        // a lock script is safe to send again whatever became of it: its owner decides
-        Verdict::Busy | Verdict::Unsent | Verdict::Failed | Verdict::Resend | Verdict::Recheck => Some(RETRY_DELAY),
-        Verdict::Answer => None,
+        Step::Answer | Step::LoadFunction | Step::TimedOut => None,
+        Step::AskOwner(_)
+        | Step::Busy { .. }
+        | Step::Reissue
+        | Step::Recheck
+        | Step::Resend
+        | Step::Unreachable { .. }
+        | Step::Fail(_) => Some(RETRY_DELAY),
     };
     let Flight::Attempt { .. } = flight else {
         let Flight::Other { renewal_of, .. } = flight else { return };
@@ -480,5 +493,5 @@ fn deliver(w: &Waiter, reply: Option<&[u8]>) -> bool {
             scratch.split().freeze()
         }
     };
-    w.reply_to.send(BackendReply::one(w.tag, Ok(bytes))).is_ok()
+    w.reply_to.send(Delivery::reply(w.tag, Ok(bytes))).is_ok()
 }

@@ -7,9 +7,9 @@
 //! [`Pending`] request waiting for backend replies.
 //!
 //! A [`Pending`] holds its parts (what goes where), sends them, and acts on each backend
-//! reply as [`crate::upstream::retry`] classifies it: follow a redirection the cluster announced,
-//! hold one it did not until a refresh confirms it, retry after a failover, or pass the
-//! reply on. When every part is in, the write's cache invalidation is applied (before the
+//! reply as the reaction table of [`crate::upstream::retry`] says: follow a redirection
+//! the cluster announced, hold one it did not until a refresh confirms it, retry after a
+//! failover, or pass the reply on. When every part is in, the write's cache invalidation is applied (before the
 //! client can see the reply) and the replies are merged ([`crate::merge`]). It lives in
 //! the session's reply queue: nothing here spawns a task per request (only a retry's
 //! delay and a redirection's recheck).
@@ -33,13 +33,14 @@ use crate::client::ClientState;
 use crate::command::{Split, keys_of};
 use crate::errors;
 use crate::locks::LockRequest;
+use crate::mailbox::{BackendReply, ReplyTx, Tag};
 use crate::merge::{Merge, merge_replies};
-use crate::protocol::reply::{Redirect, Value, error_text, parse_redirect};
+use crate::protocol::reply::{Value, error_text};
 use crate::protocol::{Request, Writer};
 use crate::proxy::Proxy;
-use crate::upstream::backend::{BackendError, BackendReply, BackendRequest, ConnStats, Prefix, ReplyTx, Tag};
+use crate::upstream::backend::{BackendRequest, ConnStats, Prefix};
 use crate::upstream::cluster::{Cluster, Lease, NodePool};
-use crate::upstream::retry::{self, MAX_REDIRECTS, MAX_RETRIES, Verdict};
+use crate::upstream::retry::{self, Attempt, MAX_REDIRECTS, MAX_RETRIES, Step, Verdict};
 
 use send::{follow, recheck_later, resend, resolve, resolve_in, send_later, send_part, void_watch};
 use split::{per_key, piece_done, splittable};
@@ -424,6 +425,12 @@ impl Pending {
         self.dedicated.as_ref().is_some_and(|d| d.block.is_some())
     }
 
+    /// A blocking command whose timeout reply is a nil string (BRPOPLPUSH, BLMOVE), not
+    /// a nil array.
+    pub fn nil_string_on_timeout(&self) -> bool {
+        self.dedicated.as_ref().and_then(|d| d.block.as_ref()).is_some_and(|b| b.nil_string)
+    }
+
     /// Travels on the client's WATCH connection.
     pub fn pinned(&self) -> bool {
         self.dedicated.as_ref().is_some_and(|d| matches!(d.via, Via::Watch))
@@ -580,17 +587,13 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
     if p.parts.get(idx)?.reply.is_some() {
         return None;
     }
-    let mut verdict = retry::classify(&reply.result, proxy.cluster.is_cluster());
-    if p.blocking() && matches!(&reply.result, Ok(d) if d.starts_with(b"-UNBLOCKED")) {
-        // Redis let a blocked client go because its node stopped being a master
-        verdict = Verdict::Busy;
-    }
-    if p.pinned()
-        && matches!(
-            verdict,
-            Verdict::Redirect(_) | Verdict::Busy | Verdict::ReadOnly | Verdict::Unsent | Verdict::Failed
-        )
-    {
+    let cluster = proxy.cluster.is_cluster();
+    let verdict = if p.blocking() {
+        retry::classify_blocked(&reply.result, cluster)
+    } else {
+        retry::classify(&reply.result, cluster)
+    };
+    if p.pinned() && verdict.leaves_node() {
         // the watched keys' master is not where the WATCH ran any more
         void_watch(ctx);
         match &mut p.dedicated {
@@ -602,35 +605,45 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             return complete(proxy, ctx, p, idx, Bytes::from_static(b"+OK\r\n"));
         }
     }
+    let block = p.dedicated.as_ref().and_then(|d| d.block.as_ref());
     let part = p.parts.get_mut(idx)?;
-    let data = match (verdict, reply.result) {
-        (Verdict::NoScript, Ok(data)) => {
+    let attempt = Attempt {
+        redirects: part.redirects,
+        retries: part.retries,
+        stale: ctx.stale,
+        blocked: block.is_some(),
+        expired: block.is_some_and(|b| b.deadline.is_some_and(|t| t <= Instant::now())),
+        dedicated: p.dedicated.is_some(),
+        by_slot: matches!(part.target, Target::Slot(_)),
+        asked: matches!(part.target, Target::Ask(..)),
+    };
+    let step = retry::react(verdict, &reply.result, &attempt);
+    let dedicated = p.dedicated.is_some();
+    let data = match step {
+        Step::Reload => {
             // a script that is not loaded there (yet): one of heatshield's lock scripts,
             // or one seen in EVAL or SCRIPT LOAD (crate::scripts): sent whole, once
             let data_now = part.data(ctx.req);
             match proxy.locks.eval_form(data_now).or_else(|| proxy.scripts.eval_form(data_now)) {
-                Some(eval) if part.redirects < MAX_REDIRECTS => {
+                Some(eval) => {
                     part.redirects += 1;
                     part.set_data(eval);
                     return resend(proxy, ctx, p, idx);
                 }
-                _ => data,
+                None => reply.result.ok()?,
             }
         }
-        // an ASK held behind an earlier request's retry is out of date by now (the slot
-        // may have moved on, and ASKING there could create the key on a node importing it
-        // afresh): the slot's owner is asked again
-        (Verdict::Redirect(Redirect::Ask { slot, .. }), Ok(_)) if ctx.stale && part.redirects < MAX_REDIRECTS => {
+        Step::AskOwner(slot) => {
             part.redirects += 1;
             part.target = Target::Slot(slot);
             return resend(proxy, ctx, p, idx);
         }
-        (Verdict::Redirect(r), Ok(data)) if part.redirects < MAX_REDIRECTS => {
+        Step::Follow(r) => {
             part.redirects += 1;
             if !follow(proxy, part, &r) {
                 // The address is not one the cluster announced (a script can return any
                 // error text): refresh the topology, then look again.
-                part.rare().held = Some(data);
+                part.rare().held = reply.result.ok();
                 recheck_later(proxy, ctx, idx as u32, false);
                 return None;
             }
@@ -641,14 +654,14 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
                 // once would spend the redirections in a millisecond and hand the client
                 // a MOVED; from the third on, each waits RETRY_DELAY for them to agree.
                 proxy.cluster.request_refresh();
-                send_later(proxy, ctx, p.dedicated.is_some(), part, idx as u32, 1);
+                send_later(proxy, ctx, dedicated, part, idx as u32, 1);
                 return None;
             }
             return resend(proxy, ctx, p, idx);
         }
-        (Verdict::Busy, Ok(data)) if part.retries < MAX_RETRIES => {
-            if part.pieces().is_none()
-                && data.starts_with(b"-TRYAGAIN")
+        Step::Busy { tryagain } => {
+            if tryagain
+                && part.pieces().is_none()
                 && let Some(kind) = splittable(proxy, ctx.req)
             {
                 // some of the keys have moved with their slot, some not yet: Redis would
@@ -658,60 +671,55 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             }
             part.retries += 1;
             proxy.cluster.request_refresh();
-            send_later(proxy, ctx, p.dedicated.is_some(), part, idx as u32, 1);
+            send_later(proxy, ctx, dedicated, part, idx as u32, 1);
             return None;
         }
-        // A write sent to a master that has just become a replica (a failover): Redis
-        // answers READONLY until heatshield's map shows the new master. A slot's part
-        // goes to the slot's owner later; a part meant for that node (a keyless write
-        // sent to every master) goes to the replica promoted in its place, once a
-        // refresh shows it.
-        (Verdict::ReadOnly, Ok(data)) if part.retries < MAX_RETRIES => {
+        Step::NewMaster => {
             part.retries += 1;
             crate::metrics::global().readonly_retried.increment(1);
-            if matches!(part.target, Target::Slot(_)) {
+            if attempt.by_slot {
                 proxy.cluster.request_refresh();
-                send_later(proxy, ctx, p.dedicated.is_some(), part, idx as u32, 1);
+                send_later(proxy, ctx, dedicated, part, idx as u32, 1);
             } else {
-                part.rare().held = Some(data);
+                part.rare().held = reply.result.ok();
                 recheck_later(proxy, ctx, idx as u32, true);
             }
             return None;
         }
-        // A blocked command whose connection broke (its node failed over, say): it is
-        // issued again to the slot's owner, with what remains of its timeout.
-        (Verdict::Failed, Err(_))
-            if p.dedicated.as_ref().is_some_and(|d| d.block.is_some()) && part.retries < MAX_RETRIES =>
-        {
+        Step::Reissue => {
             part.retries += 1;
             proxy.cluster.request_refresh();
-            send_later(proxy, ctx, p.dedicated.is_some(), part, idx as u32, 1);
+            send_later(proxy, ctx, dedicated, part, idx as u32, 1);
             return None;
         }
-        (Verdict::Recheck, _) => {
-            let held = part.take_held()?;
-            if held.starts_with(b"-READONLY") {
-                let promoted = match &part.target {
-                    Target::Node(n) | Target::Ask(n, _) => proxy.cluster.topology().promoted_for(&n.addr),
-                    Target::Slot(_) => None,
-                };
-                if let Some(n) = promoted {
-                    part.target = Target::Node(n);
+        Step::Recheck => {
+            let held = Ok(part.take_held()?);
+            let verdict = retry::classify(&held, cluster);
+            let Ok(held) = held else { return None };
+            match verdict {
+                Verdict::ReadOnly => {
+                    let promoted = match &part.target {
+                        Target::Node(n) | Target::Ask(n, _) => proxy.cluster.topology().promoted_for(&n.addr),
+                        Target::Slot(_) => None,
+                    };
+                    if let Some(n) = promoted {
+                        part.target = Target::Node(n);
+                        return resend(proxy, ctx, p, idx);
+                    }
+                    if part.retries < MAX_RETRIES {
+                        // the map does not show the new master yet
+                        part.retries += 1;
+                        part.rare().held = Some(held);
+                        recheck_later(proxy, ctx, idx as u32, true);
+                        return None;
+                    }
+                    return complete(proxy, ctx, p, idx, held);
+                }
+                Verdict::Redirect(r) if follow(proxy, part, &r) => {
+                    p.redirected = true;
                     return resend(proxy, ctx, p, idx);
                 }
-                if part.retries < MAX_RETRIES {
-                    // the map does not show the new master yet
-                    part.retries += 1;
-                    part.rare().held = Some(held);
-                    recheck_later(proxy, ctx, idx as u32, true);
-                    return None;
-                }
-                return complete(proxy, ctx, p, idx, held);
-            }
-            let redirect = error_text(&held).and_then(parse_redirect);
-            if redirect.is_some_and(|r| follow(proxy, part, &r)) {
-                p.redirected = true;
-                return resend(proxy, ctx, p, idx);
+                _ => {}
             }
             // Not confirmed: the client gets the reply as Redis sent it, and nothing else
             // changes.
@@ -724,22 +732,18 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             held
         }
         // a shared cache fill could not answer for this request: send it ourselves
-        (Verdict::Resend, _) => return resend(proxy, ctx, p, idx),
-        (Verdict::Unsent, Err(e)) => {
+        Step::Resend => return resend(proxy, ctx, p, idx),
+        Step::Unreachable { addr, retry } => {
             proxy.cluster.request_refresh();
-            if matches!(part.target, Target::Slot(_)) && part.retries < MAX_RETRIES {
+            if retry {
                 part.retries += 1;
-                send_later(proxy, ctx, p.dedicated.is_some(), part, idx as u32, 1);
+                send_later(proxy, ctx, dedicated, part, idx as u32, 1);
                 return None;
             }
-            let addr = match &e {
-                BackendError::NotSent(a) => a.clone(),
-                _ => Arc::from(""),
-            };
             tracing::warn!(node = %addr, command = proxy.command_name(ctx.cmd), client = ctx.client.id, "node unreachable; request failed");
             errors::resp(&errors::node_unreachable(&addr))
         }
-        (_, Err(e)) => {
+        Step::Fail(e) => {
             proxy.cluster.request_refresh();
             tracing::warn!(error = %e, command = proxy.command_name(ctx.cmd), client = ctx.client.id, "backend request failed");
             errors::resp(&errors::backend_failed(&e))
@@ -747,13 +751,8 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
         // FCALL of a function this master lacks (it joined later, or its functions were
         // flushed): the library heatshield saw register it is loaded there first, on the
         // connection the call goes on again, so it runs before it; once
-        (Verdict::Answer, Ok(data))
-            if data.first() == Some(&b'-')
-                && data.starts_with(b"-ERR Function not found")
-                && p.dedicated.is_none()
-                && part.redirects < MAX_REDIRECTS
-                && matches!(part.target, Target::Slot(_) | Target::Node(_)) =>
-        {
+        Step::LoadFunction => {
+            let data = reply.result.ok()?;
             let load = proxy.scripts.function_load(part.data(ctx.req));
             match (load, resolve(proxy, &part.target)) {
                 (Some(load), Ok((node, _))) => {
@@ -775,16 +774,9 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
                 _ => data,
             }
         }
-        // a blocking command sent back and forth past the limit while slots move, once
-        // its own timeout is over: it timed out, as on one Redis (not a MOVED)
-        (Verdict::Redirect(_) | Verdict::Busy, Ok(_))
-            if p.dedicated
-                .as_ref()
-                .and_then(|d| d.block.as_ref())
-                .is_some_and(|b| b.deadline.is_some_and(|t| t <= Instant::now())) =>
-        {
+        Step::TimedOut => {
             let mut w = Writer::new(ctx.scratch, ctx.client.proto);
-            if p.dedicated.as_ref().and_then(|d| d.block.as_ref()).is_some_and(|b| b.nil_string) {
+            if block.is_some_and(|b| b.nil_string) {
                 w.nil();
             } else {
                 w.nil_array();
@@ -792,7 +784,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             ctx.scratch.split().freeze()
         }
         // an answer, or a redirection or retry past its limit: passed on as it is
-        (_, Ok(data)) => data,
+        Step::Answer => reply.result.ok()?,
     };
     complete(proxy, ctx, p, idx, data)
 }

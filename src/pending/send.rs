@@ -11,10 +11,11 @@ use bytes::Bytes;
 
 use super::{Block, Ctx, Dedicated, Part, Pending, Target, Via, complete};
 use crate::errors;
+use crate::mailbox::{BackendError, Delivery, Tag};
 use crate::protocol::Request;
 use crate::protocol::reply::Redirect;
 use crate::proxy::Proxy;
-use crate::upstream::backend::{BackendError, BackendReply, BackendRequest, Prefix, Tag};
+use crate::upstream::backend::{BackendRequest, Prefix};
 use crate::upstream::cluster::{NodePool, Topology};
 use crate::upstream::retry::{self, RETRY_DELAY};
 
@@ -153,7 +154,7 @@ pub(super) fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &mut P
         let tag = Tag { seq: ctx.seq, part: idx };
         tokio::spawn(async move {
             tokio::time::sleep(RETRY_DELAY).await;
-            let _ = reply_to.send(BackendReply::one(tag, Err(BackendError::Resend)));
+            let _ = reply_to.send(Delivery::reply(tag, Err(BackendError::Resend)));
         });
         return;
     }
@@ -182,8 +183,7 @@ pub(super) fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &mut P
             None => {
                 for k in 0..count {
                     let tag = Tag { part: tag.part + k, ..tag };
-                    let _ =
-                        reply_to.send(BackendReply::one(tag, Err(BackendError::NotSent(Arc::from("unserved slot")))));
+                    let _ = reply_to.send(Delivery::reply(tag, Err(BackendError::NotSent(Arc::from("unserved slot")))));
                 }
             }
         }
@@ -229,6 +229,6 @@ pub(super) fn recheck_later(proxy: &Proxy, ctx: &Ctx, idx: u32, wait: bool) {
             tokio::time::sleep(RETRY_DELAY).await;
         }
         cluster.fresh_topology().await;
-        let _ = reply_to.send(BackendReply::one(tag, Err(BackendError::Recheck)));
+        let _ = reply_to.send(Delivery::reply(tag, Err(BackendError::Recheck)));
     });
 }

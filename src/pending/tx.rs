@@ -9,10 +9,10 @@ use smallvec::SmallVec;
 use super::send::{follow, send_later, send_part};
 use super::{Ctx, Dedicated, Finish, Outcome, Part, Pending, Target, Via, complete};
 use crate::errors;
+use crate::mailbox::BackendReply;
 use crate::protocol::Writer;
 use crate::protocol::reply::Redirect;
 use crate::proxy::Proxy;
-use crate::upstream::backend::BackendReply;
 use crate::upstream::cluster::Lease;
 use crate::upstream::retry::{self, MAX_REDIRECTS, MAX_RETRIES, Verdict};
 

@@ -24,21 +24,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{debug, info, warn};
 
+use crate::mailbox::{BackendError, Delivery, ReplyTx, Tag};
 use crate::metrics::NodeMetrics;
 use crate::protocol::reply::{ReplyScanner, error_text};
 use crate::protocol::request::Request;
-
-/// Where a reply goes: the session's channel, with the request's place in it.
-/// Shared behind an `Arc`: every request carries one, and an `Arc` clone is one atomic
-/// where a channel sender's is two (its reference and its sender count), as is a drop.
-pub type ReplyTx = Arc<crate::queue::Sender<BackendReply>>;
-
-/// A channel for backend replies: where requests say to answer, and where the answers are
-/// read.
-pub fn reply_channel() -> (ReplyTx, crate::queue::Receiver<BackendReply>) {
-    let (tx, rx) = crate::queue::channel();
-    (Arc::new(tx), rx)
-}
 
 /// A request for one backend connection.
 pub struct BackendRequest {
@@ -133,57 +122,6 @@ pub struct NodeTracking {
     /// Bumped whenever invalidations from this node may have been lost: a connection
     /// whose reads were tracked closed, or the invalidation connection broke.
     pub generation: AtomicU64,
-}
-
-/// The [`Tag::seq`] of a message pushed to a session that answers none of its requests (a
-/// pub/sub message, an invalidation); u64::MAX is a control message's.
-pub const PUSH_SEQ: u64 = u64::MAX - 1;
-
-/// Identifies a reply to the session: which queued command, and which part of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tag {
-    pub seq: u64,
-    pub part: u32,
-}
-
-/// A reply (or failure) for a [`Tag`].
-#[derive(Debug)]
-pub struct BackendReply {
-    pub tag: Tag,
-    pub result: Result<Bytes, BackendError>,
-    /// Replies that follow the first in `result`, tagged `tag.part + 1`, ...: a
-    /// multi-command request's replies travel together, as one message (a failure is
-    /// always one reply).
-    pub more: u32,
-}
-
-impl BackendReply {
-    /// One reply.
-    pub fn one(tag: Tag, result: Result<Bytes, BackendError>) -> Self {
-        BackendReply { tag, result, more: 0 }
-    }
-}
-
-/// Why a backend request has no reply.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BackendError {
-    /// Never written to the node: safe to retry.
-    #[error("could not connect to {0}")]
-    NotSent(Arc<str>),
-    /// Written, but the connection failed before the reply: it may or may not have run.
-    #[error("connection to {0} lost before the reply")]
-    Lost(Arc<str>),
-    /// No reply within the command timeout.
-    #[error("timeout waiting for {0}")]
-    Timeout(Arc<str>),
-    /// Not sent on the caller's behalf after all (a shared cache fill was abandoned):
-    /// send it again now.
-    #[error("resend")]
-    Resend,
-    /// Not from a backend: the topology was refreshed to confirm a redirection this part
-    /// received; look at it again.
-    #[error("recheck")]
-    Recheck,
 }
 
 /// Protocol and credentials used on backend connections.
@@ -472,7 +410,7 @@ fn fail_queued(rx: &mut crate::queue::Receiver<BackendRequest>, addr: &Arc<str>)
 fn fail_all(tag: Tag, count: u32, reply_to: &ReplyTx, e: &BackendError) {
     for k in 0..count.max(1) {
         let tag = Tag { seq: tag.seq, part: tag.part + k };
-        let _ = reply_to.send(BackendReply::one(tag, Err(e.clone())));
+        let _ = reply_to.send(Delivery::reply(tag, Err(e.clone())));
     }
 }
 
@@ -665,12 +603,14 @@ async fn serve(
     let reader = async {
         let mut rbuf = BytesMut::with_capacity(buf_cap);
         let mut scanner = ReplyScanner::new();
-        // The front request's replies scanned so far and their bytes, still in `rbuf`: the
-        // replies of a multi-command request go to its session as one message once all
-        // are in (one wake-up and one channel message, not one per reply).
+        // The front request's replies scanned so far, their bytes and each one's length,
+        // still in `rbuf`: the replies of a multi-command request go to its session
+        // together once all are in (one wake-up and one lock), each a message of its own,
+        // so that nobody scans them again.
         let (mut held, mut held_n) = (0usize, 0u32);
+        let mut held_lens: Vec<usize> = Vec::new();
         // replies of this read not yet handed over, all for `out_to`
-        let (mut out, mut out_to): (Vec<BackendReply>, Option<ReplyTx>) = (Vec::new(), None);
+        let (mut out, mut out_to): (Vec<Delivery>, Option<ReplyTx>) = (Vec::new(), None);
         loop {
             if rbuf.capacity() - rbuf.len() < buf_cap / 4 {
                 rbuf.reserve(buf_cap);
@@ -729,6 +669,7 @@ async fn serve(
                 held += n;
                 held_n += 1;
                 if held_n < front.count {
+                    held_lens.push(n);
                     continue; // more replies of this multi-command request follow
                 }
                 let inf = q.pop_front().expect("front exists");
@@ -736,8 +677,6 @@ async fn serve(
                 if crate::metrics::sampled(1, metrics.sample_every) {
                     metrics.duration.record(inf.sent.elapsed().as_secs_f64());
                 }
-                let frame = rbuf.split_to(held).freeze();
-                let reply = BackendReply { tag: inf.tag, result: Ok(frame), more: held_n - 1 };
                 // consecutive replies for one session (its pipelined requests, written
                 // back to back) go to it as one batch: one lock and one wake-up
                 if !out_to.as_ref().is_some_and(|t| Arc::ptr_eq(t, &inf.reply_to))
@@ -745,7 +684,12 @@ async fn serve(
                 {
                     t.send_all(&mut out);
                 }
-                out.push(reply);
+                let mut tag = inf.tag;
+                for len in held_lens.drain(..) {
+                    out.push(Delivery::reply(tag, Ok(rbuf.split_to(len).freeze())));
+                    tag.part += 1;
+                }
+                out.push(Delivery::reply(tag, Ok(rbuf.split_to(n).freeze())));
                 (held, held_n) = (0, 0);
             }
             drop(q);

@@ -1,15 +1,19 @@
-//! Retry rules: what one backend reply means for the request that got it. The request
-//! path ([`crate::pending`]) and the lock task ([`crate::locks`]) both classify replies
-//! here, so they follow the same redirections, wait out a failover the same way and give
-//! up at the same limits.
+//! Retry rules: the one table of reactions to what a node answers. [`classify`] says what
+//! a reply means ([`Verdict`]); [`react`] says what the request that got it does next
+//! ([`Step`]), given how far that request has come ([`Attempt`]), carrying what the
+//! caller needs to do it (the redirection, the slot, the error) so that no caller reads
+//! the reply again. Plain requests, split parts and the reply ordering
+//! ([`crate::pending`], the session), transactions (which gather their replies' verdicts)
+//! and the lock task ([`crate::locks`]) all react here: they follow the same
+//! redirections, wait out a failover the same way and give up at the same limits.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::mailbox::BackendError;
 use crate::protocol::reply::{Redirect, error_text, parse_redirect};
-use crate::upstream::backend::BackendError;
 use crate::upstream::cluster::{Cluster, NodePool};
 
 /// Redirections (MOVED, ASK, NOSCRIPT) followed for one request before the reply is
@@ -47,6 +51,14 @@ pub enum Verdict {
     Recheck,
 }
 
+impl Verdict {
+    /// The node that answered is not (or no longer) where the request's keys are served:
+    /// a WATCH that ran there guards nothing now.
+    pub fn leaves_node(&self) -> bool {
+        matches!(self, Verdict::Redirect(_) | Verdict::Busy | Verdict::ReadOnly | Verdict::Unsent | Verdict::Failed)
+    }
+}
+
 /// Classifies one backend reply. `cluster`: the backends are a Redis Cluster (a
 /// standalone Redis sends no redirections, and its errors are all answers).
 pub fn classify(result: &Result<Bytes, BackendError>, cluster: bool) -> Verdict {
@@ -75,6 +87,140 @@ pub fn classify(result: &Result<Bytes, BackendError>, cluster: bool) -> Verdict 
         Err(BackendError::Resend) => Verdict::Resend,
         Err(BackendError::Recheck) => Verdict::Recheck,
     }
+}
+
+/// Classifies the reply of a blocking command: as [`classify`], and `-UNBLOCKED` (Redis
+/// let the client go because its node stopped being a master) is [`Verdict::Busy`].
+pub fn classify_blocked(result: &Result<Bytes, BackendError>, cluster: bool) -> Verdict {
+    match result {
+        Ok(d) if d.starts_with(b"-UNBLOCKED") => Verdict::Busy,
+        _ => classify(result, cluster),
+    }
+}
+
+/// How far a request has come, as far as what it does with a reply depends on it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Attempt {
+    /// Redirections followed so far (at most [`MAX_REDIRECTS`]).
+    pub redirects: u16,
+    /// Sends retried so far (at most [`MAX_RETRIES`]).
+    pub retries: u16,
+    /// The reply waited behind an earlier request's retry: an ASK in it is out of date.
+    pub stale: bool,
+    /// A blocking command on a connection of its own.
+    pub blocked: bool,
+    /// ... whose own timeout is over.
+    pub expired: bool,
+    /// On a dedicated connection (a blocked command, a transaction under WATCH).
+    pub dedicated: bool,
+    /// Sent to a slot's owner (not to a node named by a redirection or a fan-out).
+    pub by_slot: bool,
+    /// Sent after an ASK (to the node it named, for that one query).
+    pub asked: bool,
+}
+
+/// What a request does next with a reply ([`react`]).
+#[derive(Debug)]
+pub enum Step {
+    /// The reply is the answer: an answer, an error reply, or a redirection or retry past
+    /// its limit.
+    Answer,
+    /// NOSCRIPT: send the script whole (its EVAL form), as one more redirection; a caller
+    /// that does not know the script passes the reply on.
+    Reload,
+    /// FCALL of a function this node lacks: load the library heatshield saw register it,
+    /// on the connection the call goes on again, then send the call (once).
+    LoadFunction,
+    /// Follow a redirection: to its node if the cluster announced it, else hold the reply
+    /// until a refresh of the topology confirms or refutes it ([`Step::Recheck`] comes
+    /// then).
+    Follow(Redirect),
+    /// An ASK that waited behind an earlier request's retry: ask the slot's owner again
+    /// now (the slot may have moved on, and ASKING there could create the key afresh).
+    AskOwner(u16),
+    /// TRYAGAIN or CLUSTERDOWN: refresh the topology and send again after
+    /// [`RETRY_DELAY`]. `tryagain`: a multi-key command whose keys a migration splits,
+    /// which may be served key by key instead.
+    Busy { tryagain: bool },
+    /// READONLY: a write reached a master that a failover made a replica. A slot's
+    /// request goes to the slot's owner later; one meant for that node, to the replica
+    /// promoted in its place once a refresh shows it.
+    NewMaster,
+    /// A blocked command whose connection broke (its node failed over): issue it again
+    /// to the slot's owner, with what remains of its timeout.
+    Reissue,
+    /// A refresh confirmed or refuted a held redirection or READONLY: look at it again.
+    Recheck,
+    /// A shared cache fill gave the request back: send it now.
+    Resend,
+    /// The node could not be reached. `retry`: send again later (a slot's request,
+    /// within its retries); else give up with [`crate::errors::node_unreachable`].
+    Unreachable { addr: Arc<str>, retry: bool },
+    /// The request was written and its connection failed (or timed out): it may have run,
+    /// so it is not sent again; give up with [`crate::errors::backend_failed`].
+    Fail(BackendError),
+    /// A blocked command sent back and forth past the limit while slots move, once its
+    /// own timeout is over: it timed out, as on one Redis (its nil reply, not a MOVED).
+    TimedOut,
+}
+
+/// The reaction table: what a request at `a` does with a reply that [`classify`] read as
+/// `verdict`.
+pub fn react(verdict: Verdict, result: &Result<Bytes, BackendError>, a: &Attempt) -> Step {
+    let redirect = a.redirects < MAX_REDIRECTS;
+    let retry = a.retries < MAX_RETRIES;
+    match (verdict, result) {
+        (Verdict::NoScript, _) if redirect => Step::Reload,
+        (Verdict::Redirect(Redirect::Ask { slot, .. }), _) if a.stale && redirect => Step::AskOwner(slot),
+        (Verdict::Redirect(r), _) if redirect => Step::Follow(r),
+        (Verdict::Busy, Ok(d)) if retry => Step::Busy { tryagain: d.starts_with(b"-TRYAGAIN") },
+        (Verdict::ReadOnly, _) if retry => Step::NewMaster,
+        (Verdict::Failed, _) if a.blocked && retry => Step::Reissue,
+        (Verdict::Recheck, _) => Step::Recheck,
+        (Verdict::Resend, _) => Step::Resend,
+        (Verdict::Unsent, Err(e)) => {
+            let addr = match e {
+                BackendError::NotSent(a) => a.clone(),
+                _ => Arc::from(""),
+            };
+            Step::Unreachable { addr, retry: a.by_slot && retry }
+        }
+        (_, Err(e)) => Step::Fail(e.clone()),
+        (Verdict::Answer, Ok(d))
+            if d.starts_with(b"-ERR Function not found") && !a.dedicated && redirect && !a.asked =>
+        {
+            Step::LoadFunction
+        }
+        (Verdict::Redirect(_) | Verdict::Busy, _) if a.expired => Step::TimedOut,
+        _ => Step::Answer,
+    }
+}
+
+/// A TRYAGAIN reply (the session holds it while requests sent behind it may have run:
+/// see its ordering rule).
+#[inline]
+pub fn is_tryagain(result: &Result<Bytes, BackendError>) -> bool {
+    matches!(result, Ok(d) if d.first() == Some(&b'-') && d.starts_with(b"-TRYAGAIN"))
+}
+
+/// A reply that may not be its request's answer: an error reply (a redirection,
+/// TRYAGAIN, ...) or no reply at all (a connection error, a resend).
+#[inline]
+pub fn may_not_answer(result: &Result<Bytes, BackendError>) -> bool {
+    match result {
+        Ok(d) => d.first() == Some(&b'-'),
+        Err(_) => true,
+    }
+}
+
+/// A MOVED or ASK to an address the slot map does not announce (a script can answer any
+/// error text): its request sends nothing before a refresh has looked again.
+pub fn unannounced(cluster: &Cluster, result: &Result<Bytes, BackendError>) -> bool {
+    let Ok(d) = result else { return false };
+    let Some(redirect) = error_text(d).and_then(parse_redirect) else { return false };
+    let addr = redirect.addr();
+    let topo = cluster.topology();
+    !topo.masters.iter().any(|m| &*m.addr == addr) && !topo.announces(addr)
 }
 
 /// The node a redirection points at, if the cluster announced it: heatshield connects
@@ -128,5 +274,83 @@ mod tests {
         assert!(matches!(classify(&Err(BackendError::NotSent("a".into())), true), Verdict::Unsent));
         assert!(matches!(classify(&Err(BackendError::Lost("a".into())), true), Verdict::Failed));
         assert!(matches!(classify(&Err(BackendError::Timeout("a".into())), true), Verdict::Failed));
+        assert!(matches!(classify_blocked(&ok(b"-UNBLOCKED force unblock\r\n"), true), Verdict::Busy));
+        assert!(matches!(classify(&ok(b"-UNBLOCKED force unblock\r\n"), true), Verdict::Answer));
+    }
+
+    fn step(reply: &Result<Bytes, BackendError>, a: Attempt) -> Step {
+        react(classify(reply, true), reply, &a)
+    }
+
+    #[test]
+    fn redirections_are_followed_up_to_their_limit() {
+        let moved = ok(b"-MOVED 3999 127.0.0.1:7001\r\n");
+        assert!(matches!(step(&moved, Attempt::default()), Step::Follow(Redirect::Moved { slot: 3999, .. })));
+        let spent = Attempt { redirects: MAX_REDIRECTS, ..Attempt::default() };
+        assert!(matches!(step(&moved, spent), Step::Answer));
+        let ask = ok(b"-ASK 12 127.0.0.1:7001\r\n");
+        assert!(matches!(step(&ask, Attempt::default()), Step::Follow(Redirect::Ask { slot: 12, .. })));
+        // an ASK that waited is out of date: the slot's owner is asked again
+        assert!(matches!(step(&ask, Attempt { stale: true, ..Attempt::default() }), Step::AskOwner(12)));
+        let noscript = ok(b"-NOSCRIPT No matching script\r\n");
+        assert!(matches!(step(&noscript, Attempt::default()), Step::Reload));
+        assert!(matches!(step(&noscript, spent), Step::Answer));
+    }
+
+    #[test]
+    fn a_failover_is_waited_out_up_to_the_retry_limit() {
+        let spent = Attempt { retries: MAX_RETRIES, ..Attempt::default() };
+        for (reply, tryagain) in [(&b"-TRYAGAIN Multiple keys\r\n"[..], true), (b"-CLUSTERDOWN down\r\n", false)] {
+            assert!(matches!(step(&ok(reply), Attempt::default()), Step::Busy { tryagain: t } if t == tryagain));
+            assert!(matches!(step(&ok(reply), spent), Step::Answer));
+        }
+        let readonly = ok(b"-READONLY You can't write against a read only replica.\r\n");
+        assert!(matches!(step(&readonly, Attempt::default()), Step::NewMaster));
+        assert!(matches!(step(&readonly, spent), Step::Answer));
+        // a blocked command past its own timeout times out instead of answering MOVED
+        let expired = Attempt { redirects: MAX_REDIRECTS, blocked: true, expired: true, ..Attempt::default() };
+        assert!(matches!(step(&ok(b"-MOVED 1 127.0.0.1:7001\r\n"), expired), Step::TimedOut));
+        assert!(matches!(
+            step(&ok(b"-CLUSTERDOWN down\r\n"), Attempt { retries: MAX_RETRIES, ..expired }),
+            Step::TimedOut
+        ));
+    }
+
+    #[test]
+    fn only_what_was_never_written_is_sent_again() {
+        let unsent = Err(BackendError::NotSent("127.0.0.1:7001".into()));
+        let slot = Attempt { by_slot: true, ..Attempt::default() };
+        assert!(
+            matches!(step(&unsent, slot), Step::Unreachable { retry: true, ref addr } if &**addr == "127.0.0.1:7001")
+        );
+        assert!(matches!(step(&unsent, Attempt::default()), Step::Unreachable { retry: false, .. }));
+        let spent = Attempt { retries: MAX_RETRIES, ..slot };
+        assert!(matches!(step(&unsent, spent), Step::Unreachable { retry: false, .. }));
+        // written, then the connection failed: it may have run
+        let lost = Err(BackendError::Lost("n".into()));
+        assert!(matches!(step(&lost, slot), Step::Fail(BackendError::Lost(_))));
+        // ... unless it is a blocked command, which Redis forgets with its connection
+        assert!(matches!(step(&lost, Attempt { blocked: true, ..slot }), Step::Reissue));
+        assert!(matches!(step(&Err(BackendError::Resend), slot), Step::Resend));
+        assert!(matches!(step(&Err(BackendError::Recheck), slot), Step::Recheck));
+    }
+
+    #[test]
+    fn a_missing_function_is_loaded_once_where_heatshield_chose_the_node() {
+        let missing = ok(b"-ERR Function not found\r\n");
+        assert!(matches!(step(&missing, Attempt::default()), Step::LoadFunction));
+        assert!(matches!(step(&missing, Attempt { redirects: MAX_REDIRECTS, ..Attempt::default() }), Step::Answer));
+        assert!(matches!(step(&missing, Attempt { dedicated: true, ..Attempt::default() }), Step::Answer));
+        assert!(matches!(step(&missing, Attempt { asked: true, ..Attempt::default() }), Step::Answer));
+        assert!(matches!(step(&ok(b"-ERR other\r\n"), Attempt::default()), Step::Answer));
+    }
+
+    #[test]
+    fn what_the_session_holds() {
+        assert!(is_tryagain(&ok(b"-TRYAGAIN Multiple keys\r\n")));
+        assert!(!is_tryagain(&ok(b"+TRYAGAIN\r\n")));
+        assert!(may_not_answer(&ok(b"-ERR x\r\n")));
+        assert!(may_not_answer(&Err(BackendError::Resend)));
+        assert!(!may_not_answer(&ok(b"$1\r\nx\r\n")));
     }
 }

@@ -193,12 +193,12 @@ impl Lease {
         if clean && list.len() < self.node.opts.dedicated_idle {
             if unwatch {
                 // its reply goes nowhere; the next lessee's commands come after it
-                let (tx, _) = backend::reply_channel();
+                let (tx, _) = crate::mailbox::reply_channel();
                 conn.send(backend::BackendRequest {
                     data: bytes::Bytes::from_static(b"*1\r\n$7\r\nUNWATCH\r\n"),
                     count: 1,
                     prefix: backend::Prefix::None,
-                    tag: backend::Tag { seq: 0, part: 0 },
+                    tag: crate::mailbox::Tag { seq: 0, part: 0 },
                     reply_to: tx,
                     order: None,
                     db: 0,
