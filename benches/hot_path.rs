@@ -7,10 +7,10 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use std::hint::black_box;
 
 use heatshield::command::CommandTable;
-use heatshield::merge::merge_mget;
+use heatshield::path::merge::merge_mget;
+use heatshield::path::route::split_by_slot;
 use heatshield::protocol::reply::ReplyScanner;
 use heatshield::protocol::request::{Limits, Next, Request, RequestReader};
-use heatshield::route::split_by_slot;
 use heatshield::upstream::cluster::slot;
 
 fn pipeline_batch(n: usize) -> Vec<u8> {
@@ -167,7 +167,7 @@ criterion_group!(benches, framing, replies, slots_and_table, mget_split_merge, r
 criterion_main!(benches);
 
 fn ratelimit_check(c: &mut Criterion) {
-    use heatshield::ratelimit::{CommandsSpec, Limiter, RuleConfig, compile};
+    use heatshield::services::ratelimit::{CommandsSpec, Limiter, RuleConfig, compile};
     let t = CommandTable::new();
     let get = t.get(b"GET").unwrap();
     // a rule that matches every key but never refuses: the cost every request pays
@@ -261,8 +261,8 @@ fn ratelimit_check(c: &mut Criterion) {
 /// The hot-key cache: what sampling costs every read, and a cache hit from 1 and 4
 /// threads at once (moka's sync cache, LRU policy, as the proxy configures it).
 fn hot_key_cache(c: &mut Criterion) {
-    use heatshield::cache::{CacheConfig, HotCache};
     use heatshield::protocol::Proto;
+    use heatshield::services::cache::{CacheConfig, HotCache};
     use heatshield::upstream::backend::BackendOptions;
     use heatshield::upstream::cluster::{Backing, Cluster};
     use std::sync::Arc;

@@ -20,8 +20,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub admin: AdminConfig,
     pub transactions: TransactionsConfig,
-    pub ratelimit: crate::ratelimit::RateLimitConfig,
-    pub cache: crate::cache::CacheConfig,
+    pub ratelimit: crate::services::ratelimit::RateLimitConfig,
+    pub cache: crate::services::cache::CacheConfig,
 }
 
 /// Every key of a configuration as `section.key` with its value, made from the structs
@@ -432,7 +432,7 @@ impl Config {
             p.push("metrics.latency_sample_every: must be between 1 and 1000000".into());
         }
         let table = crate::command::CommandTable::new();
-        if let Err(rules) = crate::ratelimit::compile(&self.ratelimit.rules, &table) {
+        if let Err(rules) = crate::services::ratelimit::compile(&self.ratelimit.rules, &table) {
             p.extend(rules);
         }
         p.extend(self.cache.validate(&table));

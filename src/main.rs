@@ -107,7 +107,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
         dedicated_idle: config.backend.dedicated_idle_per_node,
     };
     let workers = heatshield::worker::count(config.server.threads);
-    let listeners = match heatshield::server::bind(&config.server.listen, workers, config.server.takeover) {
+    let listeners = match heatshield::front::server::bind(&config.server.listen, workers, config.server.takeover) {
         Ok(l) => l,
         Err(e) => {
             error!(listen = %config.server.listen, error = %e, "cannot listen");
@@ -135,9 +135,9 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     cluster.spawn_refresher(config.refresh_interval());
     let proxy = Arc::new(Proxy::new(config, cluster.clone(), config_file, workers));
     spawn_gauges(proxy.clone());
-    heatshield::cache::tracking::start(proxy.cache.clone(), proxy.client_side.clone(), proxy.cluster.clone());
-    heatshield::locks::start(proxy.locks.clone(), proxy.cluster.clone());
-    heatshield::pubsub::start(proxy.pubsub.clone());
+    heatshield::services::cache::tracking::start(proxy.cache.clone(), proxy.client_side.clone(), proxy.cluster.clone());
+    heatshield::services::locks::start(proxy.locks.clone(), proxy.cluster.clone());
+    heatshield::services::pubsub::start(proxy.pubsub.clone());
     spawn_reloader(proxy.clone(), config_path, overrides);
     // what the masters' command tables add to heatshield's (before the first client)
     heatshield::learn::start(proxy.clone()).await;
@@ -153,7 +153,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
         *proxy.redis_version.write() = v;
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let threads = match heatshield::server::spawn_workers(proxy.clone(), listeners, stop_rx) {
+    let threads = match heatshield::front::server::spawn_workers(proxy.clone(), listeners, stop_rx) {
         Ok(t) => t,
         Err(e) => {
             error!(error = %e, "cannot start worker threads");
@@ -185,7 +185,7 @@ fn spawn_reloader(proxy: Arc<Proxy>, path: Option<PathBuf>, overrides: Overrides
                 continue;
             };
             match Config::load(Some(path), &overrides) {
-                Ok(cfg) => match heatshield::ratelimit::compile(&cfg.ratelimit.rules, &proxy.commands) {
+                Ok(cfg) => match heatshield::services::ratelimit::compile(&cfg.ratelimit.rules, &proxy.commands) {
                     Ok(rules) => {
                         let n = rules.len();
                         proxy.ratelimit.replace(rules);

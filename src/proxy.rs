@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::client::ClientState;
 use crate::command::CommandTable;
 use crate::config::Config;
+use crate::conn::ClientState;
 use crate::protocol::Request;
 use crate::upstream::cluster::Cluster;
 
@@ -47,28 +47,28 @@ pub struct Proxy {
     pub workers: usize,
     /// Settings that `PROXY CONFIG SET` may change.
     pub live: crate::config::Live,
-    pub slowlog: crate::stats::SlowLog,
-    pub bigkeys: crate::stats::BigKeys,
+    pub slowlog: crate::services::stats::SlowLog,
+    pub bigkeys: crate::services::stats::BigKeys,
     /// `HOTKEYS`: the session, if one was started.
-    pub hotkeys: crate::stats::Hotkeys,
+    pub hotkeys: crate::services::stats::Hotkeys,
     /// Per-command statistics for INFO (per worker).
-    pub command_stats: crate::stats::CommandStats,
+    pub command_stats: crate::services::stats::CommandStats,
     /// Per-command Prometheus handles.
     pub command_metrics: crate::metrics::CommandsMetrics,
     /// Per-key rate limits.
-    pub ratelimit: crate::ratelimit::Limiter,
+    pub ratelimit: crate::services::ratelimit::Limiter,
     /// Hot-key detection and cache.
-    pub cache: Arc<crate::cache::HotCache>,
+    pub cache: Arc<crate::services::cache::HotCache>,
     /// Lock scripts, parked ACQUIREs and KEEPALIVE locks.
-    pub locks: Arc<crate::locks::Locks>,
+    pub locks: Arc<crate::services::locks::Locks>,
     /// Script bodies seen, so EVALSHA runs on any master.
-    pub scripts: crate::scripts::Scripts,
+    pub scripts: crate::services::scripts::Scripts,
     /// Every client connected now (CLIENT LIST, KILL, UNBLOCK).
-    pub clients: crate::client::Registry,
+    pub clients: crate::conn::Registry,
     /// Subscriptions and their shared backend connections.
-    pub pubsub: Arc<crate::pubsub::Hub>,
+    pub pubsub: Arc<crate::services::pubsub::Hub>,
     /// CLIENT TRACKING: the keys each tracking client read.
-    pub client_side: Arc<crate::cache::clients::ClientSide>,
+    pub client_side: Arc<crate::services::cache::clients::ClientSide>,
     /// How many databases every master has (Valkey 9's `cluster-databases`, a standalone
     /// server's `databases`; 1 until learned, see crate::learn): what SELECT accepts.
     pub databases: std::sync::atomic::AtomicU32,
@@ -101,7 +101,7 @@ pub struct Answered<'a> {
     pub first_key: u32,
     /// The node that served it, when it was noted.
     pub node: Option<&'a str>,
-    pub moments: crate::stats::Moments,
+    pub moments: crate::services::stats::Moments,
 }
 
 impl ReplySummary {
@@ -118,26 +118,26 @@ impl Proxy {
     pub fn new(config: Config, cluster: Arc<Cluster>, config_file: Option<String>, workers: usize) -> Proxy {
         let commands = CommandTable::new();
         // validated with the configuration, so compiling cannot fail here
-        let rules = crate::ratelimit::compile(&config.ratelimit.rules, &commands).unwrap_or_default();
-        let ratelimit = crate::ratelimit::Limiter::new(
+        let rules = crate::services::ratelimit::compile(&config.ratelimit.rules, &commands).unwrap_or_default();
+        let ratelimit = crate::services::ratelimit::Limiter::new(
             rules,
             config.ratelimit.max_tracked_keys,
             Duration::from_millis(config.ratelimit.idle_reclaim_ms),
         );
         // one extra id for requests that match no command
         let ids = commands.count() + 1;
-        let cache = Arc::new(crate::cache::HotCache::new(&config.cache, &commands));
+        let cache = Arc::new(crate::services::cache::HotCache::new(&config.cache, &commands));
         Proxy {
             cache,
             locks: Arc::default(),
-            pubsub: Arc::new(crate::pubsub::Hub::new(cluster.clone(), config.limits.max_subscriptions)),
-            client_side: Arc::new(crate::cache::clients::ClientSide::new(config.limits.tracking_max_keys)),
+            pubsub: Arc::new(crate::services::pubsub::Hub::new(cluster.clone(), config.limits.max_subscriptions)),
+            client_side: Arc::new(crate::services::cache::clients::ClientSide::new(config.limits.tracking_max_keys)),
             databases: std::sync::atomic::AtomicU32::new(1),
             scripts: Default::default(),
             clients: Default::default(),
             live: crate::config::Live::new(&config),
             ratelimit,
-            command_stats: crate::stats::CommandStats::new(workers, ids),
+            command_stats: crate::services::stats::CommandStats::new(workers, ids),
             command_metrics: crate::metrics::CommandsMetrics::new(ids),
             slowlog: Default::default(),
             bigkeys: Default::default(),

@@ -10,8 +10,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use heatshield::cache::{CacheConfig, HotCache};
 use heatshield::command::CommandTable;
+use heatshield::services::cache::{CacheConfig, HotCache};
 
 const KEYS: usize = 100_000;
 const READS_PER_WINDOW: usize = 400_000;

@@ -1,7 +1,8 @@
 //! The layering src/lib.rs promises: "every module imports only from the modules listed
 //! before it". The list is read from lib.rs's own doc comment, each module's files
 //! (`src/<name>.rs`, `src/<name>/**.rs`) are searched for `crate::<other>`, and an import
-//! of a module listed later (or not listed at all) fails the test, naming the file.
+//! of a module listed later (or not listed at all) fails the test, naming the file. The
+//! same holds inside each folder, in the order its `mod.rs` lists its rooms.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -114,7 +115,90 @@ fn every_module_imports_only_from_modules_listed_before_it() {
             }
         }
     }
-    assert!(order.len() >= 30, "lib.rs lists only {} modules: {order:?}", order.len());
+    assert!(order.len() >= 15, "lib.rs lists only {} floors: {order:?}", order.len());
+    assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
+}
+
+/// The rooms a folder's `mod.rs` lists in its doc comment (each `[`name`]`) that it
+/// declares, in that order, and every room it declares.
+fn rooms(folder: &Path) -> Option<(Vec<String>, Vec<String>)> {
+    let text = std::fs::read_to_string(folder.join("mod.rs")).ok()?;
+    let declared: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            ["pub mod ", "pub(crate) mod ", "pub(super) mod ", "mod "].iter().find_map(|p| l.strip_prefix(p))
+        })
+        .filter(|l| l.ends_with(';'))
+        .map(|l| l.trim_end_matches(';').to_string())
+        .collect();
+    let mut listed = Vec::new();
+    for line in text.lines().take_while(|l| l.starts_with("//!")) {
+        let mut rest = line;
+        while let Some(at) = rest.find("[`") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find("`]") else { break };
+            let name = after[..end].to_string();
+            if declared.contains(&name) && !listed.contains(&name) {
+                listed.push(name);
+            }
+            rest = &after[end + 2..];
+        }
+    }
+    Some((listed, declared))
+}
+
+/// Inside each folder of src/, a room imports only the rooms its `mod.rs` lists before
+/// it (`crate::<folder>::<room>` or `super::<room>`), and every room is listed.
+#[test]
+fn inside_a_folder_each_room_imports_only_the_ones_listed_before_it() {
+    let mut problems = Vec::new();
+    let mut folders = 0;
+    for top in listed() {
+        let folder = Path::new(SRC).join(&top);
+        let Some((order, declared)) = rooms(&folder) else { continue };
+        folders += 1;
+        for d in &declared {
+            if !order.contains(d) {
+                problems.push(format!("{top}/{d}: declared in {top}/mod.rs but not in its list"));
+            }
+        }
+        for (i, room) in order.iter().enumerate() {
+            let mut files = vec![folder.join(format!("{room}.rs"))];
+            let mut dirs = vec![folder.join(room)];
+            while let Some(d) = dirs.pop() {
+                let Ok(entries) = std::fs::read_dir(&d) else { continue };
+                for e in entries.flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        dirs.push(p);
+                    } else if p.extension().is_some_and(|x| x == "rs") {
+                        files.push(p);
+                    }
+                }
+            }
+            for f in files.iter().filter(|f| f.exists()) {
+                let text = std::fs::read_to_string(f).unwrap();
+                let code = text.split("#[cfg(test)]").next().unwrap_or(&text);
+                let in_room = f.parent() == Some(folder.as_path());
+                for (j, other) in order.iter().enumerate().filter(|(j, _)| *j > i) {
+                    let full = format!("crate::{top}::{other}");
+                    let sibling = format!("super::{other}");
+                    let uses = code.lines().map(|l| l.split("//").next().unwrap_or("")).any(|l| {
+                        l.contains(&full)
+                            || (in_room && (l.contains(&format!("{sibling}::")) || l.contains(&format!("{sibling};"))))
+                    });
+                    if uses {
+                        problems.push(format!(
+                            "{}: {top}/{room} imports {top}/{other}, listed after it ({j} > {i})",
+                            f.strip_prefix(SRC).unwrap().display()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(folders >= 6, "only {folders} folders with rooms");
     assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
 }
 

@@ -1,8 +1,9 @@
 //! The command table: one place that says, for every command a client may send, its
 //! arity, where its keys are, whether it reads or writes, and how the proxy routes it.
 //!
-//! Redis's own `COMMAND INFO` (generated.rs) supplies names, arities, flags and legacy key
-//! positions; [`route_of`] and [`keys_of`] overlay what the proxy does with each command.
+//! [`spec`] holds the shape of a key spec and the command flags; Redis's own `COMMAND
+//! INFO` ([`generated`]) supplies names, arities, flags and legacy key positions;
+//! [`learned`] adds what the masters know beyond them; [`route_of`] and [`keys_of`] overlay what the proxy does with each command.
 //! Every other part of heatshield asks this table instead of matching on names.
 
 mod generated;
@@ -106,7 +107,7 @@ pub enum FanOut {
     Commands,
 }
 
-/// What a subscription names (crate::pubsub).
+/// What a subscription names (crate::services::pubsub).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ChannelKind {
     /// SUBSCRIBE, PUBLISH.
@@ -143,11 +144,11 @@ pub enum Local {
     /// (crate::face::config).
     Config,
     /// WAIT: the replicas' acknowledgements of the client's writes, asked of the masters
-    /// on connections of heatshield's own (crate::replicas).
+    /// on connections of heatshield's own (crate::services::replicas).
     Wait,
     /// WAITAOF (Redis 7.2): the same, for the fsyncs of the masters and their replicas.
     WaitAof,
-    /// HOTKEYS (Redis 8.6): heatshield's own count of what it serves (crate::stats).
+    /// HOTKEYS (Redis 8.6): heatshield's own count of what it serves (crate::services::stats).
     Hotkeys,
 }
 
@@ -158,7 +159,7 @@ impl Local {
     }
 }
 
-/// MULTI / EXEC / DISCARD / WATCH / UNWATCH (crate::transaction).
+/// MULTI / EXEC / DISCARD / WATCH / UNWATCH (crate::modes::transaction).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TxCmd {
     Multi,
@@ -183,15 +184,15 @@ pub enum Route {
     /// module carries them out).
     Lock(LockCmd),
     /// MULTI, EXEC, DISCARD, WATCH, UNWATCH: the connection's transaction
-    /// (crate::transaction).
+    /// (crate::modes::transaction).
     Transaction(TxCmd),
     /// A blocking command: sent on a dedicated connection to the master owning its keys'
-    /// slot (crate::pending::start_blocking). XREAD and XREADGROUP are `Forward`, and
+    /// slot (crate::path::pending::start_blocking). XREAD and XREADGROUP are `Forward`, and
     /// take this route when they have BLOCK.
     Block,
     /// SUBSCRIBE, PSUBSCRIBE, SSUBSCRIBE (`true`) and their UNSUBSCRIBEs (`false`): the
-    /// connection's subscriptions (crate::subscribe), served by shared backend
-    /// subscriptions (crate::pubsub).
+    /// connection's subscriptions (crate::modes::subscribe), served by shared backend
+    /// subscriptions (crate::services::pubsub).
     Subscribe(ChannelKind, bool),
     /// Refused with `-ERR heatshield does not support '<name>'` (and the reason, if any).
     Unsupported(&'static str),
@@ -224,7 +225,7 @@ pub struct Command {
     pub route: Route,
     /// Its requests take the shared connections unless the connection's state says
     /// otherwise (a WATCH, a MULTI): every route but the blocking, subscription, lock,
-    /// transaction and RESET ones and SCRIPT/FUNCTION KILL (see `crate::order`).
+    /// transaction and RESET ones and SCRIPT/FUNCTION KILL (see `crate::conn::order`).
     pub shared_lane: bool,
     /// What heatshield knows of it beyond Redis's flags ([`traits`]), decided here once
     /// from its name, so nothing else matches command names.
@@ -871,7 +872,7 @@ impl CommandTable {
 }
 
 /// Redis's text for a wrong number of arguments; for EXEC an EXECABORT (Redis discards
-/// the transaction: see `crate::transaction::exec_refused`).
+/// the transaction: see `crate::modes::transaction::exec_refused`).
 fn arity_text(lower: &str) -> String {
     let text = crate::errors::wrong_arity(lower);
     if lower == "exec" {
@@ -919,8 +920,8 @@ fn make(id: usize, name: String, arity: i32, flags: u32, keys: KeySpec, route: R
         Route::Forward => traits & traits::BLOCK_OPTION == 0,
         Route::Split(_) | Route::AnyMaster | Route::Unsupported(_) => true,
         Route::FanOut(f) => f != FanOut::Kill,
-        // (PING takes connections of its own while a script runs: see crate::dispatch)
-        // (and WAIT waits for the client's requests in flight: see crate::replicas)
+        // (PING takes connections of its own while a script runs: see crate::front::dispatch)
+        // (and WAIT waits for the client's requests in flight: see crate::services::replicas)
         Route::Local(l) => !matches!(l, Local::Reset | Local::Ping | Local::Wait | Local::WaitAof),
         Route::Lock(_) | Route::Transaction(_) | Route::Block | Route::Subscribe(..) => false,
     };

@@ -1,15 +1,15 @@
 //! CLIENT subcommands about heatshield's own clients (never the backend connections, which
 //! clients share): SETNAME, GETNAME, ID, SETINFO, INFO, LIST, KILL, REPLY, UNBLOCK,
 //! NO-EVICT and NO-TOUCH, with Redis's replies, field names and error texts. Another
-//! connection is reached through the proxy's [`crate::client::Registry`].
+//! connection is reached through the proxy's [`crate::conn::Registry`].
 
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
-use crate::client::{ClientInfo, Control, ReplyMode, flag};
+use crate::conn::{ClientInfo, Control, ReplyMode, flag};
 use crate::errors;
-use crate::pending::{Ctx, Outcome};
+use crate::path::pending::{Ctx, Outcome};
 use crate::protocol::Request;
 use crate::protocol::request::parse_i64;
 use crate::proxy::Proxy;
@@ -43,10 +43,10 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
             ctx.reply(|w| w.verbatim(line.as_bytes()))
         }
         b"LIST" => list(proxy, ctx, req),
-        b"TRACKING" => crate::face::tracking::tracking(proxy, ctx, req),
-        b"CACHING" => crate::face::tracking::caching(ctx, req),
-        b"GETREDIR" => crate::face::tracking::getredir(ctx),
-        b"TRACKINGINFO" => crate::face::tracking::trackinginfo(ctx),
+        b"TRACKING" => crate::modes::tracking::tracking(proxy, ctx, req),
+        b"CACHING" => crate::modes::tracking::caching(ctx, req),
+        b"GETREDIR" => crate::modes::tracking::getredir(ctx),
+        b"TRACKINGINFO" => crate::modes::tracking::trackinginfo(ctx),
         b"KILL" => kill(proxy, ctx, req),
         b"UNBLOCK" => unblock(proxy, ctx, req),
         b"REPLY" => {
@@ -123,7 +123,7 @@ pub fn line(proxy: &Proxy, c: &ClientInfo) -> String {
             flags.push(ch);
         }
     }
-    for (bit, ch) in crate::face::tracking::FLAGS {
+    for (bit, ch) in crate::modes::tracking::FLAGS {
         if f & bit != 0 {
             flags.push(ch);
         }

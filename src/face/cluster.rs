@@ -9,11 +9,11 @@
 //! connected to (so it is right for every listener and every client).
 
 use crate::errors;
-use crate::pending::{Ctx, Outcome};
+use crate::path::pending::{Ctx, Outcome};
+use crate::path::route;
 use crate::protocol::Request;
 use crate::protocol::request::parse_i64;
 use crate::proxy::Proxy;
-use crate::route;
 use crate::upstream::cluster::slot;
 
 /// `CLUSTER <subcommand> ...` (the subcommands listed in the module comment).

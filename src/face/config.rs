@@ -8,10 +8,10 @@
 use bytes::Bytes;
 
 use crate::errors;
-use crate::pending::{Ctx, Outcome};
+use crate::path::pending::{Ctx, Outcome};
+use crate::path::route;
 use crate::protocol::{Request, Value};
 use crate::proxy::Proxy;
-use crate::route;
 
 /// `CONFIG GET | SET | RESETSTAT | REWRITE ...`
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {

@@ -8,10 +8,10 @@ use std::fmt::Write as _;
 
 use bytes::Bytes;
 
-use crate::pending::Ctx;
+use crate::path::pending::Ctx;
 use crate::protocol::Value;
 use crate::proxy::Proxy;
-use crate::stats::{Totals, percentile};
+use crate::services::stats::{Totals, percentile};
 
 /// How one field's values on the masters become one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,9 +349,9 @@ pub fn info_text(proxy: &Proxy, ctx: &mut Ctx, replies: &[(&str, &Bytes)]) -> By
                     "# Clients\r\nconnected_clients:{}\r\ncluster_connections:0\r\nmaxclients:{}\r\nblocked_clients:{}\r\ntracking_clients:{}\r\nclients_in_timeout_table:{}\r\ntotal_connections_received:{}\r\nrejected_connections:{}\r\n\r\n",
                     st.clients.load(std::sync::atomic::Ordering::Relaxed),
                     proxy.live.max_clients.load(std::sync::atomic::Ordering::Relaxed),
-                    crate::pending::BLOCKED.load(std::sync::atomic::Ordering::Relaxed),
+                    crate::path::pending::BLOCKED.load(std::sync::atomic::Ordering::Relaxed),
                     proxy.client_side.clients(),
-                    crate::pending::BLOCKED_TIMED.load(std::sync::atomic::Ordering::Relaxed),
+                    crate::path::pending::BLOCKED_TIMED.load(std::sync::atomic::Ordering::Relaxed),
                     load(&st.accepted),
                     load(&st.rejected),
                 );
@@ -394,9 +394,9 @@ fn run_id(proxy: &Proxy) -> String {
     sha1_smol::Sha1::from(format!("heatshield {} {nanos}", std::process::id())).digest().to_string()
 }
 
-/// heatshield's own CPU time (user, system) in seconds (see [`crate::stats::own_cpu`]).
+/// heatshield's own CPU time (user, system) in seconds (see [`crate::services::stats::own_cpu`]).
 fn own_cpu() -> (f64, f64) {
-    crate::stats::own_cpu()
+    crate::services::stats::own_cpu()
 }
 
 /// INFO's `# Commandstats` and `# Latencystats` sections for the proxy (Redis's format;

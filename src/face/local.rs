@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::command::Local;
 use crate::errors;
-use crate::pending::{Ctx, Outcome};
+use crate::path::pending::{Ctx, Outcome};
 use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request};
 use crate::proxy::Proxy;
@@ -48,18 +48,18 @@ fn ping_busy(proxy: &Proxy, ctx: &mut Ctx) -> Option<Outcome> {
         PING_PROBES.fetch_sub(1, Ordering::Relaxed);
         return None;
     }
-    crate::route::while_busy(proxy, ctx, &running, crate::merge::ping_reply, PingProbe).ok()
+    crate::path::route::while_busy(proxy, ctx, &running, crate::path::merge::ping_reply, PingProbe).ok()
 }
 
 /// WAIT numreplicas timeout, WAITAOF numlocal numreplicas timeout: after the client's
 /// earlier commands have their replies (its lane waits for them), asked of the masters it
-/// wrote to on connections of heatshield's own ([`crate::replicas`]).
-fn wait(proxy: &Proxy, ctx: &mut Ctx, req: &Request, kind: crate::replicas::Kind) -> Outcome {
+/// wrote to on connections of heatshield's own ([`crate::services::replicas`]).
+fn wait(proxy: &Proxy, ctx: &mut Ctx, req: &Request, kind: crate::services::replicas::Kind) -> Outcome {
     // (arguments the server refuses are its to refuse, in its words: an ask with them
     // answers its error; only the timeout is read here, to keep the request alive)
     let timeout = parse_i64(req.arg(req.argc() - 1)).filter(|&t| t >= 0).unwrap_or(0);
     let topo = proxy.cluster.topology();
-    let (asks, lost) = crate::replicas::asks(&topo, ctx.client.wrote);
+    let (asks, lost) = crate::services::replicas::asks(&topo, ctx.client.wrote);
     // (a node that is no master any more is answered for once, then forgotten)
     ctx.client.wrote &= topo.masters.iter().fold(0, |m, n| m | n.bit);
     let Some(first) = asks.first().map(|a| a.node.clone()).or_else(|| topo.masters.first().cloned()) else {
@@ -69,17 +69,17 @@ fn wait(proxy: &Proxy, ctx: &mut Ctx, req: &Request, kind: crate::replicas::Kind
     // its own timeout, not the proxy's reply deadline (0: for ever)
     ctx.wait_ms = if timeout == 0 { u32::MAX } else { timeout.min(u32::MAX as i64) as u32 };
     let tag = crate::mailbox::Tag { seq: ctx.seq, part: 0 };
-    crate::replicas::spawn(asks, kind, req.clone(), lost, deadline, ctx.reply_to.clone(), tag);
+    crate::services::replicas::spawn(asks, kind, req.clone(), lost, deadline, ctx.reply_to.clone(), tag);
     // (answered by the task; the part is never sent)
-    let part = crate::pending::Part::new(req.raw().clone(), crate::pending::Target::Node(first));
-    let merge = crate::pending::Finish::Merge(crate::merge::Merge::Pass);
-    Outcome::Waiting(crate::pending::Pending::new(ctx, merge, smallvec::smallvec![part]))
+    let part = crate::path::pending::Part::new(req.raw().clone(), crate::path::pending::Target::Node(first));
+    let merge = crate::path::pending::Finish::Merge(crate::path::merge::Merge::Pass);
+    Outcome::Waiting(crate::path::pending::Pending::new(ctx, merge, smallvec::smallvec![part]))
 }
 
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
     match l {
         // RESP2 with subscriptions: Redis answers PING as a message-shaped array
-        Local::Ping if ctx.client.subs.is_some() && ctx.client.proto == Proto::Resp2 => {
+        Local::Ping if ctx.client.subscribed_resp2() => {
             if req.argc() > 2 {
                 return ctx.error(&crate::errors::wrong_arity("ping"));
             }
@@ -101,8 +101,8 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             _ => ctx.error(&crate::errors::wrong_arity("ping")),
         },
         Local::Echo => ctx.reply(|w| w.bulk(req.arg(1))),
-        Local::Wait => wait(proxy, ctx, req, crate::replicas::Kind::Wait),
-        Local::WaitAof => wait(proxy, ctx, req, crate::replicas::Kind::WaitAof),
+        Local::Wait => wait(proxy, ctx, req, crate::services::replicas::Kind::Wait),
+        Local::WaitAof => wait(proxy, ctx, req, crate::services::replicas::Kind::WaitAof),
         Local::Quit => {
             ctx.client.quit = true;
             ctx.reply(|w| w.ok())
@@ -131,23 +131,11 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             })
         }
         Local::Reset => {
-            if let Some(subs) = ctx.client.subs.take() {
-                proxy.pubsub.gone(ctx.client.id, &subs);
-                for n in &ctx.client.info.subs {
-                    n.store(0, std::sync::atomic::Ordering::Relaxed);
-                }
-            }
-            if ctx.client.tracking.take().is_some() {
-                proxy.client_side.disable(ctx.client.id);
-                ctx.client.info.redir.store(-1, std::sync::atomic::Ordering::Relaxed);
-            }
-            ctx.client.mode = crate::client::Mode::Normal;
-            ctx.client.unwatch();
+            ctx.client.leave_modes(&proxy.pubsub, &proxy.client_side);
             ctx.client.proto = Proto::Resp2;
             ctx.client.db = 0;
             ctx.client.info.db.store(0, std::sync::atomic::Ordering::Relaxed);
             ctx.client.info.names.lock().name = None;
-            ctx.client.reply = crate::client::ReplyMode::On;
             (ctx.client.no_evict, ctx.client.no_touch) = (false, false);
             ctx.client.authed = proxy.config.server.password.is_none();
             ctx.reply(|w| w.simple("RESET"))
@@ -180,7 +168,7 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
         Local::Cluster => crate::face::cluster::run(proxy, ctx, req),
         Local::Config => crate::face::config::run(proxy, ctx, req),
         // the masters' INFO for the same sections, aggregated (crate::face::info)
-        Local::Info => crate::route::to_masters(proxy, ctx, req.raw().clone(), crate::face::info::info_text),
+        Local::Info => crate::path::route::to_masters(proxy, ctx, req.raw().clone(), crate::face::info::info_text),
     }
 }
 

@@ -1,7 +1,8 @@
 //! What heatshield answers as one Redis would, from its own state or the masters', one
 //! room per command family: a newcomer looking for where CLIENT, CLUSTER, CONFIG, INFO,
 //! PROXY or PING is answered finds it here. Above the request path (policy, route,
-//! pending), below dispatch, which calls [`local::run`] for every command routed
+//! pending) and the connection modes (CLIENT TRACKING is answered in `modes`), below
+//! dispatch, which calls [`local::run`] for every command routed
 //! `Route::Local`.
 //!
 //! - [`info`]: INFO (heatshield's own sections, the masters' keyspace and statistics);
@@ -9,7 +10,6 @@
 //! - [`admin`]: `PROXY ...` (settings, rate-limit rules, views);
 //! - [`cluster`]: CLUSTER INFO / SLOTS / SHARDS / NODES / ...: heatshield as a one-node
 //!   cluster for cluster-aware clients;
-//! - [`tracking`]: CLIENT TRACKING / CACHING / GETREDIR / TRACKINGINFO;
 //! - [`client`]: CLIENT LIST / INFO / KILL / REPLY / UNBLOCK / ... about heatshield's own
 //!   clients;
 //! - [`local`]: the commands heatshield answers itself (PING, ECHO, HELLO, AUTH, SELECT,
@@ -21,4 +21,3 @@ pub mod cluster;
 pub mod config;
 pub mod info;
 pub mod local;
-pub mod tracking;

@@ -3,8 +3,8 @@
 //! ([`Step`]), given how far that request has come ([`Attempt`]), carrying what the
 //! caller needs to do it (the redirection, the slot, the error) so that no caller reads
 //! the reply again. Plain requests, split parts and the reply ordering
-//! ([`crate::pending`], the session), transactions (which gather their replies' verdicts)
-//! and the lock task ([`crate::locks`]) all react here: they follow the same
+//! ([`crate::path::pending`], the session), transactions (which gather their replies' verdicts)
+//! and the lock task ([`crate::services::locks`]) all react here: they follow the same
 //! redirections, wait out a failover the same way and give up at the same limits.
 
 use std::sync::Arc;

@@ -12,7 +12,7 @@ mod ratelimit;
 mod views;
 
 use crate::errors;
-use crate::pending::{Ctx, Outcome};
+use crate::path::pending::{Ctx, Outcome};
 use crate::protocol::Request;
 use crate::proxy::Proxy;
 

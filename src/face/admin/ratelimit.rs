@@ -3,13 +3,13 @@
 use std::sync::atomic::Ordering;
 
 use crate::errors;
-use crate::pending::{Ctx, Outcome};
+use crate::path::pending::{Ctx, Outcome};
 use crate::protocol::Request;
 use crate::proxy::Proxy;
 
 /// `PROXY RATELIMIT LIST | SET ... | DEL name`
 pub(super) fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
-    use crate::ratelimit::{CommandsSpec, RuleConfig, compile};
+    use crate::services::ratelimit::{CommandsSpec, RuleConfig, compile};
     let op = String::from_utf8_lossy(req.arg(2)).to_ascii_uppercase();
     let text = |i: usize| String::from_utf8_lossy(req.arg(i)).into_owned();
     match op.as_str() {

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
-use crate::pending::{Ctx, Outcome};
+use crate::path::pending::{Ctx, Outcome};
 use crate::protocol::Writer;
 use crate::proxy::Proxy;
 use crate::upstream::backend::ConnState;
@@ -30,7 +30,7 @@ pub fn cache_stats(proxy: &Proxy) -> Vec<(String, i64)> {
         ("fills_too_big".into(), get(&st.too_big)),
         ("fills_in_flight".into(), c.fills_in_flight() as i64),
     ];
-    for (i, cause) in crate::cache::CAUSES.iter().enumerate() {
+    for (i, cause) in crate::services::cache::CAUSES.iter().enumerate() {
         v.push((format!("invalidations_{cause}"), get(&st.invalidations[i])));
     }
     v

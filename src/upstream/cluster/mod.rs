@@ -51,7 +51,7 @@ const CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct NodePool {
     pub addr: Arc<str>,
     /// This pool's bit in a client's mask of the nodes it wrote to (one of 64, given in
-    /// turn as pools are made; see crate::replicas).
+    /// turn as pools are made; see crate::services::replicas).
     pub bit: u64,
     /// Server-assisted caching state of this node's connections (the hot-key cache owns the policy).
     pub tracking: Arc<NodeTracking>,

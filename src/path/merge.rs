@@ -33,11 +33,11 @@ pub enum Merge {
     RandomKey,
     Dbsize,
     AllSame,
-    /// SCRIPT EXISTS; `known`: the scripts heatshield can send whole ([`crate::scripts`]).
+    /// SCRIPT EXISTS; `known`: the scripts heatshield can send whole ([`crate::services::scripts`]).
     ScriptExists {
         known: Vec<bool>,
     },
-    /// Integers summed, plus a correction (PUBLISH, PUBSUB NUMPAT: see crate::pubsub).
+    /// Integers summed, plus a correction (PUBLISH, PUBSUB NUMPAT: see crate::services::pubsub).
     SumPlus(i64),
     /// Arrays merged without repeats, in first-seen order (PUBSUB CHANNELS).
     Union,

@@ -5,7 +5,7 @@
 //! on*. heatshield's backend connections are shared: a WAIT there would hold every other
 //! client's commands behind it for up to its timeout, and on a connection of its own it
 //! would count nothing (that connection wrote nothing). So, once the client's earlier
-//! commands have their replies (its lane is a way of its own, see crate::order), each
+//! commands have their replies (its lane is a way of its own, see crate::conn::order), each
 //! master the client wrote to gets a connection of its own that first writes, in one
 //! transaction, a key of heatshield's that nobody sees (`SET` then `DEL` of
 //! `{heatshield:wait:N}` in a slot that master owns): that connection's last write is then

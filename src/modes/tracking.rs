@@ -1,18 +1,18 @@
 //! CLIENT TRACKING, CACHING, GETREDIR and TRACKINGINFO: a client's client-side caching
 //! mode, parsed and refused with Redis's texts; the keys and invalidations themselves are
-//! [`crate::cache::clients`]'s.
+//! [`crate::services::cache::clients`]'s.
 
 use bytes::Bytes;
 
-use crate::cache::clients::{ClientTracking, TrackingOptions};
-use crate::client::flag;
+use crate::conn::flag;
 use crate::errors;
 use crate::mailbox::{Delivery, Tag};
-use crate::merge::Merge;
-use crate::pending::{Ctx, Finish, Outcome, Part, Pending, Target};
+use crate::path::merge::Merge;
+use crate::path::pending::{Ctx, Finish, Outcome, Part, Pending, Target};
 use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request};
 use crate::proxy::Proxy;
+use crate::services::cache::clients::{ClientTracking, TrackingOptions};
 
 /// `CLIENT TRACKING on|off [REDIRECT id] [PREFIX p ...] [BCAST] [OPTIN] [OPTOUT] [NOLOOP]`.
 pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
@@ -49,7 +49,7 @@ pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     match req.arg(2).to_ascii_lowercase().as_slice() {
         b"on" => {}
         b"off" => {
-            if ctx.client.tracking.take().is_some() {
+            if ctx.client.modes.tracking.take().is_some() {
                 proxy.client_side.disable(ctx.client.id);
             }
             ctx.client.info.redir.store(-1, std::sync::atomic::Ordering::Relaxed);
@@ -61,7 +61,7 @@ pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     if !m.bcast && !prefixes.is_empty() {
         return ctx.error(errors::PREFIX_NEEDS_BCAST);
     }
-    let old = ctx.client.tracking.as_ref().map(|t| t.mode.clone());
+    let old = ctx.client.modes.tracking.as_ref().map(|t| t.mode.clone());
     if let Some(o) = &old
         && o.bcast != m.bcast
     {
@@ -114,7 +114,7 @@ pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     let deliver = resp3 || m.redirect != 0;
     proxy.client_side.enable(ctx.client.id, tx, resp3, deliver, &m);
     ctx.client.info.redir.store(m.redirect as i64, std::sync::atomic::Ordering::Relaxed);
-    ctx.client.tracking = Some(Box::new(ClientTracking { mode: m, caching: None }));
+    ctx.client.modes.tracking = Some(Box::new(ClientTracking { mode: m, caching: None }));
     ctx.client.info.flags.store(ctx.client.flags(false), std::sync::atomic::Ordering::Relaxed);
     let masters = proxy.cluster.topology().masters.len();
     if proxy.client_side.reporting() >= masters {
@@ -140,7 +140,7 @@ pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
 
 /// `CLIENT CACHING yes|no`: whether the next command's keys are tracked (OPTIN / OPTOUT).
 pub fn caching(ctx: &mut Ctx, req: &Request) -> Outcome {
-    let Some(t) = ctx.client.tracking.as_deref_mut() else {
+    let Some(t) = ctx.client.modes.tracking.as_deref_mut() else {
         return ctx.error(errors::CACHING_NOT_OPT);
     };
     match req.arg(2).to_ascii_lowercase().as_slice() {
@@ -155,13 +155,13 @@ pub fn caching(ctx: &mut Ctx, req: &Request) -> Outcome {
 
 /// `CLIENT GETREDIR`: -1 when not tracking, 0 without a redirect, else the target's id.
 pub fn getredir(ctx: &mut Ctx) -> Outcome {
-    let r = ctx.client.tracking.as_ref().map_or(-1, |t| t.mode.redirect as i64);
+    let r = ctx.client.modes.tracking.as_ref().map_or(-1, |t| t.mode.redirect as i64);
     ctx.reply(|w| w.int(r))
 }
 
 /// `CLIENT TRACKINGINFO`: flags, redirect and prefixes, in Redis's order.
 pub fn trackinginfo(ctx: &mut Ctx) -> Outcome {
-    let t = ctx.client.tracking.clone();
+    let t = ctx.client.modes.tracking.clone();
     ctx.reply(|w| {
         w.map(3);
         w.bulk(b"flags");

@@ -6,35 +6,35 @@
 //! within its rate limits) and answered `+QUEUED`, or refused with an error that makes
 //! EXEC answer `EXECABORT`. EXEC sends `MULTI`, the queued commands and `EXEC` to the
 //! slot's master as one message on the usual shared connection (a native transaction:
-//! atomic there, and no connection is set aside for it); [`crate::pending`] follows a
+//! atomic there, and no connection is set aside for it); [`crate::path::pending`] follows a
 //! migration or failover met at queue time by sending it again whole. The hot-key cache
 //! drops the keys of the queued writes when EXEC is sent and again before its reply
 //! reaches the client, as for the same writes sent alone.
 //!
 //! WATCH pins the client to a dedicated connection to the watched keys' master
-//! ([`crate::client::Watch`]) and runs there; commands for that slot travel on it until
+//! ([`crate::conn::Watch`]) and runs there; commands for that slot travel on it until
 //! EXEC (sent there too, then the connection goes back to the pool), DISCARD, UNWATCH,
 //! RESET or disconnect (it is closed). A watch the cluster voided (the slot moved, the
 //! connection broke) makes EXEC answer nil, as a changed key would.
 
 use bytes::{BufMut, BytesMut};
 
-use crate::client::{Mode, Queued, Watch};
 use crate::command::{Command, Local, Route, Split, TxCmd, keys_of};
+use crate::conn::{Mode, Queued, Watch};
 use crate::errors;
-use crate::pending::{Ctx, Outcome, Target, TxPart, start_transaction};
+use crate::path::pending::{Ctx, Outcome, Target, TxPart, start_transaction};
 use crate::protocol::Request;
 use crate::proxy::Proxy;
 use crate::upstream::cluster::slot;
 
 /// MULTI, EXEC, DISCARD, WATCH or UNWATCH.
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, t: TxCmd) -> Outcome {
-    let queuing = matches!(ctx.client.mode, Mode::Multi(_));
+    let queuing = matches!(ctx.client.modes.multi, Mode::Multi(_));
     match (t, queuing) {
         (TxCmd::Multi, false) => {
             // the transaction's keys share the watched keys' slot
-            let slot = ctx.client.watch.as_ref().map(|w| w.slot);
-            ctx.client.mode = Mode::Multi(Box::new(Queued { slot, ..Queued::default() }));
+            let slot = ctx.client.modes.watch.as_ref().map(|w| w.slot);
+            ctx.client.modes.multi = Mode::Multi(Box::new(Queued { slot, ..Queued::default() }));
             ctx.reply(|w| w.ok())
         }
         // Redis answers this without failing the transaction
@@ -51,12 +51,14 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, t: TxCmd) -> Outcome {
         (TxCmd::Exec, false) => ctx.error(errors::EXEC_WITHOUT_MULTI),
         (TxCmd::Discard, false) => ctx.error(errors::DISCARD_WITHOUT_MULTI),
         (TxCmd::Discard, true) => {
-            ctx.client.mode = Mode::Normal;
+            ctx.client.modes.multi = Mode::Normal;
             ctx.client.unwatch();
             ctx.reply(|w| w.ok())
         }
         (TxCmd::Exec, true) => {
-            let Mode::Multi(q) = std::mem::take(&mut ctx.client.mode) else { return ctx.error(errors::EXECABORT) };
+            let Mode::Multi(q) = std::mem::take(&mut ctx.client.modes.multi) else {
+                return ctx.error(errors::EXECABORT);
+            };
             exec(proxy, ctx, *q)
         }
     }
@@ -65,14 +67,14 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, t: TxCmd) -> Outcome {
 /// EXEC refused before it runs (wrong number of arguments; `text` is the EXECABORT): as
 /// Redis, the transaction (if any) is discarded and the watch dropped.
 pub fn exec_refused(ctx: &mut Ctx, text: &str) -> Outcome {
-    ctx.client.mode = Mode::Normal;
+    ctx.client.modes.multi = Mode::Normal;
     ctx.client.unwatch();
     ctx.error(text)
 }
 
 /// A refusal while a transaction is being queued: the error now, EXECABORT at EXEC.
 pub fn refuse(ctx: &mut Ctx, text: &str) -> Outcome {
-    if let Mode::Multi(q) = &mut ctx.client.mode {
+    if let Mode::Multi(q) = &mut ctx.client.modes.multi {
         q.failed = true;
     }
     ctx.error(text)
@@ -120,9 +122,9 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
         }
     }
     // and the transaction's earlier keys (unless it may run per slot; never under WATCH)
-    let watching = ctx.client.watch.is_some();
+    let watching = ctx.client.modes.watch.is_some();
     let per_slot = proxy.config.transactions.per_node() && !watching;
-    let Mode::Multi(q) = &ctx.client.mode else { return ctx.error(errors::EXECABORT) };
+    let Mode::Multi(q) = &ctx.client.modes.multi else { return ctx.error(errors::EXECABORT) };
     let s = match (q.slot, cs) {
         (Some(t), Some(c)) if t != c && cluster && !per_slot => {
             return refuse(ctx, if watching { errors::CROSSSLOT } else { errors::CROSSSLOT_TX });
@@ -152,7 +154,7 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
         return refuse(ctx, &t.message());
     }
     ctx.first_key = keys.first().copied().unwrap_or(0);
-    let Mode::Multi(q) = &mut ctx.client.mode else { return ctx.error(errors::EXECABORT) };
+    let Mode::Multi(q) = &mut ctx.client.modes.multi else { return ctx.error(errors::EXECABORT) };
     if cmd.is_write() {
         q.write_keys.extend(keys.iter().map(|&k| req.arg_bytes(k as usize)));
     }
@@ -178,7 +180,7 @@ fn watch(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
     if cluster && keys.iter().any(|&k| slot(req.arg(k as usize)) != s) {
         return ctx.error(errors::CROSSSLOT);
     }
-    match &ctx.client.watch {
+    match &ctx.client.modes.watch {
         Some(w) if cluster && w.slot != s => return ctx.error(errors::CROSSSLOT),
         // void already: EXEC will answer nil whatever is watched now
         Some(w) if w.void() => return ctx.reply(|w| w.ok()),
@@ -190,17 +192,17 @@ fn watch(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
             let Some(lease) = node.lease(ctx.client.proto) else {
                 return ctx.error(&errors::no_dedicated(&node.addr, node.options().dedicated_max));
             };
-            ctx.client.watch = Some(Box::new(Watch { slot: s, lease: Some(lease), voided: false }));
+            ctx.client.modes.watch = Some(Box::new(Watch { slot: s, lease: Some(lease), voided: false }));
         }
     }
-    // on the pinned connection (crate::pending::start_in)
-    crate::route::to_slot(proxy, ctx, s)
+    // on the pinned connection (crate::path::pending::start_in)
+    crate::path::route::to_slot(proxy, ctx, s)
 }
 
 /// EXEC: the queued commands as one native transaction on the slot's master (under
 /// WATCH: on the pinned connection).
 fn exec(proxy: &Proxy, ctx: &mut Ctx, q: Queued) -> Outcome {
-    let watch = ctx.client.watch.take();
+    let watch = ctx.client.modes.watch.take();
     if q.failed {
         // Redis unwatches here too
         if let Some(l) = watch.and_then(|w| w.lease) {
@@ -250,7 +252,7 @@ fn exec(proxy: &Proxy, ctx: &mut Ctx, q: Queued) -> Outcome {
         if cache.active() {
             for k in &q.write_keys {
                 if cache.tracked(k) {
-                    cache.invalidate(k, crate::cache::Cause::Write);
+                    cache.invalidate(k, crate::services::cache::Cause::Write);
                     ctx.invalidate.push(k.clone());
                 }
             }

@@ -9,7 +9,7 @@ use super::send::{send_later, send_part};
 use super::{Ctx, Part, Pending, Pieces, Target, complete};
 use crate::command::{Route, Split};
 use crate::errors;
-use crate::merge::{Merge, merge_replies};
+use crate::path::merge::{Merge, merge_replies};
 use crate::protocol::Request;
 use crate::proxy::Proxy;
 

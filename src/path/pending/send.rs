@@ -95,7 +95,7 @@ pub(super) fn send_part(
         req.order = Some(node.order.ticket());
     }
     if matches!(d.via, Via::Watch) {
-        match ctx.client.watch.as_ref().filter(|w| !w.voided).and_then(|w| w.lease.as_ref()) {
+        match ctx.client.modes.watch.as_ref().filter(|w| !w.voided).and_then(|w| w.lease.as_ref()) {
             Some(l) if Arc::ptr_eq(l.node(), &node) && !l.broken() => {
                 l.conn().send(req);
                 return Ok(());
@@ -134,7 +134,7 @@ pub(super) fn send_part(
 
 /// The client's WATCH no longer guards its keys: EXEC will answer nil.
 pub(super) fn void_watch(ctx: &mut Ctx) {
-    if let Some(w) = &mut ctx.client.watch {
+    if let Some(w) = &mut ctx.client.modes.watch {
         w.voided = true;
     }
 }

@@ -9,7 +9,7 @@
 //! 4. **cache plan**: the answer from the cache, or a write's invalidation plan (hot keys
 //!    dropped now and again when its reply comes), or a flush's;
 //!
-//! then the request goes to its [`crate::route`].
+//! then the request goes to its [`crate::path::route`].
 
 use std::sync::atomic::Ordering;
 
@@ -18,9 +18,9 @@ use smallvec::SmallVec;
 
 use crate::command::{Command, FanOut, Route, Split, keys_of};
 use crate::errors;
-use crate::pending::{Ctx, Outcome};
+use crate::path::pending::{Ctx, Outcome};
+use crate::path::route;
 use crate::proxy::Proxy;
-use crate::route;
 use crate::upstream::cluster::slot;
 
 /// What the cache lookup found for a read.
@@ -46,7 +46,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
         Route::Split(Split::Mset) if !(req.argc() - 1).is_multiple_of(2) => {
             return ctx.error(&errors::wrong_arity(&cmd.lower));
         }
-        Route::Lock(kind) => match crate::locks::parse(kind, &cmd.lower, req) {
+        Route::Lock(kind) => match crate::services::locks::parse(kind, &cmd.lower, req) {
             Ok(r) => {
                 lock = Some(r);
                 SmallVec::from_slice(&[1])
@@ -66,7 +66,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
     let mget = route == Route::Split(Split::Mget);
     let mut found = Lookup::None;
     // (under WATCH reads go to the master, on the pinned connection)
-    if cache.enabled && !keys.is_empty() && cmd.is_readonly() && lock.is_none() && ctx.client.watch.is_none() {
+    if cache.enabled && !keys.is_empty() && cmd.is_readonly() && lock.is_none() && ctx.client.modes.watch.is_none() {
         if mget {
             for &k in &keys {
                 cache.sample(key(k));
@@ -110,16 +110,16 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
 
     // 4. cache plan
     if cache.enabled && cmd.is_write() && cmd.flags & crate::command::flags::MODULE != 0 {
-        ctx.flush = crate::pending::Drops::ItsNodes;
+        ctx.flush = crate::path::pending::Drops::ItsNodes;
     }
     if cache.enabled && cmd.is_write() && !keys.is_empty() {
         ctx.write_hot_generation = Some(cache.hot_generation());
         if cache.active() {
             // dropped now, so no fill started from here on is kept, and again when the
-            // write's reply comes (see crate::pending::Pending)
+            // write's reply comes (see crate::path::pending::Pending)
             for &k in &keys {
                 if cache.tracked(key(k)) {
-                    cache.invalidate(key(k), crate::cache::Cause::Write);
+                    cache.invalidate(key(k), crate::services::cache::Cause::Write);
                     ctx.invalidate.push(req.arg_bytes(k as usize));
                 }
             }
@@ -129,7 +129,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
         if !proxy.live.allow_flush.load(Ordering::Relaxed) {
             return ctx.error(&errors::flush_disabled(&cmd.name));
         }
-        ctx.flush = crate::pending::Drops::Everything;
+        ctx.flush = crate::path::pending::Drops::Everything;
     }
 
     if let Some(r) = lock {

@@ -4,7 +4,7 @@
 //! Redis caches a script on the node that ran it; behind the proxy that is one master of
 //! several, and a flush or a failover can empty a master's cache. With the bodies kept
 //! here, an `EVALSHA` that meets `NOSCRIPT` where its keys live is sent again as `EVAL`
-//! (once, unseen by the client, see [`crate::pending`]), and `SCRIPT EXISTS` answers 1
+//! (once, unseen by the client, see [`crate::path::pending`]), and `SCRIPT EXISTS` answers 1
 //! for a script heatshield can run. Likewise an `FCALL` that meets `Function not found`
 //! (a master that joined later, or whose functions were flushed behind heatshield's back)
 //! has the library that registers the function loaded there first, then runs again.

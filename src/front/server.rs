@@ -12,9 +12,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::client::Control;
+use crate::conn::Control;
+use crate::front::session;
 use crate::proxy::Proxy;
-use crate::session;
 
 /// Binds `n` listening sockets to `addr` with SO_REUSEPORT, so the kernel spreads new
 /// connections over the workers. An address another process listens on already is

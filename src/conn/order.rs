@@ -19,13 +19,47 @@
 //!    non-answer a later request in flight meets is held until then, so their resends go
 //!    out after it, in the client's order.
 
-use crate::client::{ClientState, Mode};
 use crate::command::{Command, FanOut, KeySpec, Local, Route, TxCmd, keys_of};
+use crate::conn::{ClientState, Mode};
+use crate::protocol::Proto;
 use crate::protocol::Request;
 use crate::upstream::cluster::slot;
 
-/// (the type lives with the client state that holds it)
-pub use crate::client::Lane;
+/// The way to Redis a request takes (a byte: it is compared on every pipelined request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum Lane {
+    /// Answered from heatshield's own state, changing nothing a request in flight uses (a
+    /// command queued after MULTI): never waits.
+    #[default]
+    Local,
+    /// The nodes' shared pipelined connections this client uses, in RESP2 (each node's
+    /// one connection for this client, so requests to one node stay in order).
+    Shared2,
+    /// The same in RESP3: other connections.
+    Shared3,
+    /// The client's WATCH connection.
+    Pinned,
+    /// Parked with the lock task (`LOCK.ACQUIRE ... WAIT`), which serves each lock's
+    /// waiters in the order they came: several may wait together, the commands after them
+    /// wait for them.
+    LockTask,
+    /// A way of its own (a dedicated connection, the pub/sub hub), or a change to the way
+    /// the requests in flight travel (the end of a WATCH, RESET): only once nothing is in
+    /// flight.
+    Own,
+}
+
+impl Lane {
+    /// The shared connections in protocol `p`.
+    #[inline]
+    pub fn shared(p: Proto) -> Lane {
+        match p {
+            Proto::Resp2 => Lane::Shared2,
+            Proto::Resp3 => Lane::Shared3,
+        }
+    }
+}
 
 /// Whether a request on `next` must wait until the client's `inflight` requests, all on
 /// `current`, have their replies.
@@ -37,9 +71,9 @@ pub fn must_wait(inflight: u32, current: Lane, next: Lane) -> bool {
 /// The lane of request `req` (command `cmd`) from `client` now.
 #[inline]
 pub fn lane(client: &ClientState, cmd: &Command, req: &Request) -> Lane {
-    let queuing = matches!(client.mode, Mode::Multi(_));
+    let queuing = matches!(client.modes.multi, Mode::Multi(_));
     // the usual request: one look at the command and the connection
-    if cmd.shared_lane && client.watch.is_none() && !queuing {
+    if cmd.shared_lane && client.modes.watch.is_none() && !queuing {
         return Lane::shared(client.proto);
     }
     lane_of(client, cmd, req, queuing)
@@ -49,10 +83,10 @@ pub fn lane(client: &ClientState, cmd: &Command, req: &Request) -> Lane {
 #[inline(never)]
 fn lane_of(client: &ClientState, cmd: &Command, req: &Request, queuing: bool) -> Lane {
     let shared = Lane::shared(client.proto);
-    let watching = client.watch.as_ref().map(|w| w.slot);
+    let watching = client.modes.watch.as_ref().map(|w| w.slot);
     // the watched slot's connection; a void watch's commands go another way: once nothing
     // is in flight on it
-    let pinned = match &client.watch {
+    let pinned = match &client.modes.watch {
         Some(w) if !w.void() => Lane::Pinned,
         _ => Lane::Own,
     };

@@ -1,20 +1,19 @@
 //! Dispatch: the first step of every request. Looks the command up, applies the
 //! connection's gates (authentication, the connection's [`Mode`]: after MULTI commands
-//! are queued by [`crate::transaction`]; forms heatshield does not serve), and hands the
+//! are queued by [`crate::modes::transaction`]; forms heatshield does not serve), and hands the
 //! request on: answered here by heatshield (`local`, `admin`), or admitted
-//! ([`crate::policy`]) and routed to Redis ([`crate::route`]).
+//! ([`crate::path::policy`]) and routed to Redis ([`crate::path::route`]).
 
-use crate::client::Mode;
 use crate::command::{Command, FanOut, Local, Route, TxCmd, keys_of, traits};
+use crate::conn::Mode;
+use crate::conn::order;
 use crate::errors;
 use crate::face::local;
-use crate::order;
-use crate::pending::{Ctx, Outcome};
-use crate::policy;
-use crate::protocol::Proto;
+use crate::modes::subscribe;
+use crate::modes::transaction;
+use crate::path::pending::{Ctx, Outcome};
+use crate::path::policy;
 use crate::proxy::Proxy;
-use crate::subscribe;
-use crate::transaction;
 
 /// Handles one request (inlined into the session's one call: it was before the
 /// ordering rule made it larger, and a call here cost about 40 instructions a request).
@@ -22,7 +21,7 @@ use crate::transaction;
 pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
     let req = ctx.req;
     let looked = proxy.commands.lookup(req);
-    // the ordering rule, before anything about the request happens (crate::order)
+    // the ordering rule, before anything about the request happens (crate::conn::order)
     if let Ok(cmd) = looked {
         let mut lane = order::lane(ctx.client, cmd, req);
         // PING while a script runs asks the busy masters on connections of its own
@@ -65,7 +64,7 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         return transaction::refuse(ctx, errors::NOAUTH);
     }
     // a RESP2 connection with subscriptions takes only the subscription commands
-    if ctx.client.subs.is_some() && ctx.client.proto == Proto::Resp2 && !subscribe::allowed_while_subscribed(cmd) {
+    if ctx.client.subscribed_resp2() && !subscribe::allowed_while_subscribed(cmd) {
         let text = subscribe::not_allowed(cmd);
         if cmd.route == Route::Transaction(TxCmd::Exec) {
             // (Redis words this one without its ERR code)
@@ -78,7 +77,7 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         track(proxy, ctx, cmd);
     }
     // the connection's mode
-    let queuing = matches!(ctx.client.mode, Mode::Multi(_));
+    let queuing = matches!(ctx.client.modes.multi, Mode::Multi(_));
     match (queuing, cmd.route) {
         (_, Route::Transaction(t)) => return transaction::run(proxy, ctx, cmd, t),
         (false, _) => {}
@@ -114,7 +113,7 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
 /// command only.
 fn track(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) {
     let id = ctx.client.id;
-    if let Some(t) = ctx.client.tracking.as_deref_mut() {
+    if let Some(t) = ctx.client.modes.tracking.as_deref_mut() {
         if t.mode.noloop
             && cmd.is_write()
             && let Ok(keys) = keys_of(cmd, ctx.req)
@@ -130,10 +129,10 @@ fn track(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) {
             proxy.client_side.read(id, keys.iter().map(|&k| ctx.req.arg(k as usize)));
         }
         // (as Redis: any CLIENT subcommand, and the commands of a transaction, keep it)
-        if !cmd.name.starts_with("CLIENT|") && !matches!(ctx.client.mode, Mode::Multi(_)) {
+        if !cmd.name.starts_with("CLIENT|") && !matches!(ctx.client.modes.multi, Mode::Multi(_)) {
             t.caching = None;
         }
     }
     ctx.tracked_write =
-        ctx.client.tracking.is_some() && (cmd.is_write() || cmd.route == Route::Transaction(TxCmd::Exec));
+        ctx.client.modes.tracking.is_some() && (cmd.is_write() || cmd.route == Route::Transaction(TxCmd::Exec));
 }

@@ -1,7 +1,7 @@
 //! A connection's subscriptions: SUBSCRIBE, PSUBSCRIBE, SSUBSCRIBE and their
 //! UNSUBSCRIBEs answered as Redis answers them (one confirmation per name, counting the
 //! connection's own subscriptions), with the backend side left to the shared
-//! [`crate::pubsub::Hub`]; PUBLISH and SPUBLISH, whose counts include this heatshield's
+//! [`crate::services::pubsub::Hub`]; PUBLISH and SPUBLISH, whose counts include this heatshield's
 //! subscribers as one Redis would count them.
 //!
 //! In RESP2 a subscribed connection may send only (P|S)SUBSCRIBE, (P|S)UNSUBSCRIBE,
@@ -13,11 +13,11 @@ use smallvec::smallvec;
 
 use crate::command::{Command, Local, Route};
 use crate::mailbox::Tag;
-use crate::merge::Merge;
-use crate::pending::{Ctx, Finish, Outcome, Part, Pending, Target, start};
+use crate::path::merge::Merge;
+use crate::path::pending::{Ctx, Finish, Outcome, Part, Pending, Target, start};
 use crate::protocol::{Proto, Writer};
 use crate::proxy::Proxy;
-use crate::pubsub::{Kind, Subscriptions};
+use crate::services::pubsub::{Kind, Subscriptions};
 
 /// SUBSCRIBE / PSUBSCRIBE / SSUBSCRIBE (`sub`) or their UNSUBSCRIBE.
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, kind: Kind, sub: bool) -> Outcome {
@@ -31,7 +31,7 @@ fn subscribe(proxy: &Proxy, ctx: &mut Ctx, kind: Kind) -> Outcome {
     if let Err(limit) = proxy.pubsub.room(names.len()) {
         return ctx.error(&crate::errors::too_many_subscriptions(limit));
     }
-    let subs = ctx.client.subs.get_or_insert_with(Box::default);
+    let subs = ctx.client.modes.subs.get_or_insert_with(Box::default);
     let mut w = Writer::new(ctx.scratch, ctx.client.proto);
     for name in &names {
         subs.sets[kind as usize].insert(name.clone());
@@ -58,7 +58,7 @@ fn subscribe(proxy: &Proxy, ctx: &mut Ctx, kind: Kind) -> Outcome {
 fn unsubscribe(proxy: &Proxy, ctx: &mut Ctx, kind: Kind) -> Outcome {
     let req = ctx.req;
     let empty = Subscriptions::default();
-    let subs = ctx.client.subs.as_deref().unwrap_or(&empty);
+    let subs = ctx.client.modes.subs.as_deref().unwrap_or(&empty);
     // no names: every one of this kind
     let names: Vec<Bytes> = if req.argc() > 1 {
         (1..req.argc()).map(|i| req.arg_bytes(i)).collect()
@@ -67,7 +67,7 @@ fn unsubscribe(proxy: &Proxy, ctx: &mut Ctx, kind: Kind) -> Outcome {
     };
     let mut w = Writer::new(ctx.scratch, ctx.client.proto);
     let mut removed = Vec::with_capacity(names.len());
-    match ctx.client.subs.as_deref_mut() {
+    match ctx.client.modes.subs.as_deref_mut() {
         Some(subs) => {
             for name in names {
                 let gone = subs.sets[kind as usize].remove(&name);
@@ -102,8 +102,8 @@ fn unsubscribe(proxy: &Proxy, ctx: &mut Ctx, kind: Kind) -> Outcome {
     }
     let reply = ctx.scratch.split().freeze();
     proxy.pubsub.unsubscribe(ctx.client.id, kind, &removed);
-    if ctx.client.subs.as_ref().is_some_and(|s| s.is_empty()) {
-        ctx.client.subs = None;
+    if ctx.client.modes.subs.as_ref().is_some_and(|s| s.is_empty()) {
+        ctx.client.modes.subs = None;
     }
     show(ctx);
     Outcome::Ready(reply)
@@ -112,7 +112,7 @@ fn unsubscribe(proxy: &Proxy, ctx: &mut Ctx, kind: Kind) -> Outcome {
 /// What CLIENT LIST shows of the connection's subscriptions.
 fn show(ctx: &mut Ctx) {
     for kind in Kind::ALL {
-        let n = ctx.client.subs.as_ref().map_or(0, |s| s.sets[kind as usize].len());
+        let n = ctx.client.modes.subs.as_ref().map_or(0, |s| s.sets[kind as usize].len());
         ctx.client.info.subs[kind as usize].store(n, std::sync::atomic::Ordering::Relaxed);
     }
 }

@@ -10,7 +10,7 @@
 //! reply as the reaction table of [`crate::upstream::retry`] says: follow a redirection
 //! the cluster announced, hold one it did not until a refresh confirms it, retry after a
 //! failover, or pass the reply on. When every part is in, the write's cache invalidation is applied (before the
-//! client can see the reply) and the replies are merged ([`crate::merge`]). It lives in
+//! client can see the reply) and the replies are merged ([`crate::path::merge`]). It lives in
 //! the session's reply queue: nothing here spawns a task per request (only a retry's
 //! delay and a redirection's recheck).
 //!
@@ -18,6 +18,8 @@
 //! transaction as native transactions) and `split` (a multi-key part taken key by key
 //! after TRYAGAIN).
 
+mod finish;
+mod reply;
 mod send;
 mod split;
 mod tx;
@@ -29,19 +31,21 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
-use crate::client::ClientState;
 use crate::command::{Split, keys_of};
+use crate::conn::ClientState;
 use crate::errors;
-use crate::locks::LockRequest;
 use crate::mailbox::{BackendReply, ReplyTx, Tag};
-use crate::merge::{Merge, merge_replies};
+use crate::path::merge::{Merge, merge_replies};
 use crate::protocol::reply::{Value, error_text};
 use crate::protocol::{Request, Writer};
 use crate::proxy::Proxy;
+use crate::services::locks::LockRequest;
 use crate::upstream::backend::{BackendRequest, ConnStats, Prefix};
 use crate::upstream::cluster::{Cluster, Lease, NodePool};
 use crate::upstream::retry::{self, Attempt, MAX_REDIRECTS, MAX_RETRIES, Step, Verdict};
 
+use finish::{assemble, complete};
+pub use reply::{answer_as_is, on_reply, plain_reply};
 use send::{follow, recheck_later, resend, resolve, resolve_in, send_later, send_part, void_watch};
 use split::{per_key, piece_done, splittable};
 use tx::on_transaction_reply;
@@ -85,10 +89,10 @@ pub struct Ctx<'a> {
     /// CLIENT REPLY OFF / SKIP, as Redis writes pub/sub pushes.
     pub pushing: bool,
     /// Set by the session: the reply being handed over waited behind an earlier request's
-    /// retry ([`crate::order`]), so a redirection in it may be out of date.
+    /// retry ([`crate::conn::order`]), so a redirection in it may be out of date.
     pub stale: bool,
-    /// Set by dispatch: the way to Redis the request takes ([`crate::order`]).
-    pub lane: crate::order::Lane,
+    /// Set by dispatch: the way to Redis the request takes ([`crate::conn::order`]).
+    pub lane: crate::conn::order::Lane,
     /// Set by dispatch: the command may write (not `readonly`): the nodes it is sent to
     /// are noted for WAIT ([`ClientState::wrote`]).
     pub writes: bool,
@@ -133,7 +137,7 @@ impl<'a> Ctx<'a> {
             tracked_write: false,
             pushing: false,
             stale: false,
-            lane: crate::order::Lane::Local,
+            lane: crate::conn::order::Lane::Local,
             writes: false,
         }
     }
@@ -157,7 +161,7 @@ pub enum Outcome {
     /// Parts were sent; replies will come through the session's channel.
     Waiting(Pending),
     /// Not dispatched: it takes another way to Redis than the client's requests in flight
-    /// ([`crate::order`]); nothing about it has happened yet, and it is dispatched again
+    /// ([`crate::conn::order`]); nothing about it has happened yet, and it is dispatched again
     /// once they have their replies.
     Later,
 }
@@ -189,7 +193,7 @@ pub enum Via {
     /// closed if the request is dropped unanswered (its client went away). A blocking
     /// command; a transaction under WATCH.
     Own(Option<Lease>),
-    /// The client's WATCH connection ([`crate::client::Watch`]).
+    /// The client's WATCH connection ([`crate::conn::Watch`]).
     Watch,
 }
 
@@ -375,7 +379,7 @@ pub struct Pending {
     /// FLUSHALL / FLUSHDB, a module's write: what of the cache is dropped before the
     /// reply is passed on.
     flush: Drops,
-    /// A write: the cache's hot generation when it was sent (see [`crate::cache::HotCache::hot_generation`]).
+    /// A write: the cache's hot generation when it was sent (see [`crate::services::cache::HotCache::hot_generation`]).
     write_hot_generation: Option<u64>,
     /// `None`: its parts travel on the node's shared connections.
     dedicated: Option<Box<Dedicated>>,
@@ -459,7 +463,7 @@ pub fn start_in(
     buffer: Option<Bytes>,
 ) -> Outcome {
     let mut p = Pending::new(ctx, finish, parts);
-    if let Some(w) = &ctx.client.watch
+    if let Some(w) = &ctx.client.modes.watch
         && p.parts.len() == 1
         && matches!(p.parts[0].target, Target::Slot(s) if s == w.slot)
     {
@@ -534,7 +538,7 @@ pub fn start_in(
 }
 
 /// The commands of consecutive parts as one message. A split command's parts are slices,
-/// in order, of one buffer (`buffer`, see [`crate::route::split_by_slot`]), so this is
+/// in order, of one buffer (`buffer`, see [`crate::path::route::split_by_slot`]), so this is
 /// one more slice of it, not a copy; other parts are copied together.
 fn joined(buffer: Option<&Bytes>, req: &Request, parts: &[Part]) -> Bytes {
     let len: usize = parts.iter().map(|x| x.data(req).len()).sum();
@@ -558,273 +562,6 @@ fn joined(buffer: Option<&Bytes>, req: &Request, parts: &[Part]) -> Bytes {
     b.freeze()
 }
 
-/// The usual reply, taken before anything else is set up for [`on_reply`]: the one part
-/// of a command passed on as it is, not an error (so nothing to retry or follow), and
-/// nothing to do around it (no write to invalidate for, no dedicated connection to give
-/// back): what `complete` would end with. `Err` gives the reply back for `on_reply`.
-#[inline]
-pub fn plain_reply(proxy: &Proxy, p: &mut Pending, reply: BackendReply) -> Result<Bytes, BackendReply> {
-    if reply.tag.part != 0 || !p.plain(proxy) {
-        return Err(reply);
-    }
-    match reply.result {
-        Ok(data) if data.first() != Some(&b'-') => {
-            p.remaining = 0;
-            Ok(data)
-        }
-        result => Err(BackendReply { result, ..reply }),
-    }
-}
-
-/// A backend reply for part `idx` of `p`. Returns the final reply once every part is in.
-/// Any reply may come here; the session offers it to [`plain_reply`] first, which gives
-/// the usual one the same answer without the work.
-pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
-    if let Finish::Transaction(_) = p.finish {
-        return on_transaction_reply(proxy, ctx, p, reply);
-    }
-    let idx = reply.tag.part as usize;
-    if p.parts.get(idx)?.reply.is_some() {
-        return None;
-    }
-    let cluster = proxy.cluster.is_cluster();
-    let verdict = if p.blocking() {
-        retry::classify_blocked(&reply.result, cluster)
-    } else {
-        retry::classify(&reply.result, cluster)
-    };
-    if p.pinned() && verdict.leaves_node() {
-        // the watched keys' master is not where the WATCH ran any more
-        void_watch(ctx);
-        match &mut p.dedicated {
-            Some(d) if d.block.is_some() => d.via = Via::Own(None),
-            _ => p.dedicated = None,
-        }
-        if ctx.req.arg(0).eq_ignore_ascii_case(b"WATCH") {
-            // Redis answers WATCH +OK; the void watch makes EXEC answer nil
-            return complete(proxy, ctx, p, idx, Bytes::from_static(b"+OK\r\n"));
-        }
-    }
-    let block = p.dedicated.as_ref().and_then(|d| d.block.as_ref());
-    let part = p.parts.get_mut(idx)?;
-    let attempt = Attempt {
-        redirects: part.redirects,
-        retries: part.retries,
-        stale: ctx.stale,
-        blocked: block.is_some(),
-        expired: block.is_some_and(|b| b.deadline.is_some_and(|t| t <= Instant::now())),
-        dedicated: p.dedicated.is_some(),
-        by_slot: matches!(part.target, Target::Slot(_)),
-        asked: matches!(part.target, Target::Ask(..)),
-    };
-    let step = retry::react(verdict, &reply.result, &attempt);
-    let dedicated = p.dedicated.is_some();
-    let data = match step {
-        Step::Reload => {
-            // a script that is not loaded there (yet): one of heatshield's lock scripts,
-            // or one seen in EVAL or SCRIPT LOAD (crate::scripts): sent whole, once
-            let data_now = part.data(ctx.req);
-            match proxy.locks.eval_form(data_now).or_else(|| proxy.scripts.eval_form(data_now)) {
-                Some(eval) => {
-                    part.redirects += 1;
-                    part.set_data(eval);
-                    return resend(proxy, ctx, p, idx);
-                }
-                None => reply.result.ok()?,
-            }
-        }
-        Step::AskOwner(slot) => {
-            part.redirects += 1;
-            part.target = Target::Slot(slot);
-            return resend(proxy, ctx, p, idx);
-        }
-        Step::Follow(r) => {
-            part.redirects += 1;
-            if !follow(proxy, part, &r) {
-                // The address is not one the cluster announced (a script can return any
-                // error text): refresh the topology, then look again.
-                part.rare().held = reply.result.ok();
-                recheck_later(proxy, ctx, idx as u32, false);
-                return None;
-            }
-            p.redirected = true;
-            if part.redirects > 2 {
-                // Sent back and forth: the nodes disagree about the slot while a move or a
-                // failover spreads (a slot's new owner not told yet, say). Following at
-                // once would spend the redirections in a millisecond and hand the client
-                // a MOVED; from the third on, each waits RETRY_DELAY for them to agree.
-                proxy.cluster.request_refresh();
-                send_later(proxy, ctx, dedicated, part, idx as u32, 1);
-                return None;
-            }
-            return resend(proxy, ctx, p, idx);
-        }
-        Step::Busy { tryagain } => {
-            if tryagain
-                && part.pieces().is_none()
-                && let Some(kind) = splittable(proxy, ctx.req)
-            {
-                // some of the keys have moved with their slot, some not yet: Redis would
-                // answer TRYAGAIN for as long as the migration lasts; one key at a time,
-                // each is served where it is (ASK for the moved ones)
-                return per_key(proxy, ctx, p, idx, kind);
-            }
-            part.retries += 1;
-            proxy.cluster.request_refresh();
-            send_later(proxy, ctx, dedicated, part, idx as u32, 1);
-            return None;
-        }
-        Step::NewMaster => {
-            part.retries += 1;
-            crate::metrics::global().readonly_retried.increment(1);
-            if attempt.by_slot {
-                proxy.cluster.request_refresh();
-                send_later(proxy, ctx, dedicated, part, idx as u32, 1);
-            } else {
-                part.rare().held = reply.result.ok();
-                recheck_later(proxy, ctx, idx as u32, true);
-            }
-            return None;
-        }
-        Step::Reissue => {
-            part.retries += 1;
-            proxy.cluster.request_refresh();
-            send_later(proxy, ctx, dedicated, part, idx as u32, 1);
-            return None;
-        }
-        Step::Recheck => {
-            let held = Ok(part.take_held()?);
-            let verdict = retry::classify(&held, cluster);
-            let Ok(held) = held else { return None };
-            match verdict {
-                Verdict::ReadOnly => {
-                    let promoted = match &part.target {
-                        Target::Node(n) | Target::Ask(n, _) => proxy.cluster.topology().promoted_for(&n.addr),
-                        Target::Slot(_) => None,
-                    };
-                    if let Some(n) = promoted {
-                        part.target = Target::Node(n);
-                        return resend(proxy, ctx, p, idx);
-                    }
-                    if part.retries < MAX_RETRIES {
-                        // the map does not show the new master yet
-                        part.retries += 1;
-                        part.rare().held = Some(held);
-                        recheck_later(proxy, ctx, idx as u32, true);
-                        return None;
-                    }
-                    return complete(proxy, ctx, p, idx, held);
-                }
-                Verdict::Redirect(r) if follow(proxy, part, &r) => {
-                    p.redirected = true;
-                    return resend(proxy, ctx, p, idx);
-                }
-                _ => {}
-            }
-            // Not confirmed: the client gets the reply as Redis sent it, and nothing else
-            // changes.
-            crate::metrics::global().redirect_refused.increment(1);
-            tracing::warn!(
-                reply = %String::from_utf8_lossy(&held).trim_end(),
-                client = ctx.client.id,
-                "redirection to an address the cluster does not announce; passed to the client as it is"
-            );
-            held
-        }
-        // a shared cache fill could not answer for this request: send it ourselves
-        Step::Resend => return resend(proxy, ctx, p, idx),
-        Step::Unreachable { addr, retry } => {
-            proxy.cluster.request_refresh();
-            if retry {
-                part.retries += 1;
-                send_later(proxy, ctx, dedicated, part, idx as u32, 1);
-                return None;
-            }
-            tracing::warn!(node = %addr, command = proxy.command_name(ctx.cmd), client = ctx.client.id, "node unreachable; request failed");
-            errors::resp(&errors::node_unreachable(&addr))
-        }
-        Step::Fail(e) => {
-            proxy.cluster.request_refresh();
-            tracing::warn!(error = %e, command = proxy.command_name(ctx.cmd), client = ctx.client.id, "backend request failed");
-            errors::resp(&errors::backend_failed(&e))
-        }
-        // FCALL of a function this master lacks (it joined later, or its functions were
-        // flushed): the library heatshield saw register it is loaded there first, on the
-        // connection the call goes on again, so it runs before it; once
-        Step::LoadFunction => {
-            let data = reply.result.ok()?;
-            let load = proxy.scripts.function_load(part.data(ctx.req));
-            match (load, resolve(proxy, &part.target)) {
-                (Some(load), Ok((node, _))) => {
-                    part.redirects = MAX_REDIRECTS;
-                    crate::metrics::global().function_loaded.increment(1);
-                    node.conn(ctx.client.proto, ctx.client.id).send(BackendRequest {
-                        data: load,
-                        count: 1,
-                        prefix: Prefix::None,
-                        // no part has this tag: its reply is dropped (the call's reply says
-                        // whether it worked)
-                        tag: Tag { seq: ctx.seq, part: u32::MAX },
-                        reply_to: ctx.reply_to.clone(),
-                        order: None,
-                        db: 0,
-                    });
-                    return resend(proxy, ctx, p, idx);
-                }
-                _ => data,
-            }
-        }
-        Step::TimedOut => {
-            let mut w = Writer::new(ctx.scratch, ctx.client.proto);
-            if block.is_some_and(|b| b.nil_string) {
-                w.nil();
-            } else {
-                w.nil_array();
-            }
-            ctx.scratch.split().freeze()
-        }
-        // an answer, or a redirection or retry past its limit: passed on as it is
-        Step::Answer => reply.result.ok()?,
-    };
-    complete(proxy, ctx, p, idx, data)
-}
-
-/// A backend reply for part `reply.tag.part` of `p` taken as that part's answer, however
-/// it reads (a TRYAGAIN that cannot be retried in the client's order: see
-/// [`crate::order`]). Returns the final reply once every part is in.
-pub fn answer_as_is(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
-    if let Finish::Transaction(tx) = &p.finish {
-        // a queued command's TRYAGAIN: the native transaction was aborted, nothing ran.
-        // Under WATCH the client is told as when a watched key changed (it retries);
-        // otherwise EXEC is refused as Redis refuses one at EXEC time.
-        let k = tx.part_of(reply.tag.part)?;
-        if p.parts[k].reply.is_some() {
-            return None;
-        }
-        let answer = if p.dedicated.is_some() {
-            let mut w = Writer::new(ctx.scratch, ctx.client.proto);
-            w.nil_array();
-            ctx.scratch.split().freeze()
-        } else {
-            let why = match &reply.result {
-                Ok(d) => String::from_utf8_lossy(error_text(d).unwrap_or_default()).into_owned(),
-                Err(e) => e.to_string(),
-            };
-            errors::resp(&errors::exec_aborted_because(&why))
-        };
-        return complete(proxy, ctx, p, k, answer);
-    }
-    let idx = reply.tag.part as usize;
-    if p.parts.get(idx)?.reply.is_some() {
-        return None;
-    }
-    let data = match reply.result {
-        Ok(d) => d,
-        Err(e) => errors::resp(&errors::backend_failed(&e)),
-    };
-    complete(proxy, ctx, p, idx, data)
-}
-
 /// Sends a blocking command to the master owning slot `s`, on a dedicated connection of
 /// its own (on the client's WATCH connection if it watches that slot): a shared
 /// connection is never blocked. The connection goes back to the pool with the reply, and
@@ -833,7 +570,7 @@ pub fn answer_as_is(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: Backen
 pub fn start_blocking(proxy: &Proxy, ctx: &mut Ctx, s: u16, block: Block) -> Outcome {
     let part = Part::whole(Target::Slot(s));
     let mut p = Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec::smallvec![part]);
-    let via = match &ctx.client.watch {
+    let via = match &ctx.client.modes.watch {
         Some(w) if w.slot == s => Via::Watch,
         _ => Via::Own(None),
     };
@@ -841,162 +578,6 @@ pub fn start_blocking(proxy: &Proxy, ctx: &mut Ctx, s: u16, block: Block) -> Out
     match send_part(proxy, ctx, &mut p.dedicated, &p.parts[0], 0, 1) {
         Ok(()) => Outcome::Waiting(p),
         Err(e) => Outcome::Ready(e),
-    }
-}
-
-fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Bytes) -> Option<Bytes> {
-    p.parts[idx].reply = Some(data);
-    p.remaining -= 1;
-    if let Some(parent) = p.parts[idx].parent() {
-        return piece_done(proxy, ctx, p, parent as usize);
-    }
-    if p.remaining > 0 {
-        return None;
-    }
-    if let Some(d) = &mut p.dedicated
-        && let Via::Own(lease) = &mut d.via
-        && let Some(l) = lease.take()
-    {
-        l.release(false);
-    }
-    // The write has happened: whatever was filled meanwhile must not outlive this moment,
-    // which comes before its reply reaches the client.
-    for k in p.invalidate.drain(..) {
-        proxy.cache.invalidate(&k, crate::cache::Cause::Write);
-    }
-    match p.flush {
-        Drops::Nothing => {}
-        Drops::Everything => proxy.cache.flush(crate::cache::Cause::Flush),
-        Drops::ItsNodes => {
-            let topo = proxy.cluster.topology();
-            for part in &p.parts {
-                if let Ok((node, _)) = resolve_in(&topo, &part.target) {
-                    proxy.cache.drop_node(node, crate::cache::Cause::Write);
-                }
-            }
-        }
-    }
-    // a tracking client hears of its own write right after the reply (everyone else from
-    // Redis), so its own cache never gives it back what it overwrote
-    let mut notice = None;
-    if p.tracked_write {
-        match &p.finish {
-            Finish::Transaction(tx) => {
-                let keys: Vec<&[u8]> = tx.write_keys.iter().map(|k| &k[..]).collect();
-                notice = proxy.client_side.wrote(&keys, ctx.client.id);
-            }
-            _ => {
-                if let Ok(cmd) = proxy.commands.lookup(ctx.req)
-                    && let Ok(keys) = keys_of(cmd, ctx.req)
-                {
-                    let keys: Vec<&[u8]> = keys.iter().map(|&k| ctx.req.arg(k as usize)).collect();
-                    notice = proxy.client_side.wrote(&keys, ctx.client.id);
-                }
-            }
-        }
-    }
-    if let Some(g) = p.write_hot_generation
-        && g != proxy.cache.hot_generation()
-    {
-        // keys turned hot while the write was out: it may have raced their first fill
-        match &p.finish {
-            Finish::Transaction(tx) => {
-                for k in &tx.write_keys {
-                    if proxy.cache.tracked(k) {
-                        proxy.cache.invalidate(k, crate::cache::Cause::Write);
-                    }
-                }
-            }
-            _ => invalidate_keys(proxy, ctx.req),
-        }
-    }
-    let reply = assemble(proxy, ctx, p);
-    match notice {
-        // the notice follows the reply in the same place of the client's reply order
-        Some(n) => Some([reply, n].concat().into()),
-        None => Some(reply),
-    }
-}
-
-/// Drops the cached replies of the request's hot keys (the rare path of
-/// [`Pending::write_hot_generation`]).
-fn invalidate_keys(proxy: &Proxy, req: &Request) {
-    let Ok(cmd) = proxy.commands.lookup(req) else { return };
-    let Ok(keys) = keys_of(cmd, req) else { return };
-    for k in keys {
-        let key = req.arg(k as usize);
-        if proxy.cache.tracked(key) {
-            proxy.cache.invalidate(key, crate::cache::Cause::Write);
-        }
-    }
-}
-
-/// Merges the replies of a finished request.
-fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
-    match &p.finish {
-        Finish::Merge(Merge::Pass) => p.parts[0].reply.take().unwrap_or_default(),
-        Finish::Script(_) => {
-            let reply = p.parts[0].reply.take().unwrap_or_default();
-            match errors::with_undeclared_key_hint(&reply) {
-                Some(hinted) => Bytes::from(hinted),
-                None => reply,
-            }
-        }
-        Finish::Transaction(tx) if tx.positions.is_empty() => p.parts[0].reply.take().unwrap_or_default(),
-        Finish::Transaction(tx) => {
-            let replies: Vec<Bytes> = p.parts.iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
-            crate::merge::merge_exec(&replies, &tx.positions, tx.total as usize, ctx.scratch);
-            ctx.scratch.split().freeze()
-        }
-        Finish::Lock(r) => {
-            use crate::locks::LockCmd;
-            let reply = p.parts[0].reply.take().unwrap_or_default();
-            match (r.cmd, Value::parse(&reply)) {
-                (LockCmd::Acquire, Ok((Value::Int(t), _))) if t > 0 && r.keepalive => {
-                    ctx.client.used_locks = true;
-                    ctx.client.keepalive_locks = true;
-                    proxy.locks.acquired(ctx.client.id, r);
-                }
-                (LockCmd::Release, Ok((Value::Int(1), _))) => {
-                    proxy.locks.released(ctx.client.id, &r.key, ctx.client.keepalive_locks)
-                }
-                _ => {}
-            }
-            crate::locks::client_reply(r, &reply, ctx.client.proto, ctx.scratch)
-        }
-        Finish::Masters(build) => {
-            let replies: Vec<(String, Bytes)> = p
-                .parts
-                .iter_mut()
-                .map(|x| {
-                    let addr = match &x.target {
-                        Target::Node(n) => n.addr.to_string(),
-                        _ => String::new(),
-                    };
-                    (addr, x.reply.take().unwrap_or_default())
-                })
-                .collect();
-            let each: Vec<(&str, &Bytes)> = replies.iter().map(|(a, r)| (a.as_str(), r)).collect();
-            build(proxy, ctx, &each)
-        }
-        Finish::Merge(merge) => {
-            // the pieces of a part split after TRYAGAIN come after every part: not replies
-            // of their own (one allocation, of the exact size: a filter would lose it)
-            let whole = p.parts.iter().position(|x| x.parent().is_some()).unwrap_or(p.parts.len());
-            let replies: Vec<Bytes> = p.parts[..whole].iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
-            // Any error among the parts is the answer (Redis would have failed the whole command).
-            if let Some(e) = replies.iter().find(|r| r.first() == Some(&b'-')) {
-                return e.clone();
-            }
-            match merge_replies(merge, &replies, ctx.client.proto, ctx.scratch) {
-                Ok(b) => b,
-                Err(what) => {
-                    let mut w = Writer::new(ctx.scratch, ctx.client.proto);
-                    w.error(&errors::merge_failed(what));
-                    ctx.scratch.split().freeze()
-                }
-            }
-        }
     }
 }
 

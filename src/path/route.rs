@@ -1,4 +1,4 @@
-//! Route: where an admitted request's parts go, as [`Part`]s for [`crate::pending`] to
+//! Route: where an admitted request's parts go, as [`Part`]s for [`crate::path::pending`] to
 //! send. One part to the master owning the keys' slot (keyless: the master the client's
 //! id picks); a multi-key command whose keys span slots as one part per slot; a fan-out
 //! command as one part per master (SCAN: the master its cursor names); a lock command as
@@ -12,13 +12,13 @@ use smallvec::{SmallVec, smallvec};
 
 use crate::command::{Command, FanOut, Split};
 use crate::errors;
-use crate::locks::{LockCmd, LockRequest, Waiter};
 use crate::mailbox::{Delivery, Tag};
-use crate::merge::{Merge, scan_cursor};
-use crate::pending::{Ctx, Finish, MastersBuilder, Outcome, Part, Pending, ScriptRun, Target, start, start_in};
+use crate::path::merge::{Merge, scan_cursor};
+use crate::path::pending::{Ctx, Finish, MastersBuilder, Outcome, Part, Pending, ScriptRun, Target, start, start_in};
 use crate::protocol::Request;
 use crate::protocol::request::{parse_i64, write_array_header, write_bulk};
 use crate::proxy::Proxy;
+use crate::services::locks::{LockCmd, LockRequest, Waiter};
 use crate::upstream::backend::{BackendRequest, Prefix};
 use crate::upstream::cluster::{NodePool, slot};
 
@@ -83,7 +83,7 @@ pub fn script(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
 
 /// A blocking command: its keys share one slot (CROSSSLOT otherwise, as Redis Cluster
 /// says), and it waits on a dedicated connection to that slot's master
-/// ([`crate::pending::start_blocking`]) for as long as its own timeout says (0: for
+/// ([`crate::path::pending::start_blocking`]) for as long as its own timeout says (0: for
 /// ever), not the proxy's reply deadline.
 pub fn block(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, keys: &[u32]) -> Outcome {
     let req = ctx.req;
@@ -114,7 +114,7 @@ pub fn block(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, keys: &[u32]) -> Outco
     };
     ctx.wait_ms = wait_ms;
     let nil_string = cmd.has(NIL_STRING_ON_TIMEOUT);
-    crate::pending::start_blocking(proxy, ctx, s, crate::pending::Block::new(deadline, arg, ms, nil_string))
+    crate::path::pending::start_blocking(proxy, ctx, s, crate::path::pending::Block::new(deadline, arg, ms, nil_string))
 }
 
 /// A read of one hot key the cache could not answer: sent as the cache's fill (whose
@@ -233,9 +233,9 @@ pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
 }
 
 /// COMMAND and its COUNT / INFO / LIST / DOCS as heatshield answers them (see
-/// [`crate::merge::Commands`]), and what to ask the master.
-fn commands_view(proxy: &Proxy, req: &Request) -> (crate::merge::Commands, Bytes) {
-    use crate::merge::{Commands, CommandsKind, OwnCommand};
+/// [`crate::path::merge::Commands`]), and what to ask the master.
+fn commands_view(proxy: &Proxy, req: &Request) -> (crate::path::merge::Commands, Bytes) {
+    use crate::path::merge::{Commands, CommandsKind, OwnCommand};
     let sub = if req.argc() > 1 { req.arg(1).to_ascii_uppercase() } else { Vec::new() };
     let (kind, data) = match sub.as_slice() {
         b"COUNT" => (CommandsKind::Count, Request::from_args(&["COMMAND"]).raw().clone()),
@@ -295,13 +295,13 @@ fn slot_stats_order(req: &Request) -> Option<(Vec<u8>, usize, bool)> {
 
 /// SCRIPT KILL / FUNCTION KILL / FUNCTION STATS to every master, on connections no busy
 /// script holds up (see [`while_busy`]): `+OK` if one was killed
-/// ([`crate::merge::kill_reply`]), the running function's STATS
-/// ([`crate::merge::stats_reply`]).
+/// ([`crate::path::merge::kill_reply`]), the running function's STATS
+/// ([`crate::path::merge::stats_reply`]).
 fn kill(proxy: &Proxy, ctx: &mut Ctx, masters: &[Arc<NodePool>]) -> Outcome {
     let merge = if ctx.req.arg(1).eq_ignore_ascii_case(b"STATS") {
-        crate::merge::stats_reply
+        crate::path::merge::stats_reply
     } else {
-        crate::merge::kill_reply
+        crate::path::merge::kill_reply
     };
     match while_busy(proxy, ctx, masters, merge, ()) {
         Ok(o) => o,
@@ -391,7 +391,7 @@ pub fn to_masters(proxy: &Proxy, ctx: &mut Ctx, data: Bytes, build: MastersBuild
     start(proxy, ctx, Finish::Masters(build), parts)
 }
 
-/// LOCK.ACQUIRE / RELEASE / EXTEND / INFO ([`crate::locks`]): the lock's script to the
+/// LOCK.ACQUIRE / RELEASE / EXTEND / INFO ([`crate::services::locks`]): the lock's script to the
 /// master owning the key, or, for an ACQUIRE that may wait, parked with the lock task
 /// (which answers it).
 pub fn lock(proxy: &Proxy, ctx: &mut Ctx, r: LockRequest) -> Outcome {
@@ -436,7 +436,7 @@ pub fn split_by_slot(req: &Request, step: usize) -> Vec<SlotGroup> {
 
 /// [`split_by_slot`] for the keys at positions `wanted` (0-based, in keys) only. Every
 /// group's command is written into one buffer, in group order, so groups that travel
-/// together to one node are one slice of it (see [`crate::pending::start`]): the
+/// together to one node are one slice of it (see [`crate::path::pending::start`]): the
 /// arguments are copied once.
 fn groups(req: &Request, step: usize, wanted: impl Iterator<Item = u32>) -> (Bytes, Vec<SlotGroup>) {
     let mut order: Vec<(u16, u32)> = wanted.map(|i| (slot(req.arg(1 + i as usize * step)), i)).collect();

@@ -1,6 +1,6 @@
 //! One client connection: read requests, hand each to the request path, and write the
 //! replies back strictly in request order. Each request's context
-//! ([`crate::pending::Ctx`]) is built here once, and the parsed request stays with its
+//! ([`crate::path::pending::Ctx`]) is built here once, and the parsed request stays with its
 //! place in the reply queue, so the reply path and the statistics never parse it again.
 //!
 //! The session is one task. While a per-key rate-limit rule exists, what a client
@@ -38,17 +38,25 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::WriteHalf;
 use tracing::{debug, info, warn};
 
-use crate::client::{ClientInfo, ClientState, Control, Mode, ReplyMode};
+use crate::conn::{ClientInfo, ClientState, Control, Mode, ReplyMode};
 use crate::mailbox::{BackendReply, Delivery, ReplyTx};
-use crate::pending::{Ctx, Outcome, Pending};
+use crate::path::pending::{Ctx, Outcome, Pending};
 use crate::protocol::request::{Limits, Request};
 use crate::protocol::{Next, Proto, RequestReader, Writer};
 use crate::proxy::{Answered, Proxy, ReplySummary};
 use crate::upstream::retry;
 
+mod limits;
+mod ordering;
+mod output;
+
+use limits::{Cut, Held};
+use ordering::TryAgain;
+use output::Output;
+
 enum Reply {
     /// Not dispatched yet: it waits for the client's requests before it
-    /// ([`crate::order`]).
+    /// ([`crate::conn::order`]).
     Later,
     Waiting(Pending),
     Ready(Bytes),
@@ -139,135 +147,6 @@ impl Queue {
     }
 }
 
-/// Replies on their way to the client: large ones as they are (no copy), small ones
-/// coalesced into `tail`, which always comes after every chunk.
-#[derive(Default)]
-struct Output {
-    chunks: VecDeque<Bytes>,
-    tail: BytesMut,
-}
-
-impl Output {
-    fn is_empty(&self) -> bool {
-        self.chunks.is_empty() && self.tail.is_empty()
-    }
-
-    fn push(&mut self, b: Bytes) {
-        if b.len() > 64 * 1024 {
-            if !self.tail.is_empty() {
-                self.chunks.push_back(self.tail.split().freeze());
-            }
-            self.chunks.push_back(b);
-        } else {
-            self.tail.extend_from_slice(&b);
-        }
-    }
-
-    /// Writes what the socket takes now, without waiting. Returns the bytes written and
-    /// whether the socket would block.
-    fn write(&mut self, wr: &WriteHalf<'_>) -> std::io::Result<(usize, bool)> {
-        let mut total = 0;
-        while !self.is_empty() {
-            let r = if self.chunks.is_empty() {
-                wr.try_write(&self.tail)
-            } else {
-                let mut slices: [IoSlice<'_>; 17] = [IoSlice::new(&[]); 17];
-                let mut n = 0;
-                for c in self.chunks.iter().take(16) {
-                    slices[n] = IoSlice::new(c);
-                    n += 1;
-                }
-                if n < 16 {
-                    slices[n] = IoSlice::new(&self.tail);
-                    n += 1;
-                }
-                wr.try_write_vectored(&slices[..n])
-            };
-            let mut n = match r {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok((total, true)),
-                Err(e) => return Err(e),
-            };
-            total += n;
-            while n > 0 {
-                match self.chunks.front_mut() {
-                    Some(c) if c.len() <= n => {
-                        n -= c.len();
-                        self.chunks.pop_front();
-                    }
-                    Some(c) => {
-                        c.advance(n);
-                        n = 0;
-                    }
-                    None => {
-                        self.tail.advance(n);
-                        n = 0;
-                    }
-                }
-            }
-        }
-        self.tail.clear();
-        if self.tail.capacity() > 1024 * 1024 {
-            self.tail = BytesMut::new();
-        }
-        Ok((total, false))
-    }
-}
-
-/// Why a client was disconnected by its limits (the metric's `reason` label).
-#[derive(Debug, Clone, Copy)]
-enum Cut {
-    /// Over `output_hard_bytes`.
-    Hard,
-    /// Over `output_soft_bytes` for `output_soft_seconds`.
-    Soft,
-    /// The process-wide `output_total_over_soft_bytes` is spent.
-    Total,
-    /// A subscribed client over `pubsub_output_hard_bytes`.
-    PubsubHard,
-    /// A subscribed client over `pubsub_output_soft_bytes` for `pubsub_output_soft_seconds`.
-    PubsubSoft,
-}
-
-impl Cut {
-    fn reason(self) -> &'static str {
-        match self {
-            Cut::Hard => "output_hard",
-            Cut::Soft => "output_soft",
-            Cut::Total => "output_total",
-            Cut::PubsubHard => "pubsub_hard",
-            Cut::PubsubSoft => "pubsub_soft",
-        }
-    }
-}
-
-/// The bytes one client holds, against its limits.
-struct Held {
-    /// Reply bytes: complete replies in the queue plus unwritten output.
-    replies: usize,
-    /// Request bytes read and not yet answered (their replies not yet written).
-    requests: usize,
-    /// Running average size of this client's replies (1/8 weight for each new one).
-    avg_reply: usize,
-    /// Commands this client may have unanswered: `max_pipeline`, fewer when its replies
-    /// are large (the soft limit divided by `avg_reply`).
-    window: usize,
-    /// Since when the client has been above the soft limit.
-    over_soft_since: Option<Instant>,
-    /// What this client added to the process-wide bytes above soft limits.
-    counted_over_soft: u64,
-    /// Since when a subscribed client has been above `pubsub_output_soft_bytes`.
-    over_pubsub_soft_since: Option<Instant>,
-}
-
-impl Held {
-    fn reply_ready(&mut self, len: usize, soft: usize, max_pipeline: usize) {
-        self.replies += len;
-        self.avg_reply = self.avg_reply - self.avg_reply / 8 + len / 8;
-        self.window = (soft / self.avg_reply.max(1)).clamp(1, max_pipeline);
-    }
-}
-
 /// One client connection's state between socket events; [`run`] owns the sockets and
 /// the timer, and calls the steps below.
 struct Session {
@@ -306,11 +185,11 @@ struct Session {
     /// commands wait), but the socket is still read so a disconnect is seen.
     blocking: Option<u64>,
     /// The first request waiting for the ordering rule (every request after it waits
-    /// too): dispatched once nothing is in flight or being retried ([`crate::order`]).
+    /// too): dispatched once nothing is in flight or being retried ([`crate::conn::order`]).
     deferred: Option<u64>,
     /// Requests (by place, in order) that met a reply that was not their answer and are
     /// being sent again: until each has its answer, no later request is dispatched, and
-    /// a later request's non-answers wait in `parked` ([`crate::order`]).
+    /// a later request's non-answers wait in `parked` ([`crate::conn::order`]).
     retrying: SmallVec<[u64; 4]>,
     /// Backend replies held while an earlier request is being retried, in arrival order.
     parked: Vec<BackendReply>,
@@ -321,7 +200,7 @@ struct Session {
     after_write: Vec<(u64, Bytes)>,
     /// The place of the last tracked write that got its reply (see [`Session::pushed`]).
     last_tracked_write: Option<u64>,
-    /// A parked reply is being handed over ([`crate::pending::Ctx::stale`]).
+    /// A parked reply is being handed over ([`crate::path::pending::Ctx::stale`]).
     stale: bool,
     /// None of `deferred`, `retrying` and `tryagain` holds anything: the usual case, one
     /// test on the request path ([`Session::recalm`] keeps it).
@@ -509,17 +388,14 @@ impl Session {
             no_evict: false,
             no_touch: false,
             quit: false,
-            mode: Mode::Normal,
+            modes: Default::default(),
             admin: false,
             inflight: 0,
-            lane: crate::order::Lane::Local,
+            lane: crate::conn::order::Lane::Local,
             map_version: 0,
             used_locks: false,
             keepalive_locks: false,
             rl: proxy.ratelimit.view(),
-            watch: None,
-            subs: None,
-            tracking: None,
             wrote: 0,
             db: 0,
         };
@@ -607,7 +483,7 @@ impl Session {
         // While a tracking client's write is in flight, a push waits to follow that write's
         // reply: Redis tells a client of its own write right after the reply (so the
         // reply to a read sent next comes after it), and any other push may come then too.
-        if self.client.tracking.is_some() {
+        if self.client.modes.tracking.is_some() {
             // a tracked write answered and not yet written out: right after its reply (it
             // may be what the push tells of: heatshield's invalidation connection can hear
             // of the write before its reply is taken)
@@ -670,83 +546,8 @@ impl Session {
         self.calm = self.deferred.is_none() && self.retrying.is_empty() && self.tryagain.is_none();
     }
 
-    /// [`Session::take_reply`] while a request is being retried or a TRYAGAIN came.
-    #[inline(never)]
-    fn take_reply_ordered(&mut self, r: BackendReply, now: &mut Option<ReplyClock>) {
-        let seq = r.tag.seq;
-        if let Some(t) = &mut self.tryagain
-            && t.seq == seq
-        {
-            // the rest of its replies (a transaction's EXEC, other parts) wait with it
-            t.replies.push(r);
-            return;
-        }
-        // the requests sent behind it may have run already: see TryAgain (those answered
-        // already count too)
-        let ran = self.tryagain.is_none() && retry::is_tryagain(&r.result) && self.ran_behind(seq);
-        if self.tryagain.is_none() && retry::is_tryagain(&r.result) && (ran || self.sent_behind(seq)) {
-            self.tryagain = Some(TryAgain { seq, replies: vec![r], ran });
-            self.mark_retrying(seq);
-            // (those behind it may be held already, their replies parked)
-            self.decide_tryagain(now);
-            return;
-        }
-        if !self.retrying.is_empty() && self.hold(&r) {
-            self.parked.push(r);
-            self.decide_tryagain(now);
-            return;
-        }
-        self.deliver(r, now, false);
-        if self.tryagain.is_some() {
-            self.decide_tryagain(now);
-        }
-    }
-
-    /// Whether a request dispatched after request `seq` has its reply already and names
-    /// one of its keys.
-    fn ran_behind(&self, seq: u64) -> bool {
-        let Some(i) = seq.checked_sub(self.queue.head) else { return false };
-        let later = self.queue.entries.iter().enumerate().skip(i as usize + 1);
-        later
-            .filter(|(_, e)| matches!(e.reply, Reply::Ready(_) | Reply::Sent { .. }) && e.meta.req.is_some())
-            .any(|(j, _)| self.touches(self.queue.head + j as u64, seq))
-    }
-
-    /// Whether a request dispatched after request `seq` still waits for its reply.
-    fn sent_behind(&self, seq: u64) -> bool {
-        let Some(i) = seq.checked_sub(self.queue.head) else { return false };
-        self.queue.entries.iter().skip(i as usize + 1).any(|e| matches!(e.reply, Reply::Waiting(_)))
-    }
-
-    /// Once every request sent behind a held TRYAGAIN has its reply or waits behind it
-    /// ([`Session::hold`]): the TRYAGAIN goes to its request, to be retried if none of
-    /// them touched its keys and ran, or as its answer if one did (its retry would now
-    /// come after that request).
-    fn decide_tryagain(&mut self, now: &mut Option<ReplyClock>) {
-        let Some(t) = &self.tryagain else { return };
-        let Some(i) = t.seq.checked_sub(self.queue.head) else { return };
-        let undecided = self.queue.entries.iter().enumerate().skip(i as usize + 1).any(|(j, e)| {
-            let seq = self.queue.head + j as u64;
-            matches!(e.reply, Reply::Waiting(_)) && !self.parked.iter().any(|r| r.tag.seq == seq)
-        });
-        if undecided {
-            return;
-        }
-        let Some(t) = self.tryagain.take() else { return };
-        let mut replies = t.replies.into_iter();
-        // (they waited: a redirection among them may be out of date)
-        self.stale = true;
-        if let Some(first) = replies.next() {
-            self.deliver(first, now, t.ran);
-        }
-        for r in replies {
-            self.deliver(r, now, false);
-        }
-        self.stale = false;
-    }
-
     /// Hands reply `r` to its request: retried, followed or passed on as
-    /// [`crate::pending::on_reply`] says, or (`as_is`) taken as its answer.
+    /// [`crate::path::pending::on_reply`] says, or (`as_is`) taken as its answer.
     #[inline(always)]
     fn deliver(&mut self, r: BackendReply, now: &mut Option<ReplyClock>, as_is: bool) {
         let seq = r.tag.seq;
@@ -756,7 +557,7 @@ impl Session {
             && let Reply::Waiting(p) = &mut e.reply
             && let Some(req) = &e.meta.req
         {
-            let reply = match crate::pending::plain_reply(&self.proxy, p, r) {
+            let reply = match crate::path::pending::plain_reply(&self.proxy, p, r) {
                 Ok(reply) => Some(reply),
                 Err(r) => {
                     retried = retry::may_not_answer(&r.result) && !as_is;
@@ -765,9 +566,9 @@ impl Session {
                     ctx.writes = e.meta.writes;
                     ctx.stale = self.stale;
                     if as_is {
-                        crate::pending::answer_as_is(&self.proxy, &mut ctx, p, r)
+                        crate::path::pending::answer_as_is(&self.proxy, &mut ctx, p, r)
                     } else {
-                        crate::pending::on_reply(&self.proxy, &mut ctx, p, r)
+                        crate::path::pending::on_reply(&self.proxy, &mut ctx, p, r)
                     }
                 }
             };
@@ -781,7 +582,7 @@ impl Session {
                     m.node = p.node(&self.proxy.cluster);
                 }
                 let mut reply = reply;
-                if self.client.tracking.is_some() {
+                if self.client.modes.tracking.is_some() {
                     if !self.after_write.is_empty() {
                         // the pushes that waited for this write's reply follow it
                         let mut all = reply.to_vec();
@@ -824,72 +625,6 @@ impl Session {
             // its other parts, which holds the client's next requests just as well)
             self.mark_retrying(seq);
         }
-    }
-
-    /// Request `seq` is being retried (see [`Session::retrying`]).
-    fn mark_retrying(&mut self, seq: u64) {
-        let at = self.retrying.partition_point(|&s| s < seq);
-        if self.retrying.get(at) != Some(&seq) {
-            self.retrying.insert(at, seq);
-        }
-        self.calm = false;
-    }
-
-    /// Whether request `later` names a key request `earlier` names (or its keys are not
-    /// known: EXEC's are its transaction's).
-    fn touches(&self, later: u64, earlier: u64) -> bool {
-        let keys = |seq: u64| -> Option<Vec<&[u8]>> {
-            let req = self.queue.get(seq)?.meta.req.as_ref()?;
-            let cmd = self.proxy.commands.lookup(req).ok()?;
-            if matches!(cmd.route, crate::command::Route::Transaction(_)) {
-                return None;
-            }
-            let keys = crate::command::keys_of(cmd, req).ok()?;
-            Some(keys.iter().map(|&k| req.arg(k as usize)).collect())
-        };
-        match (keys(later), keys(earlier)) {
-            (Some(a), Some(b)) => a.iter().any(|k| b.contains(k)),
-            _ => true,
-        }
-    }
-
-    /// Whether reply `r` waits while an earlier request is being retried: every reply of a
-    /// request that waits already, and any non-answer (which would be retried, and must
-    /// not be sent again before the earlier request has gone).
-    fn hold(&mut self, r: &BackendReply) -> bool {
-        let seq = r.tag.seq;
-        if self.retrying[0] >= seq {
-            return false;
-        }
-        let waits = self.retrying.contains(&seq);
-        if !waits && (!retry::may_not_answer(&r.result) || retry::unannounced(&self.proxy.cluster, &r.result)) {
-            // (a redirection to an address the cluster did not announce is held by its
-            // request while a refresh looks again, and that refresh's outcome is held here
-            // in its turn: so each waits for one refresh, not one after another's)
-            return false;
-        }
-        self.mark_retrying(seq);
-        true
-    }
-
-    /// Request `seq` has its reply (or is gone): if it was being retried, the client's
-    /// later requests may go on, and the replies held behind it are handed over.
-    fn settled(&mut self, seq: u64, now: &mut Option<ReplyClock>) {
-        if self.tryagain.as_ref().is_some_and(|t| t.seq == seq) {
-            self.tryagain = None;
-        }
-        if let Some(i) = self.retrying.iter().position(|&s| s == seq) {
-            self.retrying.remove(i);
-            while let Some(i) =
-                self.parked.iter().position(|r| self.retrying.first().is_none_or(|&first| first >= r.tag.seq))
-            {
-                let r = self.parked.remove(i);
-                self.stale = true;
-                self.take_reply(r, now);
-                self.stale = false;
-            }
-        }
-        self.recalm();
     }
 
     /// Parses and dispatches what `rbuf` holds while the client has room. Returns how many
@@ -992,7 +727,7 @@ impl Session {
         let read_at = meta.started;
         let skip = self.client.reply == ReplyMode::Skip;
         let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, read_at);
-        let outcome = crate::dispatch::dispatch(&self.proxy, &mut ctx);
+        let outcome = crate::front::dispatch::dispatch(&self.proxy, &mut ctx);
         if let Outcome::Later = outcome {
             *reply = Reply::Later;
             self.deferred = Some(seq);
@@ -1049,7 +784,7 @@ impl Session {
         true
     }
 
-    /// Dispatches the requests that waited for the ordering rule ([`crate::order`]) once
+    /// Dispatches the requests that waited for the ordering rule ([`crate::conn::order`]) once
     /// nothing of the client's is in flight or being retried, in order, until one waits
     /// again or one ends the connection.
     fn resume(&mut self) {
@@ -1076,7 +811,7 @@ impl Session {
         info.last_cmd.store(cmd, Ordering::Relaxed);
         info.last_ms.store(self.read_ms, Ordering::Relaxed);
         info.flags.store(self.client.flags(self.blocking.is_some()), Ordering::Relaxed);
-        let multi = match &self.client.mode {
+        let multi = match &self.client.modes.multi {
             Mode::Multi(q) => q.commands.len() as i64,
             Mode::Normal => -1,
         };
@@ -1092,163 +827,6 @@ impl Session {
             self.reading = false;
         }
         self.queue.entries.push_back(Entry { reply, last, silent: false, meta });
-    }
-
-    /// Moves the complete replies at the front of the queue to the output (the clock is
-    /// read only when something moves). Returns how many moved.
-    fn move_ready(&mut self) -> usize {
-        let mut now: Option<Instant> = None;
-        let mut moved = 0;
-        let q = &mut self.queue;
-        while !self.closing
-            && let Some(e) = q.entries.get_mut(q.sent)
-            && matches!(e.reply, Reply::Ready(_))
-        {
-            let at = *now.get_or_insert_with(Instant::now);
-            let Reply::Ready(b) = std::mem::replace(&mut e.reply, Reply::Sent { summary: ReplySummary::of(&[]), at })
-            else {
-                break;
-            };
-            e.reply = Reply::Sent { summary: ReplySummary::of(&b), at };
-            if e.silent {
-                self.held.replies -= b.len();
-            } else {
-                self.out.push(b);
-            }
-            self.closing = e.last;
-            q.sent += 1;
-            moved += 1;
-        }
-        moved
-    }
-
-    /// Writes what the socket takes now, never waiting. Returns the bytes written.
-    fn write(&mut self, wr: &WriteHalf<'_>) -> std::io::Result<usize> {
-        if self.blocked || self.out.is_empty() || self.holding() {
-            return Ok(0);
-        }
-        let (n, would_block) = self.out.write(wr)?;
-        self.blocked = would_block;
-        self.held.replies -= n;
-        if n > 0 {
-            crate::metrics::global().bytes_out.increment(n as u64);
-        }
-        Ok(n)
-    }
-
-    /// Replies of one read go out together, as Redis writes a pipeline's replies once it
-    /// has run the batch: while the next request in the queue was read with the replies
-    /// already in the output and still waits for a backend, they wait for it (one write
-    /// instead of two; a transaction's `+QUEUED`s go with its EXEC). Never for a request
-    /// that waits on purpose (a blocking command, LOCK.ACQUIRE ... WAIT): Redis sends what
-    /// came before a blocked command at once.
-    fn holding(&self) -> bool {
-        let q = &self.queue;
-        match (q.sent.checked_sub(1).and_then(|i| q.entries.get(i)), q.entries.get(q.sent)) {
-            (Some(last), Some(next)) => {
-                matches!(next.reply, Reply::Waiting(_))
-                    && next.meta.started == last.meta.started
-                    && next.meta.wait_ms == 0
-            }
-            _ => false,
-        }
-    }
-
-    /// Once the output is empty, records every reply written (statistics, slow log) and
-    /// lets it leave the queue.
-    fn record_written(&mut self) {
-        if !self.out.is_empty() || self.queue.sent == 0 {
-            return;
-        }
-        let written = Instant::now();
-        let n = std::mem::take(&mut self.queue.sent);
-        // consecutive commands that ended alike are counted at once (a pipeline of GETs is
-        // one increment of the exporter's shared counter, not one each)
-        let mut run: Option<(usize, crate::metrics::CommandOutcome, u64)> = None;
-        for e in self.queue.entries.range(..n) {
-            let Reply::Sent { summary, at } = e.reply else { continue };
-            let m = &e.meta;
-            if m.cmd == PUSH_CMD {
-                continue; // a message, not a command
-            }
-            self.held.requests -= m.req.as_ref().map_or(0, |r| r.raw().len());
-            let moments = crate::stats::Moments { started: m.started, ready: m.ready_at, queued: at, written };
-            let outcome = self.proxy.observe(
-                &self.client,
-                Answered {
-                    cmd: m.cmd,
-                    took: written - m.started,
-                    reply: summary,
-                    redirected: m.redirected,
-                    cached: m.cached,
-                    req: m.req.as_ref(),
-                    first_key: m.first_key,
-                    node: m.node.as_deref(),
-                    moments,
-                },
-            );
-            match &mut run {
-                Some((cmd, o, k)) if *cmd == m.cmd && *o == outcome => *k += 1,
-                _ => {
-                    if let Some((cmd, o, k)) = run.replace((m.cmd, outcome, 1)) {
-                        self.proxy.count(cmd, o, k);
-                    }
-                }
-            }
-        }
-        if let Some((cmd, o, k)) = run {
-            self.proxy.count(cmd, o, k);
-        }
-        // dropped where they are, not moved out first
-        self.queue.entries.drain(..n);
-        self.queue.head += n as u64;
-    }
-
-    /// The client's byte limits: why it must go, if it must. A single reply is always
-    /// delivered, however large (the client asked for it and it is in memory already); the
-    /// hard limit and the soft limit's duration apply once a client holds more than one.
-    /// The process-wide total applies to every byte.
-    fn check_limits(&mut self) -> Option<Cut> {
-        // (requests waiting for the ordering rule hold no reply yet)
-        let later = self.deferred.map_or(0, |d| self.queue.next_seq() - d) as usize;
-        let several = self.queue.entries.len() - self.client.inflight as usize - later > 1;
-        let limits = &self.proxy.config.limits;
-        if self.client.subs.is_some() {
-            // a subscriber's messages: Redis's pubsub limits, the process-wide total as
-            // for everyone
-            let replies = self.held.replies as u64;
-            if replies > limits.pubsub_output_hard_bytes {
-                return Some(Cut::PubsubHard);
-            }
-            if replies <= limits.pubsub_output_soft_bytes {
-                self.held.over_pubsub_soft_since = None;
-            } else if limits.pubsub_output_soft_seconds > 0 {
-                let since = *self.held.over_pubsub_soft_since.get_or_insert_with(Instant::now);
-                let at = since + Duration::from_secs(limits.pubsub_output_soft_seconds);
-                if self.armed.is_none_or(|t| at < t) {
-                    self.armed = Some(at);
-                }
-            }
-            let total_limit = limits.output_total_over_soft_bytes;
-            return over_soft(&self.proxy, &mut self.held, self.soft, false, total_limit);
-        }
-        self.held.over_pubsub_soft_since = None;
-        if self.held.replies > self.hard && several {
-            return Some(Cut::Hard);
-        }
-        let total_limit = limits.output_total_over_soft_bytes;
-        if let Some(c) = over_soft(&self.proxy, &mut self.held, self.soft, several, total_limit) {
-            return Some(c);
-        }
-        if let Some(since) = self.held.over_soft_since
-            && limits.output_soft_seconds > 0
-        {
-            let at = since + Duration::from_secs(limits.output_soft_seconds);
-            if self.armed.is_none_or(|t| at < t) {
-                self.armed = Some(at);
-            }
-        }
-        None
     }
 
     /// Shutdown: no more requests are read; the replies in flight are written, except that
@@ -1370,59 +948,10 @@ impl Session {
         if self.client.used_locks {
             self.proxy.locks.closed(id);
         }
-        if let Some(subs) = self.client.subs.take() {
-            self.proxy.pubsub.gone(id, &subs);
-        }
-        if self.client.tracking.take().is_some() {
-            self.proxy.client_side.disable(id);
-        }
+        self.client.leave_pushing_modes(&self.proxy.pubsub, &self.proxy.client_side);
         self.proxy.clients.remove(id);
         info!(client = id, "client disconnected");
     }
-}
-
-/// TRYAGAIN (some keys of a multi-key command have moved with their slot, some not yet)
-/// for a request with requests sent behind it on the same connection. Redis ran those
-/// already: one that touched a key this one names and found it in place has run before
-/// this one's retry could. So the TRYAGAIN waits until every request behind it has its
-/// reply or waits itself (a redirection, held behind this one): then it is retried if
-/// none of them touched its keys and ran, and passed on as this request's answer (Redis's
-/// TRYAGAIN: nothing of it ran; a transaction's EXEC answers EXECABORT, or nil under
-/// WATCH) if one did, so that nothing runs out of the client's order.
-struct TryAgain {
-    seq: u64,
-    /// The TRYAGAIN, and the request's replies that came after it.
-    replies: Vec<BackendReply>,
-    /// A request sent behind it that touches its keys has run.
-    ran: bool,
-}
-
-/// Keeps the client's share of the process-wide bytes above soft limits current; says
-/// whether the client must go because that total is over its limit.
-fn over_soft(proxy: &Proxy, held: &mut Held, soft: usize, several: bool, total_limit: u64) -> Option<Cut> {
-    if held.replies <= soft {
-        held.over_soft_since = None;
-        if held.counted_over_soft > 0 {
-            proxy.stats.output_over_soft.fetch_sub(held.counted_over_soft, Ordering::Relaxed);
-            held.counted_over_soft = 0;
-        }
-        return None;
-    }
-    if several {
-        held.over_soft_since.get_or_insert_with(Instant::now);
-    } else {
-        held.over_soft_since = None;
-    }
-    let over = (held.replies - soft) as u64;
-    let total = if over >= held.counted_over_soft {
-        let add = over - held.counted_over_soft;
-        proxy.stats.output_over_soft.fetch_add(add, Ordering::Relaxed) + add
-    } else {
-        let sub = held.counted_over_soft - over;
-        proxy.stats.output_over_soft.fetch_sub(sub, Ordering::Relaxed) - sub
-    };
-    held.counted_over_soft = over;
-    (total > total_limit).then_some(Cut::Total)
 }
 
 /// How many pipelined requests are parsed before they are dispatched.

@@ -1,0 +1,21 @@
+//! The services a request may use on its way, each owning its state and knowing nothing
+//! of sessions or routes; each imports only what lies below `services` and the ones
+//! listed before it:
+//!
+//! - [`stats`]: slow log, big-key log, HOTKEYS sessions, per-command statistics;
+//! - [`ratelimit`]: per-key rate limits (rules, GCRA budgets, tracked-key cap);
+//! - [`cache`]: hot-key detection and the never-stale hot-key cache, and the keys
+//!   tracking clients read (CLIENT TRACKING's invalidations);
+//! - [`locks`]: distributed-lock commands (Lua scripts, parked waiters, KEEPALIVE);
+//! - [`scripts`]: the Lua script bodies seen (EVAL, SCRIPT LOAD), for EVALSHA anywhere;
+//! - [`pubsub`]: subscribers, the shared backend subscriptions that serve them, message
+//!   fan-out;
+//! - [`replicas`]: WAIT and WAITAOF, asked of the masters a client wrote to.
+
+pub mod cache;
+pub mod locks;
+pub mod pubsub;
+pub mod ratelimit;
+pub mod replicas;
+pub mod scripts;
+pub mod stats;
