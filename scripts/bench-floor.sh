@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where a proxy's CPU per request goes beyond Redis's own (docs/profile.md, "The floor at
+# Where a proxy's CPU per request goes beyond Redis's own (docs/design/profile.md, "The floor at
 # -P1"): for direct Redis, twemproxy and heatshield in turn, the server process's user and
 # kernel CPU per request, and per request the system calls it makes, the tasks it wakes
 # and the times it is switched out (perf's tracepoints), plus the load generator's CPU.

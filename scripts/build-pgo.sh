@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A profile-guided release build of heatshield (docs/performance.md, docs/profile.md):
+# A profile-guided release build of heatshield (docs/design/performance.md, docs/design/profile.md):
 # builds an instrumented heatshield, runs it in front of a throwaway 3-master Redis
 # Cluster under redis-benchmark (GET, SET, INCR, LPUSH, LPOP and MSET at -P1 and -P16,
 # one hot key, a metrics scrape), and builds again with what it recorded, so the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where one heatshield's CPU goes under redis-benchmark (docs/profile.md): the system
+# Where one heatshield's CPU goes under redis-benchmark (docs/design/profile.md): the system
 # calls it makes for 100k GETs at -P1 and -P16 (strace -c), then a perf profile of GET
 # -P16 and of GET -P1 (top symbols, and the share of kernel and user space).
 #

@@ -6,7 +6,7 @@
 //! bits, the receiver's waker) and more on the receiving side (one `try_recv` per message,
 //! each walking the block list). On heatshield's request path a message is one request or
 //! one reply, so those atomics were about a tenth of the proxy's CPU at GET -P16
-//! (docs/profile.md). Here a send is one uncontended lock, a push and an unlock, and the
+//! (docs/design/profile.md). Here a send is one uncontended lock, a push and an unlock, and the
 //! receiver takes everything queued under one lock into a buffer of its own, so the
 //! messages of a batch cost it no atomic operation at all; the receiver is woken once per
 //! batch (the waker is taken by the first send after it went to sleep). `flume` has the

@@ -70,10 +70,7 @@ fn wait(proxy: &Proxy, ctx: &mut Ctx, req: &Request, kind: crate::services::repl
     ctx.wait_ms = if timeout == 0 { u32::MAX } else { timeout.min(u32::MAX as i64) as u32 };
     let tag = crate::mailbox::Tag { seq: ctx.seq, part: 0 };
     crate::services::replicas::spawn(asks, kind, req.clone(), lost, deadline, ctx.reply_to.clone(), tag);
-    // (answered by the task; the part is never sent)
-    let part = crate::path::pending::Part::new(req.raw().clone(), crate::path::pending::Target::Node(first));
-    let merge = crate::path::pending::Finish::Merge(crate::path::merge::Merge::Pass);
-    Outcome::Waiting(crate::path::pending::Pending::new(ctx, merge, smallvec::smallvec![part]))
+    crate::path::pending::answered_elsewhere(ctx, crate::path::pending::Target::Node(first))
 }
 
 pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {

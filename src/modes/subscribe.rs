@@ -14,7 +14,7 @@ use smallvec::smallvec;
 use crate::command::{Command, Local, Route};
 use crate::mailbox::Tag;
 use crate::path::merge::Merge;
-use crate::path::pending::{Ctx, Finish, Outcome, Part, Pending, Target, start};
+use crate::path::pending::{Ctx, Finish, Outcome, Part, Target, answered_elsewhere, start};
 use crate::protocol::{Proto, Writer};
 use crate::proxy::Proxy;
 use crate::services::pubsub::{Kind, Subscriptions};
@@ -47,11 +47,7 @@ fn subscribe(proxy: &Proxy, ctx: &mut Ctx, kind: Kind) -> Outcome {
     match proxy.pubsub.subscribe(ctx.client.id, ctx.reply_to, resp3, kind, &names, tag, reply) {
         Some(reply) => Outcome::Ready(reply),
         // the hub sends the confirmations once the backend confirmed
-        None => Outcome::Waiting(Pending::new(
-            ctx,
-            Finish::Merge(Merge::Pass),
-            smallvec![Part::new(Bytes::new(), Target::Slot(0))],
-        )),
+        None => answered_elsewhere(ctx, Target::Slot(0)),
     }
 }
 

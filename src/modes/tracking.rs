@@ -7,8 +7,7 @@ use bytes::Bytes;
 use crate::conn::flag;
 use crate::errors;
 use crate::mailbox::{Delivery, Tag};
-use crate::path::merge::Merge;
-use crate::path::pending::{Ctx, Finish, Outcome, Part, Pending, Target};
+use crate::path::pending::{Ctx, Outcome, Target, answered_elsewhere};
 use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request};
 use crate::proxy::Proxy;
@@ -131,11 +130,7 @@ pub fn tracking(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         }
         let _ = tx.send(Delivery::reply(tag, Ok(Bytes::from_static(b"+OK\r\n"))));
     });
-    Outcome::Waiting(Pending::new(
-        ctx,
-        Finish::Merge(Merge::Pass),
-        smallvec::smallvec![Part::new(Bytes::new(), Target::Slot(0))],
-    ))
+    answered_elsewhere(ctx, Target::Slot(0))
 }
 
 /// `CLIENT CACHING yes|no`: whether the next command's keys are tracked (OPTIN / OPTOUT).

@@ -14,7 +14,9 @@ use crate::command::{Command, FanOut, Split};
 use crate::errors;
 use crate::mailbox::{Delivery, Tag};
 use crate::path::merge::{Merge, scan_cursor};
-use crate::path::pending::{Ctx, Finish, MastersBuilder, Outcome, Part, Pending, ScriptRun, Target, start, start_in};
+use crate::path::pending::{
+    Ctx, Finish, MastersBuilder, Outcome, Part, ScriptRun, Target, answered_elsewhere, start, start_in,
+};
 use crate::protocol::Request;
 use crate::protocol::request::{parse_i64, write_array_header, write_bulk};
 use crate::proxy::Proxy;
@@ -122,13 +124,13 @@ pub fn block(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, keys: &[u32]) -> Outco
 pub fn fill(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, k: u32, owner: std::sync::Arc<NodePool>) -> Outcome {
     let req = ctx.req;
     let key = req.arg(k as usize);
-    let part = Part::new(req.raw().clone(), Target::Slot(slot(key)));
     let tag = Tag { seq: ctx.seq, part: 0 };
     let (proto, id) = (ctx.client.proto, ctx.client.id);
     let conn = owner.conn(proto, id);
     if proxy.cache.fill(cmd.id, proto, ctx.client.db, req, key, &owner, conn, ctx.reply_to, tag) {
-        return Outcome::Waiting(Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec![part]));
+        return answered_elsewhere(ctx, Target::Slot(slot(key)));
     }
+    let part = Part::new(req.raw().clone(), Target::Slot(slot(key)));
     start(proxy, ctx, Finish::Merge(Merge::Pass), smallvec![part])
 }
 
@@ -375,8 +377,7 @@ pub fn while_busy<H: Send + 'static>(
         };
         let _ = reply_to.send(Delivery::reply(tag, Ok(reply)));
     });
-    let part = Part::new(ctx.req.raw().clone(), Target::Node(masters[0].clone()));
-    Ok(Outcome::Waiting(Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec![part])))
+    Ok(answered_elsewhere(ctx, Target::Node(masters[0].clone())))
 }
 
 /// Sends `data` to every master and builds the reply from all of theirs (INFO, CONFIG).
@@ -412,8 +413,7 @@ pub fn lock(proxy: &Proxy, ctx: &mut Ctx, r: LockRequest) -> Outcome {
         if !proxy.locks.park(w) {
             return ctx.error(errors::LOCK_SERVICE_DOWN);
         }
-        let part = Part::new(ctx.req.raw().clone(), Target::Slot(s));
-        return Outcome::Waiting(Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec![part]));
+        return answered_elsewhere(ctx, Target::Slot(s));
     }
     let data = proxy.locks.command(&r, false, false).raw().clone();
     start(proxy, ctx, Finish::Lock(Box::new(r)), smallvec![Part::new(data, Target::Slot(s))])

@@ -524,7 +524,7 @@ async fn serve(
                     tokio::task::yield_now().await;
                     // A node with nothing in flight has answered everything and gone to
                     // sleep: this write will wake it, which costs the waker more than the
-                    // write (docs/profile.md, "The floor at -P1"). While each turn of the
+                    // write (docs/design/profile.md, "The floor at -P1"). While each turn of the
                     // event loop brings more requests for it, give the sessions another
                     // turn, so that more of them share the wake-up. A client alone waits
                     // no longer than before (nothing came: write now).

@@ -213,6 +213,13 @@ pub fn may_not_answer(result: &Result<Bytes, BackendError>) -> bool {
     }
 }
 
+/// EXEC's reply says the native transaction did not run: EXECABORT, or any error once a
+/// queued command was redirected or found its slot busy (Redis Cluster then discards
+/// the transaction at EXEC).
+pub fn exec_aborted(exec: &[u8], redirected_or_busy: bool) -> bool {
+    exec.starts_with(b"-EXECABORT") || (exec.first() == Some(&b'-') && redirected_or_busy)
+}
+
 /// A MOVED or ASK to an address the slot map does not announce (a script can answer any
 /// error text): its request sends nothing before a refresh has looked again.
 pub fn unannounced(cluster: &Cluster, result: &Result<Bytes, BackendError>) -> bool {
@@ -352,5 +359,9 @@ mod tests {
         assert!(may_not_answer(&ok(b"-ERR x\r\n")));
         assert!(may_not_answer(&Err(BackendError::Resend)));
         assert!(!may_not_answer(&ok(b"$1\r\nx\r\n")));
+        assert!(exec_aborted(b"-EXECABORT Transaction discarded\r\n", false));
+        assert!(!exec_aborted(b"-CROSSSLOT Keys\r\n", false));
+        assert!(exec_aborted(b"-CROSSSLOT Keys\r\n", true));
+        assert!(!exec_aborted(b"*1\r\n+OK\r\n", true));
     }
 }

@@ -31,7 +31,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
-use crate::command::{Split, keys_of};
+use crate::command::{Route, Split, TxCmd, keys_of};
 use crate::conn::ClientState;
 use crate::errors;
 use crate::mailbox::{BackendReply, ReplyTx, Tag};
@@ -450,6 +450,16 @@ impl Pending {
 }
 
 /// Sends a request's parts; the reply now if none could be sent (no slot map, say).
+/// A request whose one reply a task of heatshield's own sends (the pub/sub hub, the lock
+/// task, a shared cache fill, WAIT's task, a fan-out on dedicated connections), tagged as
+/// its part 0. The part stands for the request: its bytes, sent only if that task gives
+/// the request back ([`crate::mailbox::BackendError::Resend`]), and its node, for the slow
+/// log. The one constructor of such placeholders.
+pub fn answered_elsewhere(ctx: &mut Ctx, target: Target) -> Outcome {
+    let part = Part::new(ctx.req.raw().clone(), target);
+    Outcome::Waiting(Pending::new(ctx, Finish::Merge(Merge::Pass), smallvec::smallvec![part]))
+}
+
 pub fn start(proxy: &Proxy, ctx: &mut Ctx, finish: Finish, parts: SmallVec<[Part; 1]>) -> Outcome {
     start_in(proxy, ctx, finish, parts, None)
 }

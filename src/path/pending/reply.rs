@@ -47,7 +47,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             Some(d) if d.block.is_some() => d.via = Via::Own(None),
             _ => p.dedicated = None,
         }
-        if ctx.req.arg(0).eq_ignore_ascii_case(b"WATCH") {
+        if proxy.commands.lookup(ctx.req).is_ok_and(|c| c.route == Route::Transaction(TxCmd::Watch)) {
             // Redis answers WATCH +OK; the void watch makes EXEC answer nil
             return complete(proxy, ctx, p, idx, Bytes::from_static(b"+OK\r\n"));
         }

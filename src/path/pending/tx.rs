@@ -177,9 +177,7 @@ pub(super) fn on_transaction_reply(
         proxy.cluster.request_refresh();
         return complete(proxy, ctx, p, k, errors::resp(&e));
     }
-    let exec_aborted = t.exec.as_ref().is_some_and(|e| {
-        e.starts_with(b"-EXECABORT") || (e.first() == Some(&b'-') && (t.redirect.is_some() || t.busy))
-    });
+    let exec_aborted = t.exec.as_ref().is_some_and(|e| retry::exec_aborted(e, t.redirect.is_some() || t.busy));
     if p.dedicated.is_some() && (t.unsent || (exec_aborted && (t.redirect.is_some() || t.busy))) {
         // under WATCH: nothing ran, and the watch guarded nothing where it is sent now
         proxy.cluster.request_refresh();
