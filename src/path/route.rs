@@ -84,9 +84,8 @@ pub fn script(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
 }
 
 /// A blocking command: its keys share one slot (CROSSSLOT otherwise, as Redis Cluster
-/// says), and it waits on a dedicated connection to that slot's master
-/// ([`crate::path::pending::start_blocking`]) for as long as its own timeout says (0: for
-/// ever), not the proxy's reply deadline.
+/// says), and it waits on a dedicated connection to that slot's master for as long as its
+/// own timeout says (the rules: `pending::blocking`).
 pub fn block(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, keys: &[u32]) -> Outcome {
     let req = ctx.req;
     let Some(&k0) = keys.first() else { return ctx.error(&errors::wrong_arity(&cmd.lower)) };
@@ -94,29 +93,9 @@ pub fn block(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, keys: &[u32]) -> Outco
     if proxy.cluster.is_cluster() && keys[1..].iter().any(|&k| slot(req.arg(k as usize)) != s) {
         return ctx.error(errors::CROSSSLOT);
     }
-    use crate::command::traits::{BLOCK_OPTION, NIL_STRING_ON_TIMEOUT, TIMEOUT_FIRST};
-    let (arg, ms) = if cmd.has(TIMEOUT_FIRST) {
-        (1, false)
-    } else if cmd.has(BLOCK_OPTION) {
-        let at = req.args().position(|a| a.eq_ignore_ascii_case(b"BLOCK")).unwrap_or(0);
-        (at + 1, true)
-    } else {
-        (req.argc() - 1, false)
-    };
-    // Redis checks the timeout itself: one it cannot read is answered at once
-    let timeout = std::str::from_utf8(req.arg(arg)).ok().and_then(|t| t.parse::<f64>().ok());
-    let (deadline, wait_ms) = match timeout {
-        Some(t) if t > 0.0 && t.is_finite() => {
-            let millis = if ms { t } else { t * 1000.0 };
-            let d = Duration::from_millis(millis.min(u32::MAX as f64) as u64);
-            (Some(ctx.now + d), d.as_millis() as u32)
-        }
-        Some(0.0) => (None, u32::MAX),
-        _ => (None, 0),
-    };
+    let (block, wait_ms) = crate::path::pending::Block::of(cmd, req, ctx.now);
     ctx.wait_ms = wait_ms;
-    let nil_string = cmd.has(NIL_STRING_ON_TIMEOUT);
-    crate::path::pending::start_blocking(proxy, ctx, s, crate::path::pending::Block::new(deadline, arg, ms, nil_string))
+    crate::path::pending::start_blocking(proxy, ctx, s, block)
 }
 
 /// A read of one hot key the cache could not answer: sent as the cache's fill (whose

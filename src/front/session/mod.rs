@@ -49,103 +49,12 @@ use crate::upstream::retry;
 mod limits;
 mod ordering;
 mod output;
+mod queue;
 
 use limits::{Cut, Held};
 use ordering::TryAgain;
 use output::Output;
-
-enum Reply {
-    /// Not dispatched yet: it waits for the client's requests before it
-    /// ([`crate::conn::order`]).
-    Later,
-    Waiting(Pending),
-    Ready(Bytes),
-    /// Moved to the output; kept (as a summary) until its bytes are written, to record it.
-    Sent {
-        summary: ReplySummary,
-        /// When it moved to the output.
-        at: Instant,
-    },
-}
-
-/// One request's place in the reply queue.
-struct Entry {
-    reply: Reply,
-    /// The connection closes after this reply (QUIT, protocol error).
-    last: bool,
-    /// CLIENT REPLY OFF / SKIP: the reply is not written.
-    silent: bool,
-    meta: Meta,
-}
-
-/// What is recorded about a request once its reply has been written.
-struct Meta {
-    /// Command id (for statistics).
-    cmd: usize,
-    /// When the request had been read.
-    started: Instant,
-    /// When its reply was ready.
-    ready_at: Instant,
-    redirected: bool,
-    /// Answered from the hot-key cache.
-    cached: bool,
-    /// The request (its context on the reply path; the slow log and big-key log).
-    req: Option<Request>,
-    /// The argument that is the request's first key (0: none).
-    first_key: u32,
-    /// The node that served it, noted only when it was slow to answer.
-    node: Option<Arc<str>>,
-    /// Milliseconds the request may wait on purpose (LOCK.ACQUIRE ... WAIT) on top of
-    /// the reply deadline.
-    wait_ms: u32,
-    /// The command may write (see `Ctx::writes`).
-    writes: bool,
-}
-
-impl Meta {
-    fn new(cmd: usize, read_at: Instant, req: Option<Request>) -> Meta {
-        Meta {
-            cmd,
-            started: read_at,
-            ready_at: read_at,
-            redirected: false,
-            cached: false,
-            req,
-            first_key: 0,
-            node: None,
-            wait_ms: 0,
-            writes: false,
-        }
-    }
-
-    /// When a request still waiting for its reply is answered with an error.
-    fn deadline(&self, reply_deadline: Duration) -> Instant {
-        self.started + reply_deadline + Duration::from_millis(self.wait_ms as u64)
-    }
-}
-
-/// The in-order reply queue. Its front `sent` entries have moved to the output
-/// ([`Reply::Sent`]); they leave the queue once their bytes are written.
-struct Queue {
-    entries: VecDeque<Entry>,
-    /// Sequence number of `entries[0]`.
-    head: u64,
-    sent: usize,
-}
-
-impl Queue {
-    fn next_seq(&self) -> u64 {
-        self.head + self.entries.len() as u64
-    }
-    fn get(&self, seq: u64) -> Option<&Entry> {
-        let i = seq.checked_sub(self.head)?;
-        self.entries.get(i as usize)
-    }
-    fn get_mut(&mut self, seq: u64) -> Option<&mut Entry> {
-        let i = seq.checked_sub(self.head)?;
-        self.entries.get_mut(i as usize)
-    }
-}
+use queue::{Entry, Meta, Queue, Reply};
 
 /// One client connection's state between socket events; [`run`] owns the sockets and
 /// the timer, and calls the steps below.

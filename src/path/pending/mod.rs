@@ -9,15 +9,19 @@
 //! A [`Pending`] holds its parts (what goes where), sends them, and acts on each backend
 //! reply as the reaction table of [`crate::upstream::retry`] says: follow a redirection
 //! the cluster announced, hold one it did not until a refresh confirms it, retry after a
-//! failover, or pass the reply on. When every part is in, the write's cache invalidation is applied (before the
-//! client can see the reply) and the replies are merged ([`crate::path::merge`]). It lives in
-//! the session's reply queue: nothing here spawns a task per request (only a retry's
-//! delay and a redirection's recheck).
+//! failover, or pass the reply on. When every part is in, the write's cache invalidation
+//! is applied (before the client can see the reply) and the replies are merged
+//! ([`crate::path::merge`]). It lives in the session's reply queue: nothing here spawns a
+//! task per request (only a retry's delay and a redirection's recheck).
 //!
-//! Below it: `send` (how a part reaches a node, now, again or later), `tx` (a client's
-//! transaction as native transactions) and `split` (a multi-key part taken key by key
-//! after TRYAGAIN).
+//! Its rooms (a part's completion and its sending call each other: one request's life,
+//! not layers): [`blocking`] (a blocking command's
+//! timeout rules), [`send`] (how a part reaches a node, now, again or later), [`finish`]
+//! (invalidation, then the merge), [`split`] (a multi-key part taken
+//! key by key after TRYAGAIN), [`tx`] (a client's transaction as native transactions),
+//! [`reply`] (a node's reply acted on).
 
+mod blocking;
 mod finish;
 mod reply;
 mod send;
@@ -25,7 +29,7 @@ mod split;
 mod tx;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -44,6 +48,7 @@ use crate::upstream::backend::{BackendRequest, ConnStats, Prefix};
 use crate::upstream::cluster::{Cluster, Lease, NodePool};
 use crate::upstream::retry::{self, Attempt, MAX_REDIRECTS, MAX_RETRIES, Step, Verdict};
 
+pub use blocking::{BLOCKED, BLOCKED_TIMED, Block};
 use finish::{assemble, complete};
 pub use reply::{answer_as_is, on_reply, plain_reply};
 use send::{follow, recheck_later, resend, resolve, resolve_in, send_later, send_part, void_watch};
@@ -195,46 +200,6 @@ pub enum Via {
     Own(Option<Lease>),
     /// The client's WATCH connection ([`crate::conn::Watch`]).
     Watch,
-}
-
-/// A blocking command's own timeout, so that a re-issue (after a redirection or a
-/// failover) waits only what remains of it.
-pub struct Block {
-    /// When its timeout ends (`None`: it waits for ever).
-    pub deadline: Option<Instant>,
-    /// The argument that is the timeout.
-    pub arg: usize,
-    /// The timeout is in milliseconds (XREAD BLOCK), not seconds.
-    pub ms: bool,
-    /// Its timeout is a nil string, not a nil array (BRPOPLPUSH, BLMOVE).
-    pub nil_string: bool,
-}
-
-/// Clients blocked now (INFO's `blocked_clients`; the process's, like the metric).
-pub static BLOCKED: AtomicUsize = AtomicUsize::new(0);
-/// Those of them whose command has a timeout (INFO's `clients_in_timeout_table`).
-pub static BLOCKED_TIMED: AtomicUsize = AtomicUsize::new(0);
-
-impl Block {
-    /// Counted in `heatshield_blocked_clients`, [`BLOCKED`] and [`BLOCKED_TIMED`] while it exists.
-    pub fn new(deadline: Option<Instant>, arg: usize, ms: bool, nil_string: bool) -> Block {
-        crate::metrics::global().blocked.increment(1.0);
-        BLOCKED.fetch_add(1, Ordering::Relaxed);
-        if deadline.is_some() {
-            BLOCKED_TIMED.fetch_add(1, Ordering::Relaxed);
-        }
-        Block { deadline, arg, ms, nil_string }
-    }
-}
-
-impl Drop for Block {
-    fn drop(&mut self) {
-        crate::metrics::global().blocked.decrement(1.0);
-        BLOCKED.fetch_sub(1, Ordering::Relaxed);
-        if self.deadline.is_some() {
-            BLOCKED_TIMED.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
 }
 
 /// One command sent for a request (a split command has one per slot).
@@ -590,7 +555,6 @@ pub fn start_blocking(proxy: &Proxy, ctx: &mut Ctx, s: u16, block: Block) -> Out
         Err(e) => Outcome::Ready(e),
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

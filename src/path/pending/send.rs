@@ -9,10 +9,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::{Block, Ctx, Dedicated, Part, Pending, Target, Via, complete};
+use super::blocking::remaining;
+use super::{Ctx, Dedicated, Part, Pending, Target, Via, complete};
 use crate::errors;
 use crate::mailbox::{BackendError, Delivery, Tag};
-use crate::protocol::Request;
 use crate::protocol::reply::Redirect;
 use crate::proxy::Proxy;
 use crate::upstream::backend::{BackendRequest, Prefix};
@@ -47,16 +47,6 @@ pub(super) fn resend(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize) 
         return complete(proxy, ctx, p, idx, e);
     }
     None
-}
-
-/// A blocking command with its timeout replaced by what remains of it (at least 1 ms, so
-/// Redis itself answers the timeout in the command's own form).
-fn remaining(req: &Request, b: &Block, now: Instant) -> Bytes {
-    let Some(deadline) = b.deadline else { return req.raw().clone() };
-    let left = deadline.saturating_duration_since(now).as_millis().max(1);
-    let value = if b.ms { left.to_string() } else { format!("{}.{:03}", left / 1000, left % 1000) };
-    let args: Vec<&[u8]> = req.args().enumerate().map(|(i, a)| if i == b.arg { value.as_bytes() } else { a }).collect();
-    Request::from_args(&args).raw().clone()
 }
 
 /// Sends part `idx` now, on a shared connection or the dedicated one `dedicated` says:
