@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -249,9 +249,10 @@ impl Backend {
 
 /// What the FIFO remembers about a written request.
 struct Inflight {
-    /// The tag of the first reply (a multi-command request's replies go out together).
+    /// The tag of the first reply (a multi-command request's next ones are `tag.part + 1`,
+    /// ...).
     tag: Tag,
-    /// Replies still expected for this request.
+    /// Replies expected for this request.
     count: u32,
     reply_to: ReplyTx,
     /// A prefix's reply precedes this request's reply.
@@ -600,17 +601,19 @@ async fn serve(
         }
     };
 
+    // Of the front request, if it has several commands (a transaction), the replies handed
+    // over already: if the connection breaks, only the others fail. (Kept beside the FIFO,
+    // not in each entry, which a plain request would pay for.)
+    let partial = AtomicU32::new(0);
     let reader = async {
         let mut rbuf = BytesMut::with_capacity(buf_cap);
         let mut scanner = ReplyScanner::new();
-        // The front request's replies scanned so far, their bytes and each one's length,
-        // still in `rbuf`: the replies of a multi-command request go to its session
-        // together once all are in (one wake-up and one lock), each a message of its own,
-        // so that nobody scans them again.
-        let (mut held, mut held_n) = (0usize, 0u32);
-        let mut held_lens: Vec<usize> = Vec::new();
+        // The front request's replies handed over so far: each reply of a multi-command
+        // request (a transaction's) goes to its session as a message of its own as soon as
+        // it is scanned, so nobody scans it again; those of one read go in one batch.
+        let mut got = 0u32;
         // replies of this read not yet handed over, all for `out_to`
-        let (mut out, mut out_to): (Vec<Delivery>, Option<ReplyTx>) = (Vec::new(), None);
+        let (mut out, mut out_to): (VecDeque<Delivery>, Option<ReplyTx>) = (VecDeque::new(), None);
         loop {
             if rbuf.capacity() - rbuf.len() < buf_cap / 4 {
                 rbuf.reserve(buf_cap);
@@ -625,7 +628,7 @@ async fn serve(
             // the FIFO have been handed over (the rest are failed by the caller)
             let mut failed = None;
             loop {
-                let n = match scanner.scan(&rbuf[held..]) {
+                let n = match scanner.scan(&rbuf) {
                     Ok(Some(n)) => n,
                     Ok(None) => break,
                     Err(e) => {
@@ -633,9 +636,8 @@ async fn serve(
                         break;
                     }
                 };
-                if rbuf[held] == b'>' {
-                    // a RESP3 push we did not ask for: cut out, behind what is held
-                    rbuf.copy_within(0..held, n);
+                if rbuf[0] == b'>' {
+                    // a RESP3 push we did not ask for: dropped
                     rbuf.advance(n);
                     continue;
                 }
@@ -644,7 +646,6 @@ async fn serve(
                     break;
                 };
                 if front.select {
-                    // (nothing is held before it: it is a request of its own)
                     let frame = rbuf.split_to(n);
                     if frame.first() == Some(&b'-') {
                         warn!(node = %addr, reply = %String::from_utf8_lossy(&frame).trim_end(), "SELECT refused");
@@ -654,7 +655,7 @@ async fn serve(
                     continue;
                 }
                 if front.prefix != Prefix::None {
-                    let frame = rbuf.split_to(n); // nothing is held before a prefix's reply
+                    let frame = rbuf.split_to(n);
                     if front.prefix == Prefix::CachingYes
                         && frame.first() == Some(&b'-')
                         && let Some(t) = &opts.tracking
@@ -666,14 +667,24 @@ async fn serve(
                     front.prefix = Prefix::None; // this was the prefix's reply
                     continue;
                 }
-                held += n;
-                held_n += 1;
-                if held_n < front.count {
-                    held_lens.push(n);
-                    continue; // more replies of this multi-command request follow
+                got += 1;
+                if got < front.count {
+                    // a reply of a multi-command request, more of its replies to come
+                    let tag = Tag { seq: front.tag.seq, part: front.tag.part.wrapping_add(got - 1) };
+                    partial.store(got, Ordering::Relaxed);
+                    if !out_to.as_ref().is_some_and(|t| Arc::ptr_eq(t, &front.reply_to))
+                        && let Some(t) = out_to.replace(front.reply_to.clone())
+                    {
+                        t.send_all(&mut out);
+                    }
+                    out.push_back(Delivery::reply(tag, Ok(rbuf.split_to(n).freeze())));
+                    continue;
                 }
                 let inf = q.pop_front().expect("front exists");
-                answered += held_n as usize;
+                answered += got as usize;
+                if got > 1 {
+                    partial.store(0, Ordering::Relaxed);
+                }
                 if crate::metrics::sampled(1, metrics.sample_every) {
                     metrics.duration.record(inf.sent.elapsed().as_secs_f64());
                 }
@@ -684,13 +695,10 @@ async fn serve(
                 {
                     t.send_all(&mut out);
                 }
-                let mut tag = inf.tag;
-                for len in held_lens.drain(..) {
-                    out.push(Delivery::reply(tag, Ok(rbuf.split_to(len).freeze())));
-                    tag.part += 1;
-                }
-                out.push(Delivery::reply(tag, Ok(rbuf.split_to(n).freeze())));
-                (held, held_n) = (0, 0);
+                // (`got - 1` first: a reply nobody awaits is tagged `u32::MAX`)
+                let tag = Tag { seq: inf.tag.seq, part: inf.tag.part.wrapping_add(got - 1) };
+                out.push_back(Delivery::reply(tag, Ok(rbuf.split_to(n).freeze())));
+                got = 0;
             }
             drop(q);
             if let Some(t) = out_to.take() {
@@ -733,7 +741,10 @@ async fn serve(
     } else {
         debug!(node = %addr, "backend connection closing");
     }
+    let mut handed = partial.load(Ordering::Relaxed);
     for inf in fifo.lock().drain(..) {
+        // (the front request's replies handed over already are not failed)
+        let got = std::mem::take(&mut handed);
         stats.inflight.fetch_sub(inf.count as usize, Ordering::Relaxed);
         if inf.select {
             continue;
@@ -745,7 +756,8 @@ async fn serve(
             metrics.err_lost.increment(inf.count as u64);
             BackendError::Lost(addr.clone())
         };
-        fail_all(inf.tag, inf.count, &inf.reply_to, &e);
+        let tag = Tag { seq: inf.tag.seq, part: inf.tag.part.wrapping_add(got) };
+        fail_all(tag, inf.count - got, &inf.reply_to, &e);
     }
     closed
 }
