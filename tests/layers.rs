@@ -35,12 +35,17 @@ fn declared() -> Vec<String> {
 }
 
 fn files(module: &str) -> Vec<PathBuf> {
+    files_in(Path::new(SRC), module)
+}
+
+/// The files of room `name` of folder `folder`: `name.rs`, and every `.rs` under `name/`.
+fn files_in(folder: &Path, name: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let file = Path::new(SRC).join(format!("{module}.rs"));
+    let file = folder.join(format!("{name}.rs"));
     if file.exists() {
         out.push(file);
     }
-    let mut dirs = vec![Path::new(SRC).join(module)];
+    let mut dirs = vec![folder.join(name)];
     while let Some(d) = dirs.pop() {
         let Ok(entries) = std::fs::read_dir(&d) else { continue };
         for e in entries.flatten() {
@@ -164,21 +169,8 @@ fn inside_a_folder_each_room_imports_only_the_ones_listed_before_it() {
             }
         }
         for (i, room) in order.iter().enumerate() {
-            let mut files = vec![folder.join(format!("{room}.rs"))];
-            let mut dirs = vec![folder.join(room)];
-            while let Some(d) = dirs.pop() {
-                let Ok(entries) = std::fs::read_dir(&d) else { continue };
-                for e in entries.flatten() {
-                    let p = e.path();
-                    if p.is_dir() {
-                        dirs.push(p);
-                    } else if p.extension().is_some_and(|x| x == "rs") {
-                        files.push(p);
-                    }
-                }
-            }
-            for f in files.iter().filter(|f| f.exists()) {
-                let text = std::fs::read_to_string(f).unwrap();
+            for f in files_in(&folder, room) {
+                let text = std::fs::read_to_string(&f).unwrap();
                 let code = text.split("#[cfg(test)]").next().unwrap_or(&text);
                 let in_room = f.parent() == Some(folder.as_path());
                 for (j, other) in order.iter().enumerate().filter(|(j, _)| *j > i) {

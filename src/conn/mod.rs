@@ -240,11 +240,16 @@ mod tests {
         assert!(!c.subscribed_resp2(), "RESP3 takes any command while subscribed");
     }
 
+    /// The services the modes' teardown tells: the pub/sub hub (of a cluster with no
+    /// node yet: nothing is connected) and the tracking clients' registry.
+    fn services() -> (Hub, ClientSide) {
+        let cluster = Cluster::new(Backing::Cluster { seeds: vec![] }, options(), 1, 1);
+        (Hub::new(cluster, 10), ClientSide::new(10))
+    }
+
     #[test]
     fn reset_leaves_every_mode_and_says_so_to_other_connections() {
-        let cluster = Cluster::new(Backing::Cluster { seeds: vec![] }, options(), 1, 1);
-        let hub = Hub::new(cluster, 10);
-        let client_side = ClientSide::new(10);
+        let (hub, client_side) = services();
         let mut c = client(Proto::Resp2);
         c.modes.multi = Mode::Multi(Box::default());
         c.modes.watch = Some(Box::new(Watch { slot: 1, lease: None, voided: false }));
@@ -269,9 +274,7 @@ mod tests {
 
     #[test]
     fn the_end_of_a_connection_leaves_the_pushing_modes_only() {
-        let cluster = Cluster::new(Backing::Cluster { seeds: vec![] }, options(), 1, 1);
-        let hub = Hub::new(cluster, 10);
-        let client_side = ClientSide::new(10);
+        let (hub, client_side) = services();
         let mut c = client(Proto::Resp2);
         c.modes.multi = Mode::Multi(Box::default());
         c.modes.subs = Some(Box::default());
