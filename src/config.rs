@@ -15,6 +15,7 @@ use crate::upstream::cluster::Backing;
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub server: ServerConfig,
+    pub tls: TlsConfig,
     pub backend: BackendConfig,
     pub limits: LimitsConfig,
     pub metrics: MetricsConfig,
@@ -171,6 +172,62 @@ impl Default for ServerConfig {
     }
 }
 
+/// `[tls]`: the client-facing TLS listener (docs/tls.md).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// Address of the TLS listener (Redis's `tls-port`); unset: none. Beside
+    /// `server.listen`, or alone with `server.listen = "off"`.
+    pub listen: Option<String>,
+    /// The certificate chain heatshield presents (PEM).
+    pub cert_file: Option<String>,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<String>,
+    /// The CA that client certificates must be signed by (PEM).
+    pub ca_cert_file: Option<String>,
+    /// Client certificates (Redis's `tls-auth-clients`): "yes" (required), "optional"
+    /// (verified when given), "no". Unset: "yes" when `ca_cert_file` is set, else "no".
+    pub auth_clients: Option<String>,
+    /// A client whose handshake has not finished in this long is disconnected.
+    pub handshake_timeout_ms: u64,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            listen: None,
+            cert_file: None,
+            key_file: None,
+            ca_cert_file: None,
+            auth_clients: None,
+            handshake_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl TlsConfig {
+    /// "yes", "optional" or "no", defaults applied.
+    pub fn auth_clients(&self) -> &str {
+        match (&self.auth_clients, &self.ca_cert_file) {
+            (Some(a), _) => a,
+            (None, Some(_)) => "yes",
+            (None, None) => "no",
+        }
+    }
+
+    /// The listener's files, when it is configured (after validation).
+    pub fn files(&self) -> Option<crate::tls::ServerFiles> {
+        self.listen.as_ref()?;
+        let auth = self.auth_clients();
+        Some(crate::tls::ServerFiles {
+            cert: self.cert_file.clone()?.into(),
+            key: self.key_file.clone()?.into(),
+            client_ca: if auth == "no" { None } else { self.ca_cert_file.clone().map(Into::into) },
+            client_cert_optional: auth == "optional",
+        })
+    }
+}
+
 /// `[backend]`: the Redis servers behind the proxy.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -196,6 +253,31 @@ pub struct BackendConfig {
     pub dedicated_max_per_node: usize,
     /// Idle dedicated connections kept per node (and protocol) for the next lessee.
     pub dedicated_idle_per_node: usize,
+    /// TLS to every node (seeds, announced masters and replicas, every connection).
+    pub tls: bool,
+    /// The CA the nodes' certificates must be signed by (PEM); required with `tls`.
+    pub tls_ca_cert_file: Option<String>,
+    /// A client certificate and key for nodes that ask for one (`tls-auth-clients`).
+    pub tls_cert_file: Option<String>,
+    pub tls_key_file: Option<String>,
+    /// The name every node's certificate must carry; unset: the address's IP (or host
+    /// name), as the cluster announces it.
+    pub tls_server_name: Option<String>,
+}
+
+impl BackendConfig {
+    /// The files and name of TLS to the nodes, when `tls` is on (after validation).
+    pub fn tls_files(&self) -> Option<crate::tls::ClientFiles> {
+        if !self.tls {
+            return None;
+        }
+        Some(crate::tls::ClientFiles {
+            ca: self.tls_ca_cert_file.clone()?.into(),
+            cert: self.tls_cert_file.clone().map(Into::into),
+            key: self.tls_key_file.clone().map(Into::into),
+            server_name: self.tls_server_name.clone(),
+        })
+    }
 }
 
 impl Default for BackendConfig {
@@ -212,6 +294,11 @@ impl Default for BackendConfig {
             password: None,
             dedicated_max_per_node: 4096,
             dedicated_idle_per_node: 16,
+            tls: false,
+            tls_ca_cert_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_server_name: None,
         }
     }
 }
@@ -341,9 +428,14 @@ impl Config {
         {
             p.push(format!("server.announce: '{a}' is not a HOST:PORT address"));
         }
-        if self.server.listen.parse::<SocketAddr>().is_err() {
-            p.push(format!("server.listen: '{}' is not an IP:PORT address", self.server.listen));
+        if self.server.listen == "off" {
+            if self.tls.listen.is_none() {
+                p.push("server.listen: \"off\" needs tls.listen (clients must connect somewhere)".into());
+            }
+        } else if self.server.listen.parse::<SocketAddr>().is_err() {
+            p.push(format!("server.listen: '{}' is neither an IP:PORT address nor \"off\"", self.server.listen));
         }
+        p.extend(self.validate_tls());
         if self.server.max_clients == 0 {
             p.push("server.max_clients: must be at least 1".into());
         }
@@ -446,6 +538,48 @@ impl Config {
             p.push("admin.bigkeys_max_len: at most 10000".into());
         }
         if p.is_empty() { Ok(()) } else { Err(p) }
+    }
+
+    fn validate_tls(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        let t = &self.tls;
+        if let Some(l) = &t.listen {
+            if l.parse::<SocketAddr>().is_err() {
+                p.push(format!("tls.listen: '{l}' is not an IP:PORT address"));
+            } else if *l == self.server.listen {
+                p.push("tls.listen: must differ from server.listen".into());
+            }
+            if t.cert_file.is_none() {
+                p.push("tls.cert_file: required with tls.listen".into());
+            }
+            if t.key_file.is_none() {
+                p.push("tls.key_file: required with tls.listen".into());
+            }
+        }
+        match t.auth_clients() {
+            "no" => {}
+            "yes" | "optional" if t.ca_cert_file.is_none() => {
+                p.push("tls.auth_clients: client certificates need tls.ca_cert_file".into())
+            }
+            "yes" | "optional" => {}
+            other => p.push(format!("tls.auth_clients: '{other}' is none of \"yes\", \"optional\", \"no\"")),
+        }
+        if t.handshake_timeout_ms == 0 {
+            p.push("tls.handshake_timeout_ms: must be greater than 0".into());
+        }
+        let b = &self.backend;
+        if b.tls && b.tls_ca_cert_file.is_none() {
+            p.push("backend.tls_ca_cert_file: required with backend.tls (the nodes' certificates are verified)".into());
+        }
+        if b.tls_cert_file.is_some() != b.tls_key_file.is_some() {
+            p.push("backend.tls_cert_file: and backend.tls_key_file go together".into());
+        }
+        if let Some(n) = &b.tls_server_name
+            && rustls::pki_types::ServerName::try_from(n.as_str()).is_err()
+        {
+            p.push(format!("backend.tls_server_name: '{n}' is not a DNS name or IP address"));
+        }
+        p
     }
 
     /// What heatshield fronts, from `backend.mode` (after validation).

@@ -112,7 +112,7 @@ async fn check(proxy: &Proxy, seen: &mut Vec<Seen>) -> Result<(), String> {
 /// A connection of the learner's own to one master.
 struct Conn {
     addr: String,
-    stream: tokio::net::TcpStream,
+    stream: crate::tls::Link,
     timeout: Duration,
 }
 

@@ -7,6 +7,8 @@
 //! - [`glob`]: Redis-style glob patterns; [`worker`]: which worker thread this is;
 //!   [`queue`]: the batch-drained channel between sessions and backend connections;
 //!   [`mailbox`]: what reaches a session on its channel (replies, pushes, control);
+//! - [`tls`]: TLS on both sides (rustls): the listener's acceptor, the backends'
+//!   connector, the certificates they reload, a backend link plain or TLS;
 //! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
 //! - [`command`]: the command table (arity, keys, flags, routing, traits);
 //! - [`upstream`]: what faces the Redis nodes: pipelined connections to one node
@@ -47,5 +49,6 @@ pub mod protocol;
 pub mod proxy;
 pub mod queue;
 pub mod services;
+pub mod tls;
 pub mod upstream;
 pub mod worker;

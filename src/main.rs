@@ -105,15 +105,52 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
         dedicated: false,
         dedicated_max: config.backend.dedicated_max_per_node,
         dedicated_idle: config.backend.dedicated_idle_per_node,
+        tls: None,
     };
-    let workers = heatshield::worker::count(config.server.threads);
-    let listeners = match heatshield::front::server::bind(&config.server.listen, workers, config.server.takeover) {
-        Ok(l) => l,
-        Err(e) => {
-            error!(listen = %config.server.listen, error = %e, "cannot listen");
+    let mut opts = opts;
+    if let Some(files) = config.backend.tls_files() {
+        match heatshield::tls::Connector::new(files) {
+            Ok(c) => opts.tls = Some(Arc::new(c)),
+            Err(e) => {
+                error!(error = %e, "backend TLS: cannot load the certificates");
+                return 1;
+            }
+        }
+    }
+    let acceptor = match config.tls.files().map(heatshield::tls::Acceptor::new) {
+        Some(Ok(a)) => Some(Arc::new(a)),
+        Some(Err(e)) => {
+            error!(error = %e, "TLS listener: cannot load the certificates");
             return 1;
         }
+        None => None,
     };
+    let workers = heatshield::worker::count(config.server.threads);
+    let bind = |addr: &str| match heatshield::front::server::bind(addr, workers, config.server.takeover) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            error!(listen = %addr, error = %e, "cannot listen");
+            None
+        }
+    };
+    let plain = match config.server.listen.as_str() {
+        "off" => vec![],
+        addr => match bind(addr) {
+            Some(l) => l,
+            None => return 1,
+        },
+    };
+    let secure = match &config.tls.listen {
+        Some(addr) => match bind(addr) {
+            Some(l) => l,
+            None => return 1,
+        },
+        None => vec![],
+    };
+    let (mut plain, mut secure) = (plain.into_iter(), secure.into_iter());
+    let listeners: Vec<heatshield::front::server::Listeners> = (0..workers.max(1))
+        .map(|_| heatshield::front::server::Listeners { plain: plain.next(), tls: secure.next() })
+        .collect();
     // Before anything binds a metric handle: handles made earlier would stay no-ops.
     if let Some(addr) = config.metrics_addr() {
         if let Err(e) = heatshield::metrics::install(addr) {
@@ -139,6 +176,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     heatshield::services::locks::start(proxy.locks.clone(), proxy.cluster.clone());
     heatshield::services::pubsub::start(proxy.pubsub.clone());
     spawn_reloader(proxy.clone(), config_path, overrides);
+    spawn_tls_reloader(acceptor.clone(), opts.tls.clone());
     // what the masters' command tables add to heatshield's (before the first client)
     heatshield::learn::start(proxy.clone()).await;
     // Learn the backends' version for HELLO/INFO; a node that does not answer in time
@@ -153,14 +191,14 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
         *proxy.redis_version.write() = v;
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let threads = match heatshield::front::server::spawn_workers(proxy.clone(), listeners, stop_rx) {
+    let threads = match heatshield::front::server::spawn_workers(proxy.clone(), listeners, acceptor, stop_rx) {
         Ok(t) => t,
         Err(e) => {
             error!(error = %e, "cannot start worker threads");
             return 1;
         }
     };
-    info!(listen = %proxy.config.server.listen, workers, "heatshield ready");
+    info!(listen = %proxy.config.server.listen, tls = ?proxy.config.tls.listen, workers, "heatshield ready");
     shutdown_signal().await;
     let _ = stop_tx.send(true);
     // Keep refreshing the topology while the workers drain.
@@ -201,6 +239,50 @@ fn spawn_reloader(proxy: Arc<Proxy>, path: Option<PathBuf>, overrides: Overrides
     });
     #[cfg(not(unix))]
     let _ = (proxy, path, overrides);
+}
+
+/// Reloads the certificates of the TLS listener and of backend TLS when their files
+/// change (checked every second) and on SIGHUP; connections already open keep theirs.
+fn spawn_tls_reloader(
+    acceptor: Option<Arc<heatshield::tls::Acceptor>>,
+    connector: Option<Arc<heatshield::tls::Connector>>,
+) {
+    use heatshield::tls::Reloadable;
+    if acceptor.is_none() && connector.is_none() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        #[cfg(unix)]
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        loop {
+            #[cfg(unix)]
+            let force = tokio::select! {
+                _ = tick.tick() => false,
+                Some(_) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+            };
+            #[cfg(not(unix))]
+            let force = {
+                tick.tick().await;
+                false
+            };
+            let sides: [(&str, Option<&dyn Reloadable>); 2] = [
+                ("TLS listener", acceptor.as_deref().map(|a| a as _)),
+                ("backend TLS", connector.as_deref().map(|c| c as _)),
+            ];
+            for (side, r) in sides {
+                let Some(r) = r else { continue };
+                match r.reload(force) {
+                    Ok(true) => {
+                        heatshield::metrics::global().tls_reloads.increment(1);
+                        info!(side, "certificates reloaded")
+                    }
+                    Ok(false) => {}
+                    Err(e) => error!(side, error = %e, "certificates not reloaded; keeping the old ones"),
+                }
+            }
+        }
+    });
 }
 
 /// Refreshes the gauges that are sampled rather than counted, every second.

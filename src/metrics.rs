@@ -70,6 +70,11 @@ fn describe() {
         "heatshield_backend_dedicated_connections",
         "Dedicated backend connections (WATCH, blocking commands), leased and idle, by node."
     );
+    describe_counter!(
+        "heatshield_tls_handshakes_failed_total",
+        "Client TLS handshakes that failed or timed out (a bad or missing client certificate, a plain-text client)."
+    );
+    describe_counter!("heatshield_tls_reloads_total", "Certificate files reloaded (TLS listener and backend).");
     describe_counter!("heatshield_client_connections_accepted_total", "Client connections accepted.");
     describe_counter!(
         "heatshield_client_connections_rejected_total",
@@ -263,6 +268,8 @@ pub struct Global {
     pub clients: Gauge,
     pub accepted: Counter,
     pub rejected: Counter,
+    pub tls_handshake_failed: Counter,
+    pub tls_reloads: Counter,
     pub moved: Counter,
     pub ask: Counter,
     pub redirect_refused: Counter,
@@ -299,6 +306,8 @@ pub fn global() -> &'static Global {
         clients: gauge!("heatshield_client_connections"),
         accepted: counter!("heatshield_client_connections_accepted_total"),
         rejected: counter!("heatshield_client_connections_rejected_total"),
+        tls_handshake_failed: counter!("heatshield_tls_handshakes_failed_total"),
+        tls_reloads: counter!("heatshield_tls_reloads_total"),
         moved: counter!("heatshield_redirections_total", "kind" => "moved"),
         ask: counter!("heatshield_redirections_total", "kind" => "ask"),
         redirect_refused: counter!("heatshield_redirections_refused_total"),

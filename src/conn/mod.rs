@@ -210,6 +210,7 @@ mod tests {
             dedicated: false,
             dedicated_max: 1,
             dedicated_idle: 1,
+            tls: None,
         }
     }
 

@@ -31,10 +31,22 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
 /// Parameters whose value is heatshield's, not the masters'.
 fn own(proxy: &Proxy, name: &str) -> Option<String> {
     let listen = &proxy.config.server.listen;
+    let tls = &proxy.config.tls;
+    let port = |a: &str| a.rsplit_once(':').map_or("0", |(_, p)| p).to_string();
+    let file = |f: &Option<String>| f.clone().unwrap_or_default();
     Some(match name {
         "maxclients" => proxy.live.max_clients.load(std::sync::atomic::Ordering::Relaxed).to_string(),
-        "port" => listen.rsplit_once(':').map_or("", |(_, p)| p).to_string(),
-        "bind" => listen.rsplit_once(':').map_or("", |(h, _)| h).trim_matches(['[', ']']).to_string(),
+        "port" => port(listen),
+        "bind" => {
+            let a = if listen == "off" { tls.listen.as_deref().unwrap_or("") } else { listen };
+            a.rsplit_once(':').map_or("", |(h, _)| h).trim_matches(['[', ']']).to_string()
+        }
+        // heatshield's TLS listener, not the masters'
+        "tls-port" => tls.listen.as_deref().map_or("0".into(), port),
+        "tls-cert-file" => file(&tls.cert_file),
+        "tls-key-file" => file(&tls.key_file),
+        "tls-ca-cert-file" => file(&tls.ca_cert_file),
+        "tls-auth-clients" => tls.auth_clients().to_string(),
         "requirepass" => proxy.config.server.password.clone().unwrap_or_default(),
         // the backends' credentials never reach a client
         "masterauth" | "masteruser" | "tls-key-file-pass" | "tls-client-key-file-pass" => String::new(),

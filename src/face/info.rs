@@ -299,7 +299,7 @@ pub fn info_text(proxy: &Proxy, ctx: &mut Ctx, replies: &[(&str, &Bytes)]) -> By
         match name.as_str() {
             "Server" => {
                 set("process_id", std::process::id().to_string());
-                set("tcp_port", proxy.config.server.listen.rsplit(':').next().unwrap_or("").to_string());
+                set("tcp_port", proxy.config.server.listen.rsplit_once(':').map_or("0", |(_, p)| p).to_string());
                 set("uptime_in_seconds", up.to_string());
                 set("uptime_in_days", (up / 86400).to_string());
                 set("executable", std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default());

@@ -1,20 +1,22 @@
-//! The listeners: one per worker thread (SO_REUSEPORT), each accepting clients,
-//! enforcing `max_clients`, and starting a session task per connection on its worker; on
-//! shutdown they stop accepting, let sessions finish their in-flight replies (bounded by
-//! `shutdown_timeout_ms`) and return.
+//! The listeners: one per worker thread (SO_REUSEPORT) for plain clients and one for TLS
+//! clients (`[tls]`), each accepting clients, enforcing `max_clients`, and starting a
+//! session task per connection on its worker (a TLS client's after its handshake, bounded
+//! by `tls.handshake_timeout_ms`); on shutdown they stop accepting, let sessions finish
+//! their in-flight replies (bounded by `shutdown_timeout_ms`) and return.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::conn::Control;
 use crate::front::session;
 use crate::proxy::Proxy;
+use crate::tls::Acceptor;
 
 /// Binds `n` listening sockets to `addr` with SO_REUSEPORT, so the kernel spreads new
 /// connections over the workers. An address another process listens on already is
@@ -44,11 +46,18 @@ pub fn bind(addr: &str, n: usize, takeover: bool) -> std::io::Result<Vec<std::ne
         .collect()
 }
 
-/// Runs one worker thread per listener, each with its own single-threaded runtime, until
-/// `stop` becomes true and the worker has drained. Returns the threads to join.
+/// The sockets each worker accepts on: a plain listener, a TLS one, or both.
+pub struct Listeners {
+    pub plain: Option<std::net::TcpListener>,
+    pub tls: Option<std::net::TcpListener>,
+}
+
+/// Runs one worker thread per [`Listeners`], each with its own single-threaded runtime,
+/// until `stop` becomes true and the worker has drained. Returns the threads to join.
 pub fn spawn_workers(
     proxy: Arc<Proxy>,
-    listeners: Vec<std::net::TcpListener>,
+    listeners: Vec<Listeners>,
+    tls: Option<Arc<Acceptor>>,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
     listeners
@@ -56,6 +65,7 @@ pub fn spawn_workers(
         .enumerate()
         .map(|(i, l)| {
             let proxy = proxy.clone();
+            let tls = tls.clone();
             let mut stop = stop.clone();
             std::thread::Builder::new().name(format!("heatshield-w{i}")).spawn(move || {
                 crate::worker::set_current(i);
@@ -67,14 +77,17 @@ pub fn spawn_workers(
                     }
                 };
                 rt.block_on(async move {
-                    let listener = match TcpListener::from_std(l) {
-                        Ok(l) => l,
-                        Err(e) => {
+                    let register = |l: Option<std::net::TcpListener>| match l.map(TcpListener::from_std) {
+                        Some(Err(e)) => {
                             warn!(worker = i, error = %e, "cannot register listener");
-                            return;
+                            Err(())
                         }
+                        Some(Ok(l)) => Ok(Some(l)),
+                        None => Ok(None),
                     };
-                    serve(proxy, listener, async move {
+                    let (Ok(plain), Ok(secure)) = (register(l.plain), register(l.tls)) else { return };
+                    let secure = secure.zip(tls);
+                    serve(proxy, plain, secure, async move {
                         let _ = stop.wait_for(|s| *s).await;
                     })
                     .await;
@@ -84,51 +97,101 @@ pub fn spawn_workers(
         .collect()
 }
 
-/// Serves clients on `listener` until `stop` resolves, then drains and returns.
-pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, stop: impl std::future::Future<Output = ()>) {
+/// The next connection on `l`; never, without one.
+async fn accept(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, std::net::SocketAddr)> {
+    match l {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Serves clients on the plain listener and the TLS one until `stop` resolves, then
+/// drains and returns.
+pub async fn serve(
+    proxy: Arc<Proxy>,
+    plain: Option<TcpListener>,
+    tls: Option<(TcpListener, Arc<Acceptor>)>,
+    stop: impl std::future::Future<Output = ()>,
+) {
     // set before every client is told of the shutdown (see `session::run`)
     let stopping = Arc::new(AtomicBool::new(false));
     tokio::pin!(stop);
     loop {
-        tokio::select! {
+        let (res, secure) = tokio::select! {
             _ = &mut stop => break,
-            res = listener.accept() => {
-                let (mut stream, peer) = match res {
-                    Ok(s) => s,
-                    Err(e) => {
-                        warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                let stats = &proxy.stats;
-                let gm = crate::metrics::global();
-                // One atomic step takes the place, so workers accepting at the same time
-                // cannot both take the last one.
-                let max = proxy.live.max_clients.load(Ordering::Relaxed);
-                let took = stats.clients.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c < max).then_some(c + 1));
-                if took.is_err() {
-                    stats.rejected.fetch_add(1, Ordering::Relaxed);
-                    gm.rejected.increment(1);
-                    warn!(%peer, "client refused: max_clients reached");
-                    tokio::spawn(async move {
-                        let _ = stream.write_all(&crate::errors::resp(crate::errors::MAX_CLIENTS)).await;
-                        let _ = stream.shutdown().await;
-                    });
-                    continue;
-                }
-                stats.accepted.fetch_add(1, Ordering::Relaxed);
-                gm.accepted.increment(1);
-                let p = proxy.clone();
-                let stopping = stopping.clone();
-                tokio::spawn(async move {
-                    session::run(p.clone(), stream, stopping).await;
-                    p.stats.clients.fetch_sub(1, Ordering::Relaxed);
-                });
+            res = accept(plain.as_ref()) => (res, None),
+            res = accept(tls.as_ref().map(|t| &t.0)) => (res, tls.as_ref().map(|t| t.1.clone())),
+        };
+        let (stream, peer) = match res {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
             }
+        };
+        let stats = &proxy.stats;
+        let gm = crate::metrics::global();
+        // One atomic step takes the place, so workers accepting at the same time
+        // cannot both take the last one.
+        let max = proxy.live.max_clients.load(Ordering::Relaxed);
+        let took = stats.clients.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c < max).then_some(c + 1));
+        let handshake = Duration::from_millis(proxy.config.tls.handshake_timeout_ms);
+        if took.is_err() {
+            stats.rejected.fetch_add(1, Ordering::Relaxed);
+            gm.rejected.increment(1);
+            warn!(%peer, "client refused: max_clients reached");
+            tokio::spawn(async move {
+                let refusal = crate::errors::resp(crate::errors::MAX_CLIENTS);
+                match secure {
+                    None => {
+                        let mut stream = stream;
+                        let _ = stream.write_all(&refusal).await;
+                        let _ = stream.shutdown().await;
+                    }
+                    Some(acceptor) => {
+                        // (all of it bounded: the client may never finish, or never read)
+                        let _ = tokio::time::timeout(handshake, async {
+                            if let Ok(mut s) = acceptor.accept(stream).await {
+                                let _ = s.write_all(&refusal).await;
+                                let _ = s.shutdown().await;
+                            }
+                        })
+                        .await;
+                    }
+                }
+            });
+            continue;
         }
+        stats.accepted.fetch_add(1, Ordering::Relaxed);
+        gm.accepted.increment(1);
+        let p = proxy.clone();
+        let stopping = stopping.clone();
+        tokio::spawn(async move {
+            let stream = match secure {
+                None => Some(session::Stream::Plain(stream)),
+                Some(acceptor) => match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+                    Ok(Ok(s)) => Some(session::Stream::Tls(Box::new(s))),
+                    Ok(Err(e)) => {
+                        crate::metrics::global().tls_handshake_failed.increment(1);
+                        info!(%peer, error = %e, "client TLS handshake failed");
+                        None
+                    }
+                    Err(_) => {
+                        crate::metrics::global().tls_handshake_failed.increment(1);
+                        info!(%peer, "client TLS handshake timed out");
+                        None
+                    }
+                },
+            };
+            if let Some(stream) = stream {
+                session::run(p.clone(), stream, stopping).await;
+            }
+            p.stats.clients.fetch_sub(1, Ordering::Relaxed);
+        });
     }
-    drop(listener);
+    drop(plain);
+    drop(tls);
     stopping.store(true, Ordering::Release);
     for c in proxy.clients.all() {
         c.send(Control::Shutdown);

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
@@ -762,7 +762,7 @@ async fn serve(
     for (kind, name) in hub.link_up(&pool.addr) {
         encode(&Op::Sub(kind, name), &mut out, &mut fifo);
     }
-    s.write_all(&out).await?;
+    s.send(&out).await?;
     out.clear();
     debug!(node = %pool.addr, subscriptions = fifo.len(), "pub/sub connection up");
     let mut buf = BytesMut::with_capacity(16 * 1024);
@@ -775,7 +775,7 @@ async fn serve(
                 while let Ok(op) = rx.try_recv() {
                     encode(&op, &mut out, &mut fifo);
                 }
-                s.write_all(&out).await?;
+                s.send(&out).await?;
                 out.clear();
             }
             r = s.read_buf(&mut buf) => {

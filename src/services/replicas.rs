@@ -20,13 +20,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::AsyncReadExt;
 use tokio::sync::Semaphore;
 
 use crate::mailbox::{Delivery, ReplyTx, Tag};
 use crate::protocol::Request;
 use crate::protocol::reply::ReplyScanner;
+use crate::tls::Link;
 use crate::upstream::backend::{self, BackendOptions};
 use crate::upstream::cluster::{NodePool, Topology};
 
@@ -189,8 +189,8 @@ async fn ask(a: &Ask, data: &Bytes, deadline: Option<Instant>, gone: &ReplyTx) -
 }
 
 /// Writes `data` and reads `n` replies.
-async fn exchange(s: &mut TcpStream, data: &[u8], n: usize) -> std::io::Result<Vec<Bytes>> {
-    s.write_all(data).await?;
+async fn exchange(s: &mut Link, data: &[u8], n: usize) -> std::io::Result<Vec<Bytes>> {
+    s.send(data).await?;
     let mut buf = BytesMut::with_capacity(256);
     let mut sc = ReplyScanner::new();
     let mut out = Vec::with_capacity(n);

@@ -28,6 +28,7 @@ use crate::mailbox::{BackendError, Delivery, ReplyTx, Tag};
 use crate::metrics::NodeMetrics;
 use crate::protocol::reply::{ReplyScanner, error_text};
 use crate::protocol::request::Request;
+use crate::tls::Link;
 
 /// A request for one backend connection.
 pub struct BackendRequest {
@@ -147,6 +148,8 @@ pub struct BackendOptions {
     pub dedicated_max: usize,
     /// Idle dedicated connections kept per node and protocol for the next lessee.
     pub dedicated_idle: usize,
+    /// TLS to every node (`backend.tls`): the handshake's configuration and names.
+    pub tls: Option<Arc<crate::tls::Connector>>,
 }
 
 /// Connection state, for admin views.
@@ -171,6 +174,8 @@ pub struct ConnStats {
     /// While `scripts` > 0: when the connection last saw one sent first or answered, in
     /// milliseconds of [`clock_ms`] (0: no script out).
     script_since: AtomicU64,
+    /// Why the last attempt to connect failed, until one succeeds (`PROXY NODES`).
+    error: parking_lot::Mutex<Option<Arc<str>>>,
 }
 
 /// A connection whose script has been running this long without a reply holds up the
@@ -194,6 +199,11 @@ impl ConnStats {
     }
     fn set(&self, s: ConnState) {
         self.state.store(s as u8, Ordering::Relaxed);
+    }
+
+    /// Why the last attempt to connect failed, if the connection has not been up since.
+    pub fn error(&self) -> Option<Arc<str>> {
+        self.error.lock().clone()
     }
 
     /// A script was sent on this connection.
@@ -326,7 +336,8 @@ async fn run(
         match connect(&addr, &opts).await {
             Ok((stream, tracking_id)) => {
                 stats.tracking_id.store(tracking_id, Ordering::SeqCst);
-                info!(node = %addr, "backend connected");
+                *stats.error.lock() = None;
+                info!(node = %addr, tls = opts.tls.is_some(), "backend connected");
                 stats.set(ConnState::Up);
                 backoff = Duration::from_millis(20);
                 let closed = serve(stream, &addr, &opts, &mut rx, &carry, &stats, &metrics).await;
@@ -353,6 +364,7 @@ async fn run(
             Err(e) => {
                 stats.set(ConnState::Down);
                 warn!(node = %addr, error = %e, "backend connect failed");
+                *stats.error.lock() = Some(Arc::from(e.to_string()));
                 if opts.dedicated {
                     if let Some(req) = carry.lock().take() {
                         metrics.err_connect.increment(req.count.max(1) as u64);
@@ -417,10 +429,30 @@ fn fail_all(tag: Tag, count: u32, reply_to: &ReplyTx, e: &BackendError) {
 
 /// Opens a connection and runs the handshake (AUTH, HELLO 3, CLIENT TRACKING). Returns the
 /// stream and the invalidation connection its tracking reports to (0: none).
-pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<(TcpStream, u64)> {
+///
+/// With `opts.tls`, the TLS handshake comes first; one that fails is an error naming
+/// TLS and the reason (an unverified certificate, a node that does not speak TLS), never
+/// a plain connection instead.
+pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<(Link, u64)> {
+    // (the handshake's own timeout fires first, with its reason)
+    let deadline = tokio::time::Instant::now() + opts.connect_timeout;
     let fut = async {
-        let mut s = TcpStream::connect(addr).await?;
-        s.set_nodelay(true)?;
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let mut s = match &opts.tls {
+            Some(tls) => match tokio::time::timeout_at(deadline, tls.connect(tcp, addr)).await {
+                Ok(Ok(s)) => Link::Tls(Box::new(s)),
+                Ok(Err(e)) => return Err(std::io::Error::new(e.kind(), format!("TLS handshake failed: {e}"))),
+                // a plain-text port takes the ClientHello for the start of a command
+                Err(_) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "TLS handshake failed: no answer (a plain-text port? backend.tls is on)",
+                    ));
+                }
+            },
+            None => Link::Plain(tcp),
+        };
         let mut hs: Vec<Request> = Vec::new();
         if opts.resp3 {
             let mut args: Vec<&[u8]> = vec![b"HELLO", b"3"];
@@ -437,6 +469,12 @@ pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<(TcpS
                 Some(u) => hs.push(Request::from_args(&[b"AUTH".as_slice(), u.as_bytes(), p.as_bytes()])),
                 None => hs.push(Request::from_args(&[b"AUTH".as_slice(), p.as_bytes()])),
             }
+        }
+        if hs.is_empty() && !opts.dedicated {
+            // nothing to say first: a PING, so that a node this connection cannot talk to
+            // (a TLS-only port; over TLS, one that wants a client certificate) fails it
+            // here, with the reason, and not its first request
+            hs.push(Request::from_args(&["PING"]));
         }
         for req in hs {
             let reply = roundtrip(&mut s, req.raw()).await?;
@@ -457,20 +495,34 @@ pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<(TcpS
         }
         Ok((s, redirect))
     };
-    match tokio::time::timeout(opts.connect_timeout, fut).await {
+    match tokio::time::timeout_at(deadline + Duration::from_millis(50), fut).await {
         Ok(r) => r,
         Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timeout")),
     }
 }
 
 /// Sends one request on a fresh connection and reads one whole reply (handshakes, topology).
-pub async fn roundtrip(s: &mut TcpStream, req: &[u8]) -> std::io::Result<Bytes> {
-    s.write_all(req).await?;
+pub async fn roundtrip(s: &mut Link, req: &[u8]) -> std::io::Result<Bytes> {
+    // A node that speaks only TLS closes (or resets) a plain connection at its first
+    // bytes: said so, rather than left as a bare "connection reset".
+    let plain = matches!(s, Link::Plain(_));
+    let hint = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::BrokenPipe
+            if plain =>
+        {
+            std::io::Error::new(e.kind(), format!("{e}, before any reply (a TLS-only port? backend.tls is off)"))
+        }
+        _ => e,
+    };
+    s.write_all(req).await.map_err(hint)?;
+    s.flush().await.map_err(hint)?;
     let mut buf = BytesMut::with_capacity(4096);
     let mut sc = ReplyScanner::new();
     loop {
-        if s.read_buf(&mut buf).await? == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed"));
+        let n = s.read_buf(&mut buf).await.map_err(|e| if buf.is_empty() { hint(e) } else { e })?;
+        if n == 0 {
+            let e = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed");
+            return Err(if buf.is_empty() { hint(e) } else { e });
         }
         if let Some(n) = sc.scan(&buf).map_err(std::io::Error::other)? {
             return Ok(buf.split_to(n).freeze());
@@ -482,7 +534,7 @@ pub async fn roundtrip(s: &mut TcpStream, req: &[u8]) -> std::io::Result<Bytes> 
 /// `carry` holds a request taken from the queue and not yet written: it is written first,
 /// and if the connection fails before that it stays there for the next connection.
 async fn serve(
-    mut stream: TcpStream,
+    mut stream: Link,
     addr: &Arc<str>,
     opts: &BackendOptions,
     rx: &mut crate::queue::Receiver<BackendRequest>,
@@ -597,6 +649,8 @@ async fn serve(
                     wbuf = BytesMut::with_capacity(buf_cap);
                 }
             }
+            // (TLS: records the socket did not take yet; plain: nothing to do)
+            wr.flush().await?;
             drop(order); // written: the next blocking command for this node may go
         }
     };

@@ -78,11 +78,17 @@ fn learned_info(proxy: &Proxy) -> String {
 pub(super) fn proxy_nodes(proxy: &Proxy) -> String {
     let topo = proxy.cluster.topology();
     let mut s = String::new();
+    if let Some(e) = proxy.cluster.refresh_error() {
+        // (no slot map at all, or an old one: the reason is what an operator needs)
+        let _ = write!(s, "# topology refresh failed: {e}\r\n");
+    }
     for (i, n) in topo.masters.iter().enumerate() {
         let ranges: Vec<String> =
             topo.ranges_of(i).iter().map(|(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") }).collect();
         let (mut up, mut connecting, mut down, mut inflight) = (0, 0, 0, 0);
+        let mut error = None;
         for (_, b) in n.connections() {
+            error = error.or_else(|| b.stats.error());
             match b.stats.state() {
                 ConnState::Up => up += 1,
                 ConnState::Connecting => connecting += 1,
@@ -96,6 +102,11 @@ pub(super) fn proxy_nodes(proxy: &Proxy) -> String {
             n.addr,
             if ranges.is_empty() { "-".to_string() } else { ranges.join(",") }
         );
+        if let Some(e) = error {
+            // inside the line, before its end
+            s.truncate(s.len() - 2);
+            let _ = write!(s, " error=\"{}\"\r\n", e.replace('"', "'"));
+        }
         for r in &topo.replicas[i] {
             let _ = write!(s, "{r} replica of={}\r\n", n.addr);
         }

@@ -35,7 +35,6 @@ use bytes::{Buf, Bytes, BytesMut};
 use smallvec::SmallVec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::WriteHalf;
 use tracing::{debug, info, warn};
 
 use crate::conn::{ClientInfo, ClientState, Control, Mode, ReplyMode};
@@ -46,11 +45,13 @@ use crate::protocol::{Next, Proto, RequestReader, Writer};
 use crate::proxy::{Answered, Proxy, ReplySummary};
 use crate::upstream::retry;
 
+mod io;
 mod limits;
 mod ordering;
 mod output;
 mod queue;
 
+use io::{ReadSide, WriteSide};
 use limits::{Cut, Held};
 use ordering::TryAgain;
 use output::Output;
@@ -140,12 +141,61 @@ impl ReplyClock {
     }
 }
 
+/// A client's connection, as accepted: plain, or TLS after its handshake.
+pub enum Stream {
+    Plain(TcpStream),
+    Tls(Box<crate::tls::ServerStream>),
+}
+
+/// The client's and heatshield's addresses of a connection.
+fn addrs(s: &TcpStream) -> (String, String) {
+    let addr = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let laddr = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    (addr, laddr)
+}
+
 /// Serves one client until it disconnects, sends QUIT, breaks the protocol, exceeds its
-/// limits, or the proxy shuts down.
-pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, stopping: Arc<AtomicBool>) {
-    let _ = stream.set_nodelay(true);
+/// limits, or the proxy shuts down. A plain connection is read and written through the
+/// socket's own halves; a TLS one through the halves of its TLS stream (the same loop,
+/// made twice by the compiler).
+pub async fn run(proxy: Arc<Proxy>, stream: Stream, stopping: Arc<AtomicBool>) {
+    match stream {
+        Stream::Plain(mut stream) => {
+            let _ = stream.set_nodelay(true);
+            let addrs = addrs(&stream);
+            let cut = {
+                let (rd, wr) = stream.split();
+                serve(proxy, addrs, false, &mut ReadSide::Plain(rd), &mut WriteSide::Plain(wr), stopping).await
+            };
+            if cut.is_none() {
+                let _ = stream.shutdown().await;
+            }
+        }
+        Stream::Tls(stream) => {
+            let _ = stream.get_ref().0.set_nodelay(true);
+            let addrs = addrs(stream.get_ref().0);
+            let (rd, wr) = tokio::io::split(*stream);
+            let mut wr = WriteSide::Tls(wr);
+            let cut = serve(proxy, addrs, true, &mut ReadSide::Tls(rd), &mut wr, stopping).await;
+            if let (None, WriteSide::Tls(wr)) = (cut, &mut wr) {
+                // (close_notify, then the socket's shutdown: bounded, since a client that
+                // reads nothing more would leave the alert unwritten for ever)
+                let _ = tokio::time::timeout(Duration::from_secs(1), wr.shutdown()).await;
+            }
+        }
+    }
+}
+
+async fn serve(
+    proxy: Arc<Proxy>,
+    (addr, laddr): (String, String),
+    tls: bool,
+    rd: &mut ReadSide<'_>,
+    wr: &mut WriteSide<'_>,
+    stopping: Arc<AtomicBool>,
+) -> Option<Cut> {
     let (tx, mut rx) = crate::mailbox::reply_channel();
-    let mut s = Session::new(proxy, &stream, tx);
+    let mut s = Session::new(proxy, addr, laddr, tls, tx);
     let id = s.client.id;
     // The server tells every registered client of a shutdown on its reply channel
     // (`Control::Shutdown`), after setting `stopping`: a session registered too late for
@@ -157,7 +207,6 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, stopping: Arc<AtomicB
     let mut rbuf = BytesMut::new();
     // How much room each read gets: doubles (up to 64 KiB) whenever a read fills it.
     let mut read_room = 4 * 1024;
-    let (mut rd, wr) = stream.split();
     let gm = crate::metrics::global();
     // One timer for the request deadlines and the soft limit's duration, set to
     // `Session::armed` whenever that changes.
@@ -180,7 +229,7 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, stopping: Arc<AtomicB
         tokio::select! {
             biased;
             Some(r) = rx.recv() => s.take_replies(r, &mut rx),
-            res = wr.writable(), if s.blocked => {
+            res = std::future::poll_fn(|cx| wr.poll_writable(cx)), if s.blocked => {
                 if res.is_err() {
                     break None;
                 }
@@ -242,7 +291,9 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, stopping: Arc<AtomicB
             s.resume();
             let parsed = s.dispatch_buffered(&mut rbuf);
             let moved = s.move_ready();
-            let wrote = match s.write(&wr) {
+            // (a waker that does nothing: a write that cannot go on now sets `blocked`,
+            // and the writable branch above waits with the task's own)
+            let wrote = match s.write(wr, &mut std::task::Context::from_waker(std::task::Waker::noop())) {
                 Ok(n) => n,
                 Err(_) => break 'session None,
             };
@@ -275,17 +326,13 @@ pub async fn run(proxy: Arc<Proxy>, mut stream: TcpStream, stopping: Arc<AtomicB
         }
     };
     s.end(cut);
-    if cut.is_none() {
-        let _ = stream.shutdown().await;
-    }
+    cut
 }
 
 impl Session {
-    fn new(proxy: Arc<Proxy>, stream: &TcpStream, tx: ReplyTx) -> Session {
+    fn new(proxy: Arc<Proxy>, addr: String, laddr: String, tls: bool, tx: ReplyTx) -> Session {
         let id = proxy.stats.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-        let laddr = stream.local_addr().map(|a| a.to_string()).unwrap_or_default();
-        info!(client = id, %addr, "client connected");
+        info!(client = id, %addr, tls, "client connected");
         let info = Arc::new(ClientInfo::new(id, addr, laddr, tx.clone()));
         proxy.clients.add(info.clone());
         let client = ClientState {

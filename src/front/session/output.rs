@@ -2,6 +2,9 @@
 //! order, written without ever waiting on the client, and recorded once written.
 
 use super::*;
+use std::task::{Context, Poll};
+
+use super::io::WriteSide;
 
 /// Replies on their way to the client: large ones as they are (no copy), small ones
 /// coalesced into `tail`, which always comes after every chunk.
@@ -29,11 +32,11 @@ impl Output {
 
     /// Writes what the socket takes now, without waiting. Returns the bytes written and
     /// whether the socket would block.
-    pub(super) fn write(&mut self, wr: &WriteHalf<'_>) -> std::io::Result<(usize, bool)> {
+    pub(super) fn write(&mut self, wr: &mut WriteSide<'_>, cx: &mut Context<'_>) -> std::io::Result<(usize, bool)> {
         let mut total = 0;
         while !self.is_empty() {
             let r = if self.chunks.is_empty() {
-                wr.try_write(&self.tail)
+                wr.try_write_vectored(cx, &[IoSlice::new(&self.tail)])
             } else {
                 let mut slices: [IoSlice<'_>; 17] = [IoSlice::new(&[]); 17];
                 let mut n = 0;
@@ -45,7 +48,7 @@ impl Output {
                     slices[n] = IoSlice::new(&self.tail);
                     n += 1;
                 }
-                wr.try_write_vectored(&slices[..n])
+                wr.try_write_vectored(cx, &slices[..n])
             };
             let mut n = match r {
                 Ok(n) => n,
@@ -74,7 +77,10 @@ impl Output {
         if self.tail.capacity() > 1024 * 1024 {
             self.tail = BytesMut::new();
         }
-        Ok((total, false))
+        match wr.poll_drained(cx) {
+            Poll::Ready(r) => r.map(|()| (total, false)),
+            Poll::Pending => Ok((total, true)),
+        }
     }
 }
 
@@ -108,11 +114,11 @@ impl Session {
     }
 
     /// Writes what the socket takes now, never waiting. Returns the bytes written.
-    pub(super) fn write(&mut self, wr: &WriteHalf<'_>) -> std::io::Result<usize> {
+    pub(super) fn write(&mut self, wr: &mut WriteSide<'_>, cx: &mut Context<'_>) -> std::io::Result<usize> {
         if self.blocked || self.out.is_empty() || self.holding() {
             return Ok(0);
         }
-        let (n, would_block) = self.out.write(wr)?;
+        let (n, would_block) = self.out.write(wr, cx)?;
         self.blocked = would_block;
         self.held.replies -= n;
         if n > 0 {

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tracing::{debug, info, warn};
 
 use super::clients::ClientSide;
@@ -181,7 +181,7 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
             r = wanted.changed(), if !bcast_asked => {
                 if r.is_ok() && *wanted.borrow_and_update() {
                     // its reply comes among the invalidations (see `apply`)
-                    if let Err(e) = s.write_all(BCAST.raw()).await {
+                    if let Err(e) = s.send(BCAST.raw()).await {
                         break Err(e);
                     }
                     bcast_asked = true;

@@ -41,7 +41,7 @@ pub fn start(locks: Arc<Locks>, cluster: Arc<crate::upstream::cluster::Cluster>)
 
 /// Listens for releases published anywhere in the cluster (PUBLISH reaches every node).
 async fn subscriber(h: Arc<Handles>, tx: mpsc::UnboundedSender<Event>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     let mut attempt = 0usize;
     loop {
         let masters = h.cluster.topology().masters.clone();
@@ -50,7 +50,7 @@ async fn subscriber(h: Arc<Handles>, tx: mpsc::UnboundedSender<Event>) {
                 crate::upstream::backend::BackendOptions { resp3: false, tracking: None, ..node.options().clone() };
             if let Ok((mut s, _)) = crate::upstream::backend::connect(&node.addr, &opts).await {
                 let sub = Request::from_args(&["SUBSCRIBE", CHANNEL]);
-                if s.write_all(sub.raw()).await.is_ok() {
+                if s.send(sub.raw()).await.is_ok() {
                     debug!(node = %node.addr, "lock release subscriber up");
                     let mut buf = bytes::BytesMut::with_capacity(4096);
                     let mut sc = crate::protocol::reply::ReplyScanner::new();

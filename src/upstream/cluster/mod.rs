@@ -314,6 +314,8 @@ pub struct Cluster {
     /// it has finished, so a confirmation can wait for one that started after it asked.
     started: AtomicU64,
     refreshed: watch::Sender<u64>,
+    /// Why the last refresh failed, until one succeeds (`PROXY NODES`).
+    refresh_error: Mutex<Option<String>>,
 }
 
 impl Cluster {
@@ -333,6 +335,7 @@ impl Cluster {
             refreshes: AtomicU64::new(0),
             started: AtomicU64::new(0),
             refreshed: watch::Sender::new(0),
+            refresh_error: Mutex::new(None),
         });
         if let Backing::Standalone { addr } = &backing {
             let pool = c.pool(addr);
@@ -451,8 +454,14 @@ impl Cluster {
         self.refreshes.fetch_add(1, Ordering::Relaxed);
         let number = self.started.fetch_add(1, Ordering::SeqCst) + 1;
         let result = self.refresh_from(seeds).await;
+        *self.refresh_error.lock() = result.as_ref().err().cloned();
         self.refreshed.send_modify(|n| *n = (*n).max(number));
         result
+    }
+
+    /// Why the last topology refresh failed, if none has succeeded since.
+    pub fn refresh_error(&self) -> Option<String> {
+        self.refresh_error.lock().clone()
     }
 
     async fn refresh_from(&self, seeds: &[String]) -> Result<(), String> {
@@ -485,7 +494,7 @@ impl Cluster {
     async fn fetch_slots(&self, addr: &str) -> Result<(SlotMap, HashSet<String>), String> {
         let opts = BackendOptions { resp3: false, ..self.opts.clone() };
         let (mut s, _) = backend::connect(addr, &opts).await.map_err(|e| e.to_string())?;
-        let ask = async |s: &mut tokio::net::TcpStream, args: &[&str]| {
+        let ask = async |s: &mut crate::tls::Link, args: &[&str]| {
             tokio::time::timeout(opts.command_timeout, backend::roundtrip(s, Request::from_args(args).raw()))
                 .await
                 .map_err(|_| "timeout".to_string())?
