@@ -44,6 +44,8 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_backend_dedicated_connections", "gauge", &["node"]),
     ("heatshield_client_connections_accepted_total", "counter", &[]),
     ("heatshield_client_connections_rejected_total", "counter", &[]),
+    ("heatshield_tls_handshakes_failed_total", "counter", &[]),
+    ("heatshield_tls_reloads_total", "counter", &[]),
     ("heatshield_redirections_total", "counter", &["kind"]),
     ("heatshield_redirections_refused_total", "counter", &[]),
     ("heatshield_retries_total", "counter", &["reason"]),

@@ -30,6 +30,7 @@ pub mod process;
 pub mod proxy;
 pub mod redis;
 pub mod slots;
+pub mod tls;
 
 // Not every test binary uses every name.
 #[allow(unused_imports)]

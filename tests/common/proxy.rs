@@ -139,9 +139,11 @@ impl Proxy {
         };
         let log = File::create(dir.path().join("proxy.log")).expect("create proxy.log");
         let rust_log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+        // `--listen` among the arguments (`--listen off`: TLS only) replaces the harness's
+        let listen =
+            if args.iter().any(|a| a == "--listen") { vec![] } else { vec!["--listen".to_string(), local(port)] };
         let child = Command::new(bin)
-            .arg("--listen")
-            .arg(local(port))
+            .args(&listen)
             .args(&metrics_args)
             .args(threads_arg(args))
             .args(args)
@@ -162,6 +164,10 @@ impl Proxy {
                 return Err(format!("exited early with {status}"));
             }
             if ping_raw(self.port).as_deref() == Some(b"+PONG\r\n".as_slice()) {
+                return Ok(());
+            }
+            // (started with a listener of its own: ready when it says so)
+            if self.log().contains("heatshield ready") && ping_raw(self.port).is_none() {
                 return Ok(());
             }
             if Instant::now() >= deadline {

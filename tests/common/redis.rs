@@ -119,8 +119,16 @@ pub struct RedisServer {
     child: Mutex<Child>,
     pid: std::sync::atomic::AtomicU32,
     port: u16,
+    /// The TLS port, for a server started with [`TLS_PORT_AUTO`] among its lines.
+    tls_port: Option<u16>,
     dir: TempDir,
 }
+
+/// A line for `extra`: the server gets a TLS port of its own (`tls-port`, a free port),
+/// beside its plain one, which the harness keeps using; a cluster node's bus stays on
+/// `port + 10000` (`cluster-port`), where [`free_port`] checked it is free. The TLS
+/// files and `tls-cluster` / `tls-replication` are the test's own lines.
+pub const TLS_PORT_AUTO: &str = "tls-port auto";
 
 /// Settings shared by standalone and cluster nodes.
 const BASE_CONFIG: &[&str] = &[
@@ -208,12 +216,31 @@ impl RedisServer {
         if cluster {
             conf.extend(CLUSTER_CONFIG.iter().map(|s| s.to_string()));
         }
-        conf.extend(extra.iter().map(|s| s.to_string()));
+        let mut tls_port = None;
+        for line in extra {
+            if *line == TLS_PORT_AUTO {
+                let t = free_port();
+                tls_port = Some(t);
+                conf.push(format!("tls-port {t}"));
+                if cluster {
+                    conf.push(format!("cluster-port {}", port + 10000));
+                }
+            } else {
+                conf.push(line.to_string());
+            }
+        }
         let conf_path = path.join("redis.conf");
         fs::write(&conf_path, conf.join("\n") + "\n").expect("write redis.conf");
 
         let child = Self::spawn_child(bin, path);
-        RedisServer { bin: Mutex::new(bin.to_string()), pid: child.id().into(), child: Mutex::new(child), port, dir }
+        RedisServer {
+            bin: Mutex::new(bin.to_string()),
+            pid: child.id().into(),
+            child: Mutex::new(child),
+            port,
+            tls_port,
+            dir,
+        }
     }
 
     /// Runs `redis-server` on the `redis.conf` in `dir`, its output in `dir/stdio.log`.
@@ -250,6 +277,11 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The TLS port ([`TLS_PORT_AUTO`]); panics for a server without one.
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port.expect("a server started with TLS_PORT_AUTO")
     }
 
     /// `"127.0.0.1:PORT"`.
@@ -414,6 +446,16 @@ impl RedisCluster {
         let cluster = RedisCluster { nodes, ids };
         poll(Duration::from_secs(60), Duration::from_millis(50), "cluster formation", || cluster.check_formed());
         cluster
+    }
+
+    /// Comma-separated `127.0.0.1:T` of all 6 nodes' TLS ports ([`TLS_PORT_AUTO`]).
+    pub fn tls_seeds(&self) -> String {
+        self.nodes.iter().map(|n| local(n.tls_port())).collect::<Vec<_>>().join(",")
+    }
+
+    /// The TLS port of the node whose plain port is `port`.
+    pub fn tls_port_of(&self, port: u16) -> u16 {
+        self.node(port).tls_port()
     }
 
     /// Comma-separated `127.0.0.1:P` of all 6 nodes (incl. killed ones).
