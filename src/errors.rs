@@ -162,6 +162,11 @@ pub fn unknown_subcommand(sub: &str, of: &str) -> String {
     format!("ERR unknown subcommand '{sub}'. Try {of} HELP.")
 }
 
+/// A subcommand Redis checks the arguments of itself, given too many (`ACL CAT a b`).
+pub fn subcommand_arity(sub: &str, of: &str) -> String {
+    format!("ERR unknown subcommand or wrong number of arguments for '{sub}'. Try {of} HELP.")
+}
+
 /// Redis's text for an unknown command (`args`: the first arguments, quoted).
 pub fn unknown_command(name: &str, args: &str) -> String {
     format!("ERR unknown command '{name}', with args beginning with: {args}")
@@ -220,6 +225,11 @@ pub fn transaction_too_large(limit: usize) -> String {
 }
 
 /// Redis's arity error (`name` in lower case, as Redis writes it).
+/// `ACL CAT` of a category that does not exist.
+pub fn unknown_category(name: &[u8]) -> String {
+    format!("ERR Unknown category '{}'", String::from_utf8_lossy(name))
+}
+
 pub fn wrong_arity(name: &str) -> String {
     format!("ERR wrong number of arguments for '{name}' command")
 }

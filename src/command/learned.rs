@@ -21,6 +21,8 @@ pub struct Def {
     pub flags: u32,
     /// `movablekeys`: the legacy first/last/step do not find its keys.
     pub movable: bool,
+    /// ACL categories (crate::command::cat bits) for the categories heatshield knows.
+    pub acl: u32,
     /// Legacy key positions (first, last, step).
     pub legacy: (i32, i32, i32),
     pub rules: Vec<KeyRule>,
@@ -230,6 +232,12 @@ fn parse_def(v: &Value) -> Result<Def, String> {
             }
         }
     }
+    let mut acl = 0;
+    if let Some(Value::Array(cats)) = f.get(6) {
+        for c in cats.iter().filter_map(Value::as_bytes) {
+            acl |= super::spec::cat::of(c.strip_prefix(b"@").unwrap_or(c)).unwrap_or(0);
+        }
+    }
     let legacy = (int(3).unwrap_or(0) as i32, int(4).unwrap_or(0) as i32, int(5).unwrap_or(0) as i32);
     let mut rules = Vec::new();
     if let Some(Value::Array(specs)) = f.get(8) {
@@ -245,7 +253,7 @@ fn parse_def(v: &Value) -> Result<Def, String> {
     }
     // (in the order of the server's own hash table: it differs from server to server)
     subs.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(Def { name, arity, flags: bits, movable, legacy, rules, subs })
+    Ok(Def { name, arity, flags: bits, movable, acl, legacy, rules, subs })
 }
 
 /// The fields of a RESP2 flat key/value array or a RESP3 map, by name.
@@ -332,6 +340,7 @@ pub fn agreed(per_master: &[Vec<Def>]) -> (Vec<Def>, Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::command::spec::cat;
 
     /// Valkey 9.1.2's `COMMAND INFO msetex`, as it came.
     const MSETEX: &[u8] = b"*1\r\n*10\r\n$6\r\nmsetex\r\n:-4\r\n*3\r\n+write\r\n+denyoom\r\n+movablekeys\r\n:0\r\n:0\r\n:0\r\n*3\r\n+@write\r\n+@string\r\n+@slow\r\n*2\r\n$26\r\nrequest_policy:multi_shard\r\n$29\r\nresponse_policy:all_succeeded\r\n*1\r\n*6\r\n$5\r\nflags\r\n*2\r\n+OW\r\n+update\r\n$12\r\nbegin_search\r\n*4\r\n$4\r\ntype\r\n$5\r\nindex\r\n$4\r\nspec\r\n*2\r\n$5\r\nindex\r\n:1\r\n$9\r\nfind_keys\r\n*4\r\n$4\r\ntype\r\n$6\r\nkeynum\r\n$4\r\nspec\r\n*6\r\n$9\r\nkeynumidx\r\n:0\r\n$8\r\nfirstkey\r\n:1\r\n$7\r\nkeystep\r\n:2\r\n*0\r\n";
@@ -349,6 +358,7 @@ mod tests {
         let d = &defs[0];
         assert_eq!((d.name.as_str(), d.arity, d.movable), ("MSETEX", -4, true));
         assert_eq!(d.flags, flags::WRITE | flags::DENYOOM);
+        assert_eq!(d.acl, cat::WRITE | cat::STRING | cat::SLOW, "its ACL categories");
         assert_eq!(
             d.rules,
             vec![KeyRule {

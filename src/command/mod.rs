@@ -18,7 +18,7 @@ use arc_swap::ArcSwap;
 
 use smallvec::SmallVec;
 use spec::RawSpec;
-pub use spec::flags;
+pub use spec::{cat, flags};
 
 use crate::protocol::Request;
 
@@ -150,6 +150,9 @@ pub enum Local {
     WaitAof,
     /// HOTKEYS (Redis 8.6): heatshield's own count of what it serves (crate::services::stats).
     Hotkeys,
+    /// `ACL WHOAMI | CAT`: about heatshield's users and categories, never a master's
+    /// (whose user is heatshield's own).
+    Acl,
 }
 
 impl Local {
@@ -221,6 +224,9 @@ pub struct Command {
     /// The generated table's arity.
     built_arity: i32,
     pub flags: u32,
+    /// ACL categories ([`cat`] bits), as the servers report them; heatshield's own
+    /// commands have `@proxy` and `@lock` besides Redis's.
+    pub acl: u32,
     pub keys: KeySpec,
     pub route: Route,
     /// Its requests take the shared connections unless the connection's state says
@@ -477,8 +483,17 @@ impl CommandTable {
         // Newer than the Redis the table was generated from, and sent by current clients
         // (redis-py, Jedis, go-redis) right after connecting.
         if let Some(client) = by_name.get_mut(b"CLIENT".as_slice()) {
-            static CLIENT: RawSpec =
-                RawSpec { name: "CLIENT", arity: -2, flags: 0, first: 0, last: 0, step: 0, movable: false, subs: &[] };
+            static CLIENT: RawSpec = RawSpec {
+                name: "CLIENT",
+                arity: -2,
+                flags: 0,
+                first: 0,
+                last: 0,
+                step: 0,
+                movable: false,
+                acl: cat::SLOW,
+                subs: &[],
+            };
             static SETINFO: RawSpec = RawSpec {
                 name: "SETINFO",
                 arity: 4,
@@ -487,6 +502,7 @@ impl CommandTable {
                 last: 0,
                 step: 0,
                 movable: false,
+                acl: cat::SLOW | cat::CONNECTION,
                 subs: &[],
             };
             client.subs.entry(b"SETINFO".to_vec()).or_insert_with(|| build(&SETINFO, Some(&CLIENT), &mut next_id));
@@ -498,6 +514,7 @@ impl CommandTable {
                 last: 0,
                 step: 0,
                 movable: false,
+                acl: cat::SLOW | cat::CONNECTION,
                 subs: &[],
             };
             client.subs.entry(b"NO-TOUCH".to_vec()).or_insert_with(|| build(&NO_TOUCH, Some(&CLIENT), &mut next_id));
@@ -513,6 +530,7 @@ impl CommandTable {
                 last: 0,
                 step: 0,
                 movable: false,
+                acl: cat::ADMIN | cat::SLOW | cat::DANGEROUS | cat::PROXY,
                 subs: &[],
             },
             RawSpec {
@@ -523,6 +541,7 @@ impl CommandTable {
                 last: 0,
                 step: 0,
                 movable: false,
+                acl: cat::ADMIN | cat::SLOW | cat::DANGEROUS,
                 subs: &[],
             },
             RawSpec {
@@ -533,6 +552,7 @@ impl CommandTable {
                 last: 1,
                 step: 1,
                 movable: false,
+                acl: cat::WRITE | cat::SLOW | cat::BLOCKING | cat::LOCK,
                 subs: &[],
             },
             RawSpec {
@@ -543,6 +563,7 @@ impl CommandTable {
                 last: 1,
                 step: 1,
                 movable: false,
+                acl: cat::WRITE | cat::SLOW | cat::LOCK,
                 subs: &[],
             },
             RawSpec {
@@ -553,6 +574,7 @@ impl CommandTable {
                 last: 1,
                 step: 1,
                 movable: false,
+                acl: cat::WRITE | cat::SLOW | cat::LOCK,
                 subs: &[],
             },
             RawSpec {
@@ -563,6 +585,7 @@ impl CommandTable {
                 last: 1,
                 step: 1,
                 movable: false,
+                acl: cat::READ | cat::SLOW | cat::LOCK,
                 subs: &[],
             },
         ];
@@ -672,6 +695,25 @@ impl CommandTable {
         subs.filter(|s| matches!(s.route, Route::Unsupported(_))).map(|s| s.lower.as_bytes().to_vec()).collect()
     }
 
+    /// Every command and subcommand in ACL category `bit` ([`cat`]), lowercase
+    /// (`parent|sub`), sorted: `ACL CAT <category>`. A command the servers describe
+    /// counts with the categories they give it.
+    pub fn in_category(&self, bit: u32) -> Vec<String> {
+        let learned = self.learned.load();
+        let mut all: std::collections::BTreeMap<&str, u32> = std::collections::BTreeMap::new();
+        let tops = self.list.iter().chain(learned.top.values().map(|c| &**c));
+        for c in tops {
+            all.insert(&c.lower, c.acl);
+            for s in c.subs.values() {
+                all.insert(&s.lower, s.acl);
+            }
+        }
+        for s in learned.subs.values() {
+            all.insert(&s.lower, s.acl);
+        }
+        all.into_iter().filter(|(_, acl)| acl & bit != 0).map(|(n, _)| n.to_string()).collect()
+    }
+
     /// heatshield's own commands (PROXY, HOTKEYS and the lock commands): no server
     /// heatshield was tested with has them.
     pub fn own(&self) -> Vec<&Command> {
@@ -745,7 +787,9 @@ impl CommandTable {
         } else {
             route_of(&def.name, fl)
         };
-        make(self.learned_id(&def.name), def.name.clone(), def.arity, fl, keys, route, subs)
+        let mut c = make(self.learned_id(&def.name), def.name.clone(), def.arity, fl, keys, route, subs);
+        c.acl = def.acl;
+        c
     }
 
     /// The id of learned command `name`: the same across learnings; past
@@ -909,7 +953,9 @@ fn build(raw: &'static RawSpec, parent: Option<&'static RawSpec>, next_id: &mut 
     *next_id += 1;
     let subs = raw.subs.iter().map(|s| (s.name.as_bytes().to_vec(), build(s, Some(raw), next_id))).collect();
     let (keys, route) = (keyspec_of(&name, raw), route_of(&name, raw.flags));
-    make(id, name, raw.arity, raw.flags, keys, route, subs)
+    let mut c = make(id, name, raw.arity, raw.flags, keys, route, subs);
+    c.acl = raw.acl;
+    c
 }
 
 /// A command from its parts; `route` says what heatshield does with it.
@@ -931,6 +977,7 @@ fn make(id: usize, name: String, arity: i32, flags: u32, keys: KeySpec, route: R
         arity: AtomicI32::new(arity),
         built_arity: arity,
         flags,
+        acl: 0,
         keys,
         route,
         shared_lane,
@@ -963,6 +1010,7 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "PING" => Local(self::Local::Ping),
         "PROXY" => Local(self::Local::Proxy),
         "HOTKEYS" => Local(self::Local::Hotkeys),
+        "ACL|WHOAMI" | "ACL|CAT" => Local(self::Local::Acl),
         "LOCK.ACQUIRE" => Lock(LockCmd::Acquire),
         "LOCK.RELEASE" => Lock(LockCmd::Release),
         "LOCK.EXTEND" => Lock(LockCmd::Extend),
@@ -1195,6 +1243,24 @@ fn numkeys_error(name: &str, bad: NumKeys) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn acl_categories_are_redis_s_and_heatshield_s_own() {
+        let t = CommandTable::new();
+        let acl = |n: &str| t.get(n.as_bytes()).map(|c| c.acl).unwrap();
+        assert_eq!(acl("GET"), cat::READ | cat::STRING | cat::FAST);
+        assert_eq!(acl("SET"), cat::WRITE | cat::STRING | cat::SLOW);
+        assert_eq!(acl("FLUSHALL"), cat::KEYSPACE | cat::WRITE | cat::SLOW | cat::DANGEROUS);
+        assert_eq!(acl("PROXY") & cat::PROXY, cat::PROXY);
+        assert_eq!(acl("LOCK.ACQUIRE") & (cat::LOCK | cat::WRITE), cat::LOCK | cat::WRITE);
+        assert_eq!(cat::of(b"SortedSet"), Some(cat::SORTEDSET));
+        assert_eq!(cat::of(b"lock"), Some(cat::LOCK));
+        assert_eq!(cat::of(b"nope"), None);
+        // every command of the generated table has at least one category
+        for c in t.list.iter() {
+            assert!(c.acl != 0 || c.subs.values().all(|s| s.acl != 0), "{} has no category", c.name);
+        }
+    }
 
     fn req(args: &[&str]) -> Request {
         Request::from_args(args)

@@ -14,7 +14,71 @@ pub(crate) struct RawSpec {
     pub step: i32,
     /// Keys cannot be found from first/last/step alone.
     pub movable: bool,
+    /// ACL categories ([`cat`] bits).
+    pub acl: u32,
     pub subs: &'static [RawSpec],
+}
+
+/// ACL categories: Redis 7.0's, in the order `ACL CAT` lists them (bit i is
+/// [`cat::NAMES`]`[i]`), then heatshield's own.
+pub mod cat {
+    pub const KEYSPACE: u32 = 1 << 0;
+    pub const READ: u32 = 1 << 1;
+    pub const WRITE: u32 = 1 << 2;
+    pub const SET: u32 = 1 << 3;
+    pub const SORTEDSET: u32 = 1 << 4;
+    pub const LIST: u32 = 1 << 5;
+    pub const HASH: u32 = 1 << 6;
+    pub const STRING: u32 = 1 << 7;
+    pub const BITMAP: u32 = 1 << 8;
+    pub const HYPERLOGLOG: u32 = 1 << 9;
+    pub const GEO: u32 = 1 << 10;
+    pub const STREAM: u32 = 1 << 11;
+    pub const PUBSUB: u32 = 1 << 12;
+    pub const ADMIN: u32 = 1 << 13;
+    pub const FAST: u32 = 1 << 14;
+    pub const SLOW: u32 = 1 << 15;
+    pub const BLOCKING: u32 = 1 << 16;
+    pub const DANGEROUS: u32 = 1 << 17;
+    pub const CONNECTION: u32 = 1 << 18;
+    pub const TRANSACTION: u32 = 1 << 19;
+    pub const SCRIPTING: u32 = 1 << 20;
+    /// heatshield's `PROXY` commands.
+    pub const PROXY: u32 = 1 << 21;
+    /// heatshield's `LOCK.*` commands.
+    pub const LOCK: u32 = 1 << 22;
+
+    /// The names, by bit.
+    pub const NAMES: [&str; 23] = [
+        "keyspace",
+        "read",
+        "write",
+        "set",
+        "sortedset",
+        "list",
+        "hash",
+        "string",
+        "bitmap",
+        "hyperloglog",
+        "geo",
+        "stream",
+        "pubsub",
+        "admin",
+        "fast",
+        "slow",
+        "blocking",
+        "dangerous",
+        "connection",
+        "transaction",
+        "scripting",
+        "proxy",
+        "lock",
+    ];
+
+    /// The bit of a category named as `ACL CAT` names it (no `@`, any case).
+    pub fn of(name: &[u8]) -> Option<u32> {
+        NAMES.iter().position(|n| n.as_bytes().eq_ignore_ascii_case(name)).map(|i| 1 << i)
+    }
 }
 
 /// Command flags, a subset of Redis's.

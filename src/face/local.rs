@@ -98,6 +98,7 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             _ => ctx.error(&crate::errors::wrong_arity("ping")),
         },
         Local::Echo => ctx.reply(|w| w.bulk(req.arg(1))),
+        Local::Acl => acl(proxy, ctx, req),
         Local::Wait => wait(proxy, ctx, req, crate::services::replicas::Kind::Wait),
         Local::WaitAof => wait(proxy, ctx, req, crate::services::replicas::Kind::WaitAof),
         Local::Quit => {
@@ -245,4 +246,36 @@ fn hello(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         w.bulk(b"modules");
         w.array(0);
     })
+}
+
+/// `ACL WHOAMI` (the client's user: `default`, the only one so far) and `ACL CAT
+/// [category]` (the categories, Redis's and heatshield's own `proxy` and `lock`; the
+/// commands of one), answered from heatshield's table: forwarded, they would name the
+/// backend user heatshield logs in as.
+fn acl(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
+    use crate::command::cat;
+    if req.arg(1).eq_ignore_ascii_case(b"WHOAMI") {
+        return ctx.reply(|w| w.bulk(b"default"));
+    }
+    match req.argc() {
+        2 => ctx.reply(|w| {
+            w.array(cat::NAMES.len());
+            for n in cat::NAMES {
+                w.bulk(n.as_bytes());
+            }
+        }),
+        3 => match cat::of(req.arg(2)) {
+            Some(bit) => {
+                let names = proxy.commands.in_category(bit);
+                ctx.reply(|w| {
+                    w.array(names.len());
+                    for n in &names {
+                        w.bulk(n.as_bytes());
+                    }
+                })
+            }
+            None => ctx.error(&crate::errors::unknown_category(req.arg(2))),
+        },
+        _ => ctx.error(&crate::errors::subcommand_arity(&String::from_utf8_lossy(req.arg(1)), "ACL")),
+    }
 }
