@@ -2,6 +2,8 @@
 //! of sessions or routes; each imports only what lies below `services` and the ones
 //! listed before it:
 //!
+//! - [`acl`]: ACL users and their rules (passwords, commands by name and category,
+//!   keys, channels), in Redis's syntax;
 //! - [`stats`]: slow log, big-key log, HOTKEYS sessions, per-command statistics;
 //! - [`ratelimit`]: per-key rate limits (rules, GCRA budgets, tracked-key cap);
 //! - [`cache`]: hot-key detection and the never-stale hot-key cache, and the keys
@@ -12,6 +14,7 @@
 //!   fan-out;
 //! - [`replicas`]: WAIT and WAITAOF, asked of the masters a client wrote to.
 
+pub mod acl;
 pub mod cache;
 pub mod locks;
 pub mod pubsub;
