@@ -143,8 +143,11 @@ pub struct ServerConfig {
     pub threads: usize,
     /// Client connections beyond this are refused with an error reply.
     pub max_clients: usize,
-    /// When set, clients must AUTH with this password first.
+    /// When set, clients must AUTH with this password first (the `default` user's).
     pub password: Option<String>,
+    /// ACL users, each `name rule ...` in Redis's ACL syntax (as `ACL SETUSER` takes
+    /// them; docs/acl.md); a line for `default` changes the default user.
+    pub users: Vec<String>,
     /// Allow FLUSHALL / FLUSHDB, which are sent to every master.
     pub allow_flush: bool,
     /// On shutdown, how long in-flight replies may take before connections are closed.
@@ -164,6 +167,7 @@ impl Default for ServerConfig {
             threads: 0,
             max_clients: 10_000,
             password: None,
+            users: vec![],
             allow_flush: false,
             shutdown_timeout_ms: 5_000,
             announce: None,
@@ -524,6 +528,11 @@ impl Config {
             p.push("metrics.latency_sample_every: must be between 1 and 1000000".into());
         }
         let table = crate::command::CommandTable::new();
+        if let Err(e) =
+            crate::services::acl::Users::from_config(&self.server.users, self.server.password.as_deref(), &table)
+        {
+            p.push(format!("server.users: {e}"));
+        }
         if let Err(rules) = crate::services::ratelimit::compile(&self.ratelimit.rules, &table) {
             p.extend(rules);
         }

@@ -28,6 +28,7 @@ pub const INVALID_CLIENT_ID: &str = "ERR Invalid client ID";
 pub const UNBLOCK_REASON: &str = "ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR";
 
 // Redis's own texts, for the commands heatshield answers itself (local).
+pub const DELUSER_DEFAULT: &str = "ERR The 'default' user cannot be removed";
 pub const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 pub const AUTH_WITHOUT_PASSWORD: &str = "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?";
 pub const CLIENT_NAME_CHARS: &str = "ERR Client names cannot contain spaces, newlines or special characters.";
@@ -225,6 +226,15 @@ pub fn transaction_too_large(limit: usize) -> String {
 }
 
 /// Redis's arity error (`name` in lower case, as Redis writes it).
+/// A command an ACL user may not run.
+pub fn noperm_command(lower_name: &str) -> String {
+    format!("NOPERM this user has no permissions to run the '{lower_name}' command")
+}
+/// A key an ACL user may not touch.
+pub const NOPERM_KEY: &str = "NOPERM this user has no permissions to access one of the keys used as arguments";
+/// A channel an ACL user may not use.
+pub const NOPERM_CHANNEL: &str = "NOPERM this user has no permissions to access one of the channels used as arguments";
+
 /// `ACL CAT` of a category that does not exist.
 pub fn unknown_category(name: &[u8]) -> String {
     format!("ERR Unknown category '{}'", String::from_utf8_lossy(name))

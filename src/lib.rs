@@ -14,8 +14,8 @@
 //! - [`upstream`]: what faces the Redis nodes: pipelined connections to one node
 //!   (`backend`), the slot map, node pools and topology refresh (`cluster`), and the
 //!   reaction table to a node's reply (`retry`);
-//! - [`services`]: what a request may use on its way: statistics, rate limits, the
-//!   hot-key cache, locks, scripts, pub/sub, WAIT;
+//! - [`services`]: what a request may use on its way: ACL users, statistics, rate
+//!   limits, the hot-key cache, locks, scripts, pub/sub, WAIT;
 //! - [`conn`]: one client connection: what is known about it, the state of each of its
 //!   modes (their gates and teardown written once), the ordering rule, the registry of
 //!   connected clients;

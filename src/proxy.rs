@@ -72,6 +72,8 @@ pub struct Proxy {
     /// How many databases every master has (Valkey 9's `cluster-databases`, a standalone
     /// server's `databases`; 1 until learned, see crate::learn): what SELECT accepts.
     pub databases: std::sync::atomic::AtomicU32,
+    /// ACL users (`server.users`, `ACL SETUSER`).
+    pub users: crate::services::acl::Users,
 }
 
 /// What statistics need of a reply once it has been written (the reply itself is gone).
@@ -133,6 +135,13 @@ impl Proxy {
             pubsub: Arc::new(crate::services::pubsub::Hub::new(cluster.clone(), config.limits.max_subscriptions)),
             client_side: Arc::new(crate::services::cache::clients::ClientSide::new(config.limits.tracking_max_keys)),
             databases: std::sync::atomic::AtomicU32::new(1),
+            // (validated with the configuration)
+            users: crate::services::acl::Users::from_config(
+                &config.server.users,
+                config.server.password.as_deref(),
+                &commands,
+            )
+            .unwrap_or_default(),
             scripts: Default::default(),
             clients: Default::default(),
             live: crate::config::Live::new(&config),

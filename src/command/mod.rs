@@ -150,8 +150,8 @@ pub enum Local {
     WaitAof,
     /// HOTKEYS (Redis 8.6): heatshield's own count of what it serves (crate::services::stats).
     Hotkeys,
-    /// `ACL WHOAMI | CAT`: about heatshield's users and categories, never a master's
-    /// (whose user is heatshield's own).
+    /// `ACL WHOAMI | CAT | USERS | LIST | SETUSER | DELUSER | GETUSER`: heatshield's own
+    /// users and categories, never a master's (whose user is heatshield's own).
     Acl,
 }
 
@@ -1010,7 +1010,9 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "PING" => Local(self::Local::Ping),
         "PROXY" => Local(self::Local::Proxy),
         "HOTKEYS" => Local(self::Local::Hotkeys),
-        "ACL|WHOAMI" | "ACL|CAT" => Local(self::Local::Acl),
+        "ACL|WHOAMI" | "ACL|CAT" | "ACL|USERS" | "ACL|LIST" | "ACL|SETUSER" | "ACL|DELUSER" | "ACL|GETUSER" => {
+            Local(self::Local::Acl)
+        }
         "LOCK.ACQUIRE" => Lock(LockCmd::Acquire),
         "LOCK.RELEASE" => Lock(LockCmd::Release),
         "LOCK.EXTEND" => Lock(LockCmd::Extend),

@@ -31,6 +31,8 @@ pub mod flag {
 #[derive(Debug, Default)]
 pub struct Names {
     pub name: Option<Bytes>,
+    /// The ACL user the client is logged in as (`None`: `default`).
+    pub user: Option<String>,
     pub lib_name: String,
     pub lib_ver: String,
 }
@@ -79,6 +81,11 @@ impl ClientInfo {
             db: Default::default(),
             control,
         }
+    }
+
+    /// The ACL user it is logged in as.
+    pub fn user(&self) -> String {
+        self.names.lock().user.clone().unwrap_or_else(|| "default".into())
     }
 
     /// Asks the session for `c`; false if it is gone.

@@ -59,6 +59,8 @@ pub struct ClientState {
     pub id: u64,
     pub proto: Proto,
     pub authed: bool,
+    /// The ACL user it is logged in as (`default` until AUTH).
+    pub user: Arc<crate::services::acl::User>,
     /// What other connections see of this one.
     pub info: Arc<ClientInfo>,
     /// CLIENT REPLY.
@@ -180,6 +182,7 @@ mod tests {
             id: 7,
             proto,
             authed: true,
+            user: Arc::new(crate::services::acl::User::new("default", crate::services::acl::Perms::everything(None))),
             info: Arc::new(ClientInfo::new(7, "a".into(), "l".into(), tx)),
             reply: ReplyMode::On,
             no_evict: false,

@@ -137,7 +137,7 @@ pub fn line(proxy: &Proxy, c: &ClientInfo) -> String {
     format!(
         "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags={} db={} sub={} psub={} ssub={} multi={} \
          qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} \
-         user=default redir={} resp={} lib-name={} lib-ver={}",
+         user={} redir={} resp={} lib-name={} lib-ver={}",
         c.id,
         c.addr,
         c.laddr,
@@ -151,6 +151,7 @@ pub fn line(proxy: &Proxy, c: &ClientInfo) -> String {
         c.subs[2].load(Ordering::Relaxed),
         c.multi.load(Ordering::Relaxed),
         cmd,
+        names.user.as_deref().unwrap_or("default"),
         c.redir.load(Ordering::Relaxed),
         c.resp.load(Ordering::Relaxed),
         names.lib_name,
@@ -240,6 +241,7 @@ fn kill(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         return ctx.reply(|w| w.ok());
     }
     let (mut id, mut addr, mut laddr, mut normal, mut skipme) = (None, None, None, Some(Type::Any), true);
+    let mut user: Option<String> = None;
     let mut i = 2;
     while i < req.argc() {
         if i + 1 >= req.argc() {
@@ -258,10 +260,11 @@ fn kill(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 Err(e) => return ctx.error(&e),
             },
             b"USER" => {
-                // heatshield's clients are all the default user
-                if val != b"default" {
-                    return ctx.error(&errors::no_such_user(&String::from_utf8_lossy(val)));
+                let name = String::from_utf8_lossy(val).into_owned();
+                if proxy.users.get(&name).is_none() {
+                    return ctx.error(&errors::no_such_user(&name));
                 }
+                user = Some(name);
             }
             b"SKIPME" => match val.to_ascii_lowercase().as_slice() {
                 b"yes" => skipme = true,
@@ -278,6 +281,7 @@ fn kill(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
             && id.is_none_or(|x| x == c.id)
             && addr.as_ref().is_none_or(|a| *a == c.addr)
             && laddr.as_ref().is_none_or(|a| *a == c.laddr)
+            && user.as_ref().is_none_or(|u| *u == c.user())
             && !(skipme && c.id == me);
         if matches {
             close(ctx, &c, me);

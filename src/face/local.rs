@@ -145,8 +145,8 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
                 _ => return ctx.error(crate::errors::SYNTAX),
             };
             match check_auth(proxy, user, pass) {
-                Ok(()) => {
-                    ctx.client.authed = true;
+                Ok(u) => {
+                    log_in(ctx, u);
                     ctx.reply(|w| w.ok())
                 }
                 Err(e) => ctx.error(e),
@@ -170,21 +170,31 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
     }
 }
 
-fn check_auth(proxy: &Proxy, user: Option<&[u8]>, pass: &[u8]) -> Result<(), &'static str> {
-    match &proxy.config.server.password {
-        Some(p) => {
-            if user.is_none_or(|u| u == b"default") && pass == p.as_bytes() {
-                Ok(())
-            } else {
-                Err(errors::WRONGPASS)
-            }
-        }
-        None => match user {
-            None => Err(errors::AUTH_WITHOUT_PASSWORD),
-            Some(b"default") => Ok(()),
-            Some(_) => Err(errors::WRONGPASS),
-        },
+/// The user `user` (`default` when not given) logged in with `pass`, or why not, in
+/// Redis's words.
+fn check_auth(
+    proxy: &Proxy,
+    user: Option<&[u8]>,
+    pass: &[u8],
+) -> Result<std::sync::Arc<crate::services::acl::User>, &'static str> {
+    let name = String::from_utf8_lossy(user.unwrap_or(b"default"));
+    let Some(u) = proxy.users.get(&name) else { return Err(errors::WRONGPASS) };
+    let p = u.perms();
+    if user.is_none() && p.nopass && p.enabled {
+        return Err(errors::AUTH_WITHOUT_PASSWORD);
     }
+    if !p.accepts(pass) {
+        return Err(errors::WRONGPASS);
+    }
+    drop(p);
+    Ok(u)
+}
+
+/// The connection is `u`'s from now on.
+fn log_in(ctx: &mut Ctx, u: std::sync::Arc<crate::services::acl::User>) {
+    ctx.client.info.names.lock().user = (u.name != "default").then(|| u.name.clone());
+    ctx.client.user = u;
+    ctx.client.authed = true;
 }
 
 fn hello(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
@@ -213,10 +223,10 @@ fn hello(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         }
     }
     if let Some((u, p)) = auth {
-        if let Err(e) = check_auth(proxy, Some(u), p) {
-            return ctx.error(e);
+        match check_auth(proxy, Some(u), p) {
+            Ok(u) => log_in(ctx, u),
+            Err(e) => return ctx.error(e),
         }
-        ctx.client.authed = true;
     }
     if !ctx.client.authed {
         return ctx.error(errors::HELLO_NOAUTH);
@@ -248,34 +258,116 @@ fn hello(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     })
 }
 
-/// `ACL WHOAMI` (the client's user: `default`, the only one so far) and `ACL CAT
-/// [category]` (the categories, Redis's and heatshield's own `proxy` and `lock`; the
-/// commands of one), answered from heatshield's table: forwarded, they would name the
-/// backend user heatshield logs in as.
+/// The ACL subcommands heatshield answers: its own users (WHOAMI, USERS, LIST, GETUSER,
+/// SETUSER, DELUSER) and categories (CAT), never a master's: forwarded, they would show
+/// or change the backend user heatshield logs in as. (Who may run which is checked
+/// before, like any command: SETUSER and the others are `@admin`.)
 fn acl(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
     use crate::command::cat;
-    if req.arg(1).eq_ignore_ascii_case(b"WHOAMI") {
-        return ctx.reply(|w| w.bulk(b"default"));
-    }
-    match req.argc() {
-        2 => ctx.reply(|w| {
-            w.array(cat::NAMES.len());
-            for n in cat::NAMES {
-                w.bulk(n.as_bytes());
+    let sub = req.arg(1).to_ascii_uppercase();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    match sub.as_slice() {
+        b"WHOAMI" => {
+            let name = ctx.client.user.name.clone();
+            ctx.reply(|w| w.bulk(name.as_bytes()))
+        }
+        b"USERS" => {
+            let names = proxy.users.names();
+            ctx.reply(|w| {
+                w.array(names.len());
+                for n in &names {
+                    w.bulk(n.as_bytes());
+                }
+            })
+        }
+        b"LIST" => {
+            let lines: Vec<String> =
+                proxy.users.all().iter().map(|u| format!("user {} {}", u.name, u.perms().describe())).collect();
+            ctx.reply(|w| {
+                w.array(lines.len());
+                for l in &lines {
+                    w.bulk(l.as_bytes());
+                }
+            })
+        }
+        b"GETUSER" => {
+            let Some(u) = proxy.users.get(&text(req.arg(2))) else { return ctx.reply(|w| w.nil()) };
+            let p = u.perms();
+            let mut flags = vec![if p.enabled { "on" } else { "off" }];
+            if p.nopass {
+                flags.push("nopass");
             }
-        }),
-        3 => match cat::of(req.arg(2)) {
-            Some(bit) => {
-                let names = proxy.commands.in_category(bit);
-                ctx.reply(|w| {
-                    w.array(names.len());
-                    for n in &names {
-                        w.bulk(n.as_bytes());
+            let passwords: Vec<String> = p.passwords.iter().map(crate::services::acl::hex).collect();
+            let (commands, keys, channels) = (p.command_rules(), p.key_rules(), p.channel_rules());
+            ctx.reply(|w| {
+                w.map(6);
+                w.bulk(b"flags");
+                w.array(flags.len());
+                for f in &flags {
+                    w.bulk(f.as_bytes());
+                }
+                w.bulk(b"passwords");
+                w.array(passwords.len());
+                for h in &passwords {
+                    w.bulk(h.as_bytes());
+                }
+                w.bulk(b"commands");
+                w.bulk(commands.as_bytes());
+                w.bulk(b"keys");
+                w.bulk(keys.as_bytes());
+                w.bulk(b"channels");
+                w.bulk(channels.as_bytes());
+                w.bulk(b"selectors");
+                w.array(0);
+            })
+        }
+        b"SETUSER" => {
+            let rules: Vec<&[u8]> = (3..req.argc()).map(|i| req.arg(i)).collect();
+            match proxy.users.set_user(&text(req.arg(2)), &rules, &proxy.commands) {
+                Ok(_) => ctx.reply(|w| w.ok()),
+                Err(e) => ctx.error(&e),
+            }
+        }
+        b"DELUSER" => {
+            let names: Vec<String> = (2..req.argc()).map(|i| text(req.arg(i))).collect();
+            if names.iter().any(|n| n == "default") {
+                return ctx.error(crate::errors::DELUSER_DEFAULT);
+            }
+            let gone = proxy.users.delete(&names.iter().map(String::as_str).collect::<Vec<_>>());
+            // as on Redis, the connections logged in as a deleted user are closed
+            let me = ctx.client.id;
+            for c in proxy.clients.all() {
+                if gone.iter().any(|u| u.name == c.user()) {
+                    if c.id == me {
+                        ctx.client.quit = true;
+                    } else {
+                        c.send(crate::conn::Control::Kill);
                     }
-                })
+                }
             }
-            None => ctx.error(&crate::errors::unknown_category(req.arg(2))),
+            let n = gone.len() as i64;
+            ctx.reply(|w| w.int(n))
+        }
+        _ => match req.argc() {
+            2 => ctx.reply(|w| {
+                w.array(cat::NAMES.len());
+                for n in cat::NAMES {
+                    w.bulk(n.as_bytes());
+                }
+            }),
+            3 => match cat::of(req.arg(2)) {
+                Some(bit) => {
+                    let names = proxy.commands.in_category(bit);
+                    ctx.reply(|w| {
+                        w.array(names.len());
+                        for n in &names {
+                            w.bulk(n.as_bytes());
+                        }
+                    })
+                }
+                None => ctx.error(&crate::errors::unknown_category(req.arg(2))),
+            },
+            _ => ctx.error(&crate::errors::subcommand_arity(&String::from_utf8_lossy(req.arg(1)), "ACL")),
         },
-        _ => ctx.error(&crate::errors::subcommand_arity(&String::from_utf8_lossy(req.arg(1)), "ACL")),
     }
 }

@@ -313,10 +313,15 @@ impl Perms {
         self.enabled && (self.nopass || self.passwords.contains(&hash(password)))
     }
 
-    /// The command rules as text, in the order given (`+@all -debug`).
+    /// The command rules as text, in the order given (`+@all -debug`), from the last
+    /// `+@all` / `-@all` on (what came before it no longer counts).
     pub fn command_rules(&self) -> String {
+        let from = self.rules.iter().rposition(|r| matches!(r, CmdRule::All(_))).unwrap_or(0);
         let mut out: Vec<String> = Vec::new();
-        for r in &self.rules {
+        if !matches!(self.rules.get(from), Some(CmdRule::All(_))) {
+            out.push("-@all".into());
+        }
+        for r in &self.rules[from..] {
             let (sign, what) = match r {
                 CmdRule::All(a) => (*a, "@all".to_string()),
                 CmdRule::Category(bit, a) => (*a, format!("@{}", cat::NAMES[bit.trailing_zeros() as usize])),
@@ -324,7 +329,47 @@ impl Perms {
             };
             out.push(format!("{}{what}", if sign { '+' } else { '-' }));
         }
-        if out.is_empty() { "-@all".into() } else { out.join(" ") }
+        out.join(" ")
+    }
+
+    /// The key patterns as text (`~a:* %R~b:*`).
+    pub fn key_rules(&self) -> String {
+        let one = |k: &KeyPattern| {
+            let p = String::from_utf8_lossy(&k.pattern);
+            match (k.read, k.write) {
+                (true, true) => format!("~{p}"),
+                (true, false) => format!("%R~{p}"),
+                _ => format!("%W~{p}"),
+            }
+        };
+        self.keys.iter().map(one).collect::<Vec<_>>().join(" ")
+    }
+
+    /// The channel patterns as text (`&*`, or `&news &sport`).
+    pub fn channel_rules(&self) -> String {
+        self.channels.iter().map(|c| format!("&{}", String::from_utf8_lossy(c))).collect::<Vec<_>>().join(" ")
+    }
+
+    /// The user as `ACL LIST` shows it, without `user <name> ` (Redis 7.0's order).
+    pub fn describe(&self) -> String {
+        let mut parts = vec![if self.enabled { "on" } else { "off" }.to_string()];
+        if self.nopass {
+            parts.push("nopass".into());
+        }
+        parts.extend(self.passwords.iter().map(|h| format!("#{}", hex(h))));
+        if !self.keys.is_empty() {
+            parts.push(self.key_rules());
+        }
+        if self.channels.iter().any(|c| c == b"*") {
+            parts.push("&*".into());
+        } else {
+            parts.push("resetchannels".into());
+            if !self.channels.is_empty() {
+                parts.push(self.channel_rules());
+            }
+        }
+        parts.push(self.command_rules());
+        parts.join(" ")
     }
 }
 
@@ -354,6 +399,9 @@ impl User {
 #[derive(Debug, Default)]
 pub struct Users {
     users: parking_lot::RwLock<BTreeMap<String, Arc<User>>>,
+    /// Some user may not do everything: only then are requests checked (one relaxed
+    /// load a request otherwise).
+    restricted: std::sync::atomic::AtomicBool,
 }
 
 impl Users {
@@ -364,6 +412,7 @@ impl Users {
     pub fn from_config(lines: &[String], password: Option<&str>, table: &CommandTable) -> Result<Users, String> {
         let users = Users::default();
         users.users.write().insert("default".into(), Arc::new(User::new("default", Perms::everything(password))));
+        users.note_restricted(&users.users.read());
         for line in lines {
             let mut words = line.split_ascii_whitespace();
             let Some(name) = words.next() else { continue };
@@ -377,6 +426,27 @@ impl Users {
         self.users.read().get(name).cloned()
     }
 
+    /// The `default` user (always there: DELUSER refuses to remove it).
+    pub fn default_user(&self) -> Arc<User> {
+        self.get("default").unwrap_or_else(|| Arc::new(User::new("default", Perms::everything(None))))
+    }
+
+    /// Whether some user may not do everything (requests must be checked).
+    #[inline]
+    pub fn restricted(&self) -> bool {
+        self.restricted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn note_restricted(&self, users: &BTreeMap<String, Arc<User>>) {
+        let any = users.values().any(|u| !u.perms().unrestricted());
+        self.restricted.store(any, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Every user (`ACL LIST`), sorted by name.
+    pub fn all(&self) -> Vec<Arc<User>> {
+        self.users.read().values().cloned().collect()
+    }
+
     /// `ACL SETUSER`: every rule applies, or none does (the first refused is the error,
     /// in Redis's words). Returns the user.
     pub fn set_user(&self, name: &str, rules: &[&[u8]], table: &CommandTable) -> Result<Arc<User>, String> {
@@ -385,23 +455,27 @@ impl Users {
         for r in rules {
             perms.apply(r, table).map_err(|e| e.reply(r))?;
         }
-        match users.get(name) {
+        let user = match users.get(name) {
             Some(u) => {
                 u.set(perms);
-                Ok(u.clone())
+                u.clone()
             }
             None => {
                 let u = Arc::new(User::new(name, perms));
                 users.insert(name.to_string(), u.clone());
-                Ok(u)
+                u
             }
-        }
+        };
+        self.note_restricted(&users);
+        Ok(user)
     }
 
     /// `ACL DELUSER`: removes the users named (never `default`); returns those removed.
     pub fn delete(&self, names: &[&str]) -> Vec<Arc<User>> {
         let mut users = self.users.write();
-        names.iter().filter(|n| **n != "default").filter_map(|n| users.remove(*n)).collect()
+        let gone = names.iter().filter(|n| **n != "default").filter_map(|n| users.remove(*n)).collect();
+        self.note_restricted(&users);
+        gone
     }
 
     /// The names, sorted (`ACL USERS`).

@@ -338,7 +338,13 @@ impl Session {
         let client = ClientState {
             id,
             proto: Proto::Resp2,
-            authed: proxy.config.server.password.is_none(),
+            // logged in as `default` from the start if it needs no password, as on Redis
+            authed: {
+                let d = proxy.users.default_user();
+                let p = d.perms();
+                p.enabled && p.nopass
+            },
+            user: proxy.users.default_user(),
             info,
             reply: ReplyMode::On,
             no_evict: false,
