@@ -75,6 +75,10 @@ fn describe() {
         "Client TLS handshakes that failed or timed out (a bad or missing client certificate, a plain-text client)."
     );
     describe_counter!("heatshield_tls_reloads_total", "Certificate files reloaded (TLS listener and backend).");
+    describe_counter!(
+        "heatshield_acl_denied_total",
+        "Requests and logins refused by ACL, by user and reason (command, key, channel, auth)."
+    );
     describe_counter!("heatshield_client_connections_accepted_total", "Client connections accepted.");
     describe_counter!(
         "heatshield_client_connections_rejected_total",
@@ -388,5 +392,21 @@ impl PerWorkerCounter {
 
     pub fn sum(&self) -> u64 {
         self.slots.iter().map(|s| s.0.load(std::sync::atomic::Ordering::Relaxed)).sum()
+    }
+}
+
+/// An ACL refusal: of `user` (a user that exists, or `(unknown)` for a login as nobody:
+/// the label's values are the configured users, never a name a client made up) for
+/// `reason` (`command`, `key`, `channel`, `auth`). Not on the request path of anyone
+/// allowed.
+#[cold]
+pub fn acl_denied(user: &str, reason: &'static str) {
+    metrics::counter!("heatshield_acl_denied_total", "user" => user.to_string(), "reason" => reason).increment(1);
+}
+
+/// Shows `user`'s ACL refusals at 0 from the start (a series appears only once made).
+pub fn acl_user(user: &str) {
+    for reason in ["command", "key", "channel", "auth"] {
+        metrics::counter!("heatshield_acl_denied_total", "user" => user.to_string(), "reason" => reason).increment(0);
     }
 }

@@ -129,6 +129,15 @@ impl Proxy {
         // one extra id for requests that match no command
         let ids = commands.count() + 1;
         let cache = Arc::new(crate::services::cache::HotCache::new(&config.cache, &commands));
+        let users = crate::services::acl::Users::from_config(
+            &config.server.users,
+            config.server.password.as_deref(),
+            &commands,
+        )
+        .unwrap_or_default();
+        for u in users.names() {
+            crate::metrics::acl_user(&u);
+        }
         Proxy {
             cache,
             locks: Arc::default(),
@@ -136,12 +145,7 @@ impl Proxy {
             client_side: Arc::new(crate::services::cache::clients::ClientSide::new(config.limits.tracking_max_keys)),
             databases: std::sync::atomic::AtomicU32::new(1),
             // (validated with the configuration)
-            users: crate::services::acl::Users::from_config(
-                &config.server.users,
-                config.server.password.as_deref(),
-                &commands,
-            )
-            .unwrap_or_default(),
+            users,
             scripts: Default::default(),
             clients: Default::default(),
             live: crate::config::Live::new(&config),

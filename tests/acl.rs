@@ -207,4 +207,13 @@ fn a_transaction_and_live_changes_and_deleted_users() {
     assert_eq!(late.cmd(&["GET", "k"]).err(), Some("NOAUTH Authentication required."));
     assert_eq!(late.cmd(&["AUTH", "ops", "opspw"]), V::ok());
     assert_eq!(late.cmd(&["SET", "k", "v"]), V::ok());
+    // refusals and failed logins counted by user and reason, never by a made-up name
+    assert!(late.cmd(&["AUTH", "made-up-name", "x"]).is_err());
+    let metrics = proxy.metrics_addr().unwrap();
+    let series = |s: &str| common::http::scrape_series(&metrics, s).unwrap_or(0.0);
+    assert!(series("heatshield_acl_denied_total{user=\"app\",reason=\"key\"}") >= 2.0);
+    assert!(series("heatshield_acl_denied_total{user=\"app\",reason=\"command\"}") >= 1.0);
+    assert!(series("heatshield_acl_denied_total{user=\"(unknown)\",reason=\"auth\"}") >= 1.0);
+    let (_, body) = common::http_get(&metrics, "/metrics");
+    assert!(!body.contains("made-up-name"), "a client-chosen name became a label");
 }

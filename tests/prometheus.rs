@@ -46,6 +46,7 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_client_connections_rejected_total", "counter", &[]),
     ("heatshield_tls_handshakes_failed_total", "counter", &[]),
     ("heatshield_tls_reloads_total", "counter", &[]),
+    ("heatshield_acl_denied_total", "counter", &["user", "reason"]),
     ("heatshield_redirections_total", "counter", &["kind"]),
     ("heatshield_redirections_refused_total", "counter", &[]),
     ("heatshield_retries_total", "counter", &["reason"]),

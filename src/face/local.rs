@@ -178,12 +178,16 @@ fn check_auth(
     pass: &[u8],
 ) -> Result<std::sync::Arc<crate::services::acl::User>, &'static str> {
     let name = String::from_utf8_lossy(user.unwrap_or(b"default"));
-    let Some(u) = proxy.users.get(&name) else { return Err(errors::WRONGPASS) };
+    let Some(u) = proxy.users.get(&name) else {
+        crate::metrics::acl_denied("(unknown)", "auth");
+        return Err(errors::WRONGPASS);
+    };
     let p = u.perms();
     if user.is_none() && p.nopass && p.enabled {
         return Err(errors::AUTH_WITHOUT_PASSWORD);
     }
     if !p.accepts(pass) {
+        crate::metrics::acl_denied(&u.name, "auth");
         return Err(errors::WRONGPASS);
     }
     drop(p);
@@ -324,7 +328,10 @@ fn acl(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         b"SETUSER" => {
             let rules: Vec<&[u8]> = (3..req.argc()).map(|i| req.arg(i)).collect();
             match proxy.users.set_user(&text(req.arg(2)), &rules, &proxy.commands) {
-                Ok(_) => ctx.reply(|w| w.ok()),
+                Ok(u) => {
+                    crate::metrics::acl_user(&u.name);
+                    ctx.reply(|w| w.ok())
+                }
                 Err(e) => ctx.error(&e),
             }
         }

@@ -68,11 +68,12 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         && let Some(denied) = acl_denied(ctx, cmd)
     {
         use crate::services::acl::Denied;
-        let text = match denied {
-            Denied::Command => errors::noperm_command(&cmd.lower),
-            Denied::Key => errors::NOPERM_KEY.to_string(),
-            Denied::Channel => errors::NOPERM_CHANNEL.to_string(),
+        let (text, reason) = match denied {
+            Denied::Command => (errors::noperm_command(&cmd.lower), "command"),
+            Denied::Key => (errors::NOPERM_KEY.to_string(), "key"),
+            Denied::Channel => (errors::NOPERM_CHANNEL.to_string(), "channel"),
         };
+        crate::metrics::acl_denied(&ctx.client.user.name, reason);
         if cmd.route == Route::Transaction(TxCmd::Exec) {
             return transaction::exec_refused(ctx, &errors::exec_aborted_because(&text));
         }
