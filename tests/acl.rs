@@ -180,6 +180,10 @@ fn a_transaction_and_live_changes_and_deleted_users() {
     let hello = app.cmd(&["HELLO", "3", "AUTH", "app", "apppw"]);
     assert!(!hello.is_err(), "{hello:?}");
     assert_eq!(app.cmd(&["ACL", "WHOAMI"]), V::s("app"));
+    // the configured passwords are never shown, only their hashes
+    let shown = admin.cmd(&["PROXY", "CONFIG", "GET", "server.users"]);
+    let shown = format!("{shown:?}");
+    assert!(!shown.contains("apppw") && shown.contains("app on #"), "{shown}");
     let list = admin.cmd(&["CLIENT", "LIST"]).text();
     assert!(list.contains(" user=app "), "CLIENT LIST shows the user: {list}");
     // refused at queue time, and EXEC aborts, as on Redis

@@ -26,6 +26,17 @@ pub fn hash(password: &[u8]) -> Hash {
     h
 }
 
+/// A user's line (`name rule ...`) with its plain passwords (`>pw`, `<pw`) hashed
+/// (`#sha256`, `!sha256`): what may be shown of it.
+pub fn redact(line: &str) -> String {
+    let word = |w: &str| match (w.strip_prefix('>'), w.strip_prefix('<')) {
+        (Some(p), _) => format!("#{}", hex(&hash(p.as_bytes()))),
+        (_, Some(p)) => format!("!{}", hex(&hash(p.as_bytes()))),
+        _ => w.to_string(),
+    };
+    line.split_ascii_whitespace().map(word).collect::<Vec<_>>().join(" ")
+}
+
 /// `hash` as 64 lowercase hex digits.
 pub fn hex(hash: &Hash) -> String {
     hash.iter().map(|b| format!("{b:02x}")).collect()

@@ -27,6 +27,15 @@ pub(super) fn config_pairs(proxy: &Proxy) -> Vec<(String, String)> {
                         String::new()
                     }
                 }
+                // users: their passwords as ACL GETUSER shows them, hashed
+                "server.users" => proxy
+                    .config
+                    .server
+                    .users
+                    .iter()
+                    .map(|l| crate::services::acl::redact(l))
+                    .collect::<Vec<_>>()
+                    .join(","),
                 _ => v?, // None: the rate-limit rules (PROXY RATELIMIT LIST)
             };
             Some((k, v))
