@@ -148,6 +148,10 @@ pub struct ServerConfig {
     /// ACL users, each `name rule ...` in Redis's ACL syntax (as `ACL SETUSER` takes
     /// them; docs/acl.md); a line for `default` changes the default user.
     pub users: Vec<String>,
+    /// Failed AUTH / HELLO AUTH a client address may make a minute (a bucket of this
+    /// many, refilled over a minute); past it, logins from it are refused unchecked
+    /// until the bucket refills. 0: no limit. Per heatshield (docs/acl.md).
+    pub auth_failures_per_minute: u32,
     /// Allow FLUSHALL / FLUSHDB, which are sent to every master.
     pub allow_flush: bool,
     /// On shutdown, how long in-flight replies may take before connections are closed.
@@ -168,6 +172,7 @@ impl Default for ServerConfig {
             max_clients: 10_000,
             password: None,
             users: vec![],
+            auth_failures_per_minute: 30,
             allow_flush: false,
             shutdown_timeout_ms: 5_000,
             announce: None,

@@ -319,6 +319,10 @@ pub fn no_such_user(u: &str) -> String {
     format!("ERR No such user '{u}'")
 }
 
+/// `ACL GENPASS` with a bit count out of range.
+pub const GENPASS_BITS: &str =
+    "ERR ACL GENPASS argument must be the number of bits for the output password, a positive number up to 4096";
+
 #[cfg(test)]
 mod tests {
     use super::*;

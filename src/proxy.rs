@@ -74,6 +74,8 @@ pub struct Proxy {
     pub databases: std::sync::atomic::AtomicU32,
     /// ACL users (`server.users`, `ACL SETUSER`).
     pub users: crate::services::acl::Users,
+    /// Failed logins by client address (`server.auth_failures_per_minute`).
+    pub auth_limiter: crate::services::acl::AuthLimiter,
 }
 
 /// What statistics need of a reply once it has been written (the reply itself is gone).
@@ -146,6 +148,7 @@ impl Proxy {
             databases: std::sync::atomic::AtomicU32::new(1),
             // (validated with the configuration)
             users,
+            auth_limiter: crate::services::acl::AuthLimiter::new(config.server.auth_failures_per_minute),
             scripts: Default::default(),
             clients: Default::default(),
             live: crate::config::Live::new(&config),

@@ -221,3 +221,312 @@ fn a_transaction_and_live_changes_and_deleted_users() {
     let (_, body) = common::http_get(&metrics, "/metrics");
     assert!(!body.contains("made-up-name"), "a client-chosen name became a label");
 }
+
+/// `ACL GETUSER`'s `commands` (or `ACL LIST`'s rules) alike: the same `+@all` / `-@all`,
+/// the same categories in the same order, the same single commands (which Redis lists
+/// in its hash table's order, heatshield by name).
+fn rules_alike(ours: &str, theirs: &str) -> bool {
+    let split = |s: &str| {
+        let words: Vec<String> = s.split(' ').map(String::from).collect();
+        let (cats, cmds): (Vec<String>, Vec<String>) = words.into_iter().partition(|w| w[1..].starts_with('@'));
+        (cats, cmds.into_iter().collect::<BTreeSet<String>>())
+    };
+    split(ours) == split(theirs)
+}
+
+/// Users of the generated matrix: key, channel, category, subcommand and first-argument
+/// rules, set up alike on the reference Redis and on heatshield.
+const MATRIX_USERS: &[&[&str]] = &[
+    &["keys", "on", "nopass", "%R~app:*", "%W~log:*", "~rw:*", "&*", "+@all"],
+    &["cats", "on", "nopass", "~*", "-@all", "+@read", "+@hash", "-hgetall", "+client|id", "+config|get", "+select|0"],
+    &[
+        "subs",
+        "on",
+        "nopass",
+        "allkeys",
+        "&news.*",
+        "+@all",
+        "-@admin",
+        "+acl|whoami",
+        "-object|encoding",
+        "-@pubsub",
+        "+subscribe",
+    ],
+    &["app", "on", "nopass", "~app:*", "&app.*", "+@all", "-@dangerous", "-@admin"],
+    &["reader", "on", "nopass", "%R~*", "resetchannels", "+@read", "+@connection"],
+    &["writer", "on", "nopass", "%W~log:*", "+@write", "-flushall", "+ping"],
+    &["nothing", "on", "nopass", "resetkeys", "resetchannels", "-@all", "+@fast", "-@keyspace"],
+];
+
+/// Every command and subcommand the reference Redis lists (`COMMAND`), with its arity.
+fn every_command(redis: &mut Conn) -> Vec<(Vec<String>, i64)> {
+    let mut out = Vec::new();
+    for c in redis.cmd(&["COMMAND"]).items() {
+        let it = c.items();
+        let name = it[0].text();
+        out.push((vec![name.clone()], it[1].int()));
+        if let Some(subs) = it.get(9) {
+            for s in subs.items() {
+                let s = s.items();
+                let full = s[0].text();
+                let sub = full.split_once('|').map_or(full.clone(), |(_, s)| s.to_string());
+                out.push((vec![name.clone(), sub], s[1].int()));
+            }
+        }
+    }
+    out
+}
+
+/// The requests the matrix tries for a command: its fewest arguments (and one more
+/// where it takes more), all one name, or names of every kind, or a count first (for
+/// the commands whose keys follow a count).
+fn requests_for(name: &[String], arity: i64) -> Vec<Vec<String>> {
+    let fewest = (arity.unsigned_abs() as usize).saturating_sub(name.len());
+    let counts: Vec<usize> = if arity < 0 { vec![fewest, fewest + 2] } else { vec![fewest] };
+    let mut out = Vec::new();
+    let mixed = ["app:1", "log:1", "rw:1", "other", "news.x", "app.x"];
+    for n in counts {
+        for tok in mixed {
+            out.push((0..n).map(|_| tok.to_string()).collect::<Vec<_>>());
+        }
+        out.push((0..n).map(|i| mixed[i % mixed.len()].to_string()).collect());
+        out.push((0..n).map(|i| mixed[(i + 1) % mixed.len()].to_string()).collect());
+        if n >= 2 {
+            let mut counted = vec!["1".to_string()];
+            counted.extend((1..n).map(|i| mixed[i % mixed.len()].to_string()));
+            out.push(counted);
+        }
+    }
+    out.into_iter()
+        .map(|args| {
+            let mut full = name.to_vec();
+            full.extend(args);
+            full
+        })
+        .collect()
+}
+
+/// NOPERM for what `ACL DRYRUN` said.
+fn noperm_for(dryrun: &str) -> String {
+    if let Some(rest) = dryrun.strip_prefix("This user has no permissions to run the ") {
+        format!("NOPERM this user has no permissions to run the {rest}")
+    } else if dryrun.ends_with(" key") {
+        "NOPERM this user has no permissions to access one of the keys used as arguments".into()
+    } else {
+        "NOPERM this user has no permissions to access one of the channels used as arguments".into()
+    }
+}
+
+#[test]
+fn a_generated_matrix_of_every_command_and_user_answers_as_redis_does() {
+    let reference = RedisStandalone::start();
+    let backing = RedisStandalone::start();
+    let proxy = Proxy::start_standalone(&backing, &[]);
+    let mut theirs = Conn::connect(reference.port());
+    let mut ours = Conn::connect(proxy.port());
+    for u in MATRIX_USERS {
+        let mut args = vec!["ACL", "SETUSER"];
+        args.extend_from_slice(u);
+        assert_eq!(theirs.cmd(&args), V::ok(), "{u:?}");
+        assert_eq!(ours.cmd(&args), V::ok(), "{u:?}");
+    }
+    // the rules shown as Redis 7.0 shows them
+    for u in MATRIX_USERS {
+        let (a, b) = (ours.cmd(&["ACL", "GETUSER", u[0]]), theirs.cmd(&["ACL", "GETUSER", u[0]]));
+        for field in ["flags", "passwords", "keys", "channels"] {
+            assert_eq!(a.get(field), b.get(field), "{} {field}", u[0]);
+        }
+        let (a, b) = (a.get("commands").unwrap().text(), b.get("commands").unwrap().text());
+        assert!(rules_alike(&a, &b), "{}: heatshield shows {a:?}, Redis {b:?}", u[0]);
+    }
+    let (a, b) = (ours.cmd(&["ACL", "LIST"]), theirs.cmd(&["ACL", "LIST"]));
+    assert_eq!(a.items().len(), b.items().len());
+    for (a, b) in a.items().iter().zip(b.items()) {
+        let (a, b) = (a.text(), b.text());
+        let (rest_a, rules_a) = a.split_at(a.find(" +@all").or(a.find(" -@all")).unwrap());
+        let (rest_b, rules_b) = b.split_at(b.find(" +@all").or(b.find(" -@all")).unwrap());
+        assert_eq!(rest_a, rest_b);
+        assert!(rules_alike(rules_a.trim(), rules_b.trim()), "ACL LIST: {a:?} vs {b:?}");
+    }
+
+    // every command × every user × several argument lists: ACL DRYRUN alike; what it
+    // refuses, heatshield refuses when it is run, with Redis's NOPERM
+    let mut as_user: Vec<Conn> = MATRIX_USERS
+        .iter()
+        .map(|u| {
+            let mut c = Conn::connect(proxy.port());
+            assert_eq!(c.cmd(&["AUTH", u[0], "x"]), V::ok());
+            c
+        })
+        .collect();
+    let (mut cells, mut refused) = (0, 0);
+    let mut kinds = std::collections::BTreeMap::<&str, usize>::new();
+    for (name, arity) in every_command(&mut theirs) {
+        // one command's cells pipelined on each server, then read
+        let mut cell_list: Vec<(usize, Vec<String>)> = Vec::new();
+        for req in requests_for(&name, arity) {
+            for (i, u) in MATRIX_USERS.iter().enumerate() {
+                let mut dry = vec!["ACL".to_string(), "DRYRUN".to_string(), u[0].to_string()];
+                dry.extend(req.iter().cloned());
+                ours.send(&dry);
+                theirs.send(&dry);
+                cell_list.push((i, req.clone()));
+            }
+        }
+        let mut runs: Vec<Vec<(Vec<String>, String)>> = vec![Vec::new(); MATRIX_USERS.len()];
+        for (i, req) in &cell_list {
+            let (a, b) = (ours.read_reply(), theirs.read_reply());
+            assert_eq!(a, b, "{} {req:?}", MATRIX_USERS[*i][0]);
+            cells += 1;
+            if b.is_ok() || b.is_err() {
+                continue;
+            }
+            let verdict = b.text();
+            let kind = if verdict.ends_with(" key") {
+                "key"
+            } else if verdict.ends_with(" channel") {
+                "channel"
+            } else {
+                "command"
+            };
+            *kinds.entry(kind).or_default() += 1;
+            // (QUIT: Redis 7.0 answers it before any check)
+            if name[0] != "QUIT" {
+                runs[*i].push((req.clone(), verdict));
+            }
+        }
+        for (conn, runs) in as_user.iter_mut().zip(&runs) {
+            for (req, _) in runs {
+                conn.send(req);
+            }
+            for (req, verdict) in runs {
+                let got = conn.read_reply();
+                assert_eq!(got.err(), Some(noperm_for(verdict).as_str()), "{req:?} ({verdict})");
+                refused += 1;
+            }
+        }
+    }
+    eprintln!("{cells} cells alike; {refused} refused when run ({kinds:?})");
+    assert!(cells > 20_000 && kinds.len() == 3, "{cells} cells, refusals {kinds:?}");
+
+    // DRYRUN's own errors
+    for args in [
+        vec!["ACL", "DRYRUN", "ghost", "GET", "k"],
+        vec!["ACL", "DRYRUN", "keys", "NOSUCH", "k"],
+        vec!["ACL", "DRYRUN", "keys", "GET"],
+        vec!["ACL", "DRYRUN", "keys", "OBJECT", "NOPE", "x"],
+    ] {
+        assert_eq!(ours.cmd(&args), theirs.cmd(&args), "{args:?}");
+    }
+}
+
+#[test]
+fn acl_log_and_malformed_rules_as_on_redis() {
+    let reference = RedisStandalone::start();
+    let backing = RedisStandalone::start();
+    let proxy = Proxy::start_standalone(&backing, &[]);
+    for port in [reference.port(), proxy.port()] {
+        let mut admin = Conn::connect(port);
+        assert_eq!(
+            admin.cmd(&["ACL", "SETUSER", "w", "on", ">pw", "~k*", "&ch", "+get", "+set", "+multi", "+publish"]),
+            V::ok()
+        );
+        assert_eq!(admin.cmd(&["ACL", "LOG", "RESET"]), V::ok());
+        let mut c = Conn::connect(port);
+        assert!(c.cmd(&["AUTH", "w", "bad"]).is_err());
+        assert!(c.cmd(&["AUTH", "nosuchuser", "bad"]).is_err());
+        assert_eq!(c.cmd(&["AUTH", "w", "pw"]), V::ok());
+        assert!(c.cmd(&["GET", "a"]).is_err());
+        assert!(c.cmd(&["GET", "a"]).is_err());
+        assert!(c.cmd(&["OBJECT", "ENCODING", "k1"]).is_err());
+        assert!(c.cmd(&["PUBLISH", "other", "m"]).is_err());
+        assert_eq!(c.cmd(&["MULTI"]), V::ok());
+        assert!(c.cmd(&["SET", "a", "1"]).is_err());
+    }
+    let log = |port: u16, n: Option<&str>| {
+        let mut args = vec!["ACL", "LOG"];
+        args.extend(n);
+        let v = Conn::connect(port).cmd(&args);
+        v.items()
+            .iter()
+            .map(|e| {
+                let f =
+                    |k: &str| e.get(k).map(|v| v.as_text().unwrap_or_else(|| v.int().to_string())).unwrap_or_default();
+                let info = f("client-info");
+                assert!(info.contains(" user=") && info.starts_with("id="), "{info}");
+                (f("count"), f("reason"), f("context"), f("object"), f("username"))
+            })
+            .collect::<Vec<_>>()
+    };
+    let ours = log(proxy.port(), None);
+    assert_eq!(ours, log(reference.port(), None));
+    assert_eq!(ours.len(), 6, "{ours:?}");
+    assert_eq!(log(proxy.port(), Some("2")), log(reference.port(), Some("2")));
+    for args in [vec!["ACL", "LOG", "x"], vec!["ACL", "LOG", "1", "2"], vec!["ACL", "LOG", "-1"]] {
+        assert_eq!(Conn::connect(proxy.port()).cmd(&args), Conn::connect(reference.port()).cmd(&args), "{args:?}");
+    }
+
+    // malformed rules: Redis's errors, and nothing of the user changed
+    let rules: &[&[&str]] = &[
+        &["+nosuch"],
+        &["+@nosuch"],
+        &["bogus"],
+        &["#abc"],
+        &["<never"],
+        &["allkeys", "~x"],
+        &["allchannels", "&x"],
+        &["%X~a"],
+        &["%~a"],
+        &["-select|0"],
+        &["+client|kill|x"],
+        &["+acl|nosuch"],
+        &["+nosuch|x"],
+        &["+get|"],
+        &[">ok", "+nosuch"],
+        &["on", "+get", "bogus"],
+    ];
+    let mut ours = Conn::connect(proxy.port());
+    let mut theirs = Conn::connect(reference.port());
+    for r in rules {
+        let mut args = vec!["ACL", "SETUSER", "w"];
+        args.extend_from_slice(r);
+        assert_eq!(ours.cmd(&args), theirs.cmd(&args), "{r:?}");
+        assert_eq!(
+            ours.cmd(&["ACL", "GETUSER", "w"]).get("passwords"),
+            theirs.cmd(&["ACL", "GETUSER", "w"]).get("passwords")
+        );
+    }
+    for args in [vec!["ACL", "GENPASS", "0"], vec!["ACL", "GENPASS", "x"]] {
+        assert_eq!(ours.cmd(&args), theirs.cmd(&args), "{args:?}");
+    }
+    assert_eq!(ours.cmd(&["ACL", "GENPASS"]).text().len(), 64);
+    assert_eq!(ours.cmd(&["ACL", "GENPASS", "5"]).text().len(), theirs.cmd(&["ACL", "GENPASS", "5"]).text().len());
+}
+
+#[test]
+fn failed_logins_are_rate_limited_per_client_address() {
+    let redis = RedisStandalone::start();
+    let (_d, conf) = config_file("[server]\nauth_failures_per_minute = 60\nusers = [\"app on >right ~* +@all\"]\n");
+    let proxy = Proxy::start_standalone(&redis, &["--config", &conf]);
+    let mut c = Conn::connect(proxy.port());
+    for _ in 0..60 {
+        assert_eq!(
+            c.cmd(&["AUTH", "app", "guess"]).err(),
+            Some("WRONGPASS invalid username-password pair or user is disabled.")
+        );
+    }
+    // the bucket is empty: even the right password is refused, unchecked
+    assert!(c.cmd(&["AUTH", "app", "right"]).is_err());
+    assert!(
+        Conn::connect(proxy.port()).cmd(&["HELLO", "3", "AUTH", "app", "right"]).is_err(),
+        "a new connection from the same address too"
+    );
+    let metrics = proxy.metrics_addr().unwrap();
+    let limited =
+        common::http::scrape_series(&metrics, "heatshield_acl_denied_total{user=\"app\",reason=\"auth_rate\"}");
+    assert!(limited.unwrap_or(0.0) >= 2.0, "{limited:?}");
+    // it refills at 60 a minute: a second later one try is allowed, and it succeeds
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(c.cmd(&["AUTH", "app", "right"]), V::ok());
+    assert_eq!(c.cmd(&["ACL", "WHOAMI"]), V::s("app"));
+}

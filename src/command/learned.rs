@@ -9,7 +9,7 @@
 use crate::protocol::reply::Value;
 use crate::protocol::request::parse_i64;
 
-use super::spec::flags;
+use super::spec::{flags, key};
 
 /// One command (or subcommand) as a server describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +44,11 @@ pub struct KeyRule {
     pub incomplete: bool,
     /// `RW`, `OW`, `RM`, `insert`, `update` or `delete`: the command may change the key.
     pub write: bool,
+    /// What ACL checks the key for: `access` (read) and `insert`/`update`/`delete`
+    /// (write), as crate::command::spec::key bits.
+    pub acl: u8,
+    /// `variable_flags`: what the command does to the key depends on its arguments.
+    pub variable: bool,
 }
 
 /// Where a key spec's search begins.
@@ -101,6 +106,28 @@ pub fn find_keys<'a>(
     argc: usize,
     arg: impl Fn(usize) -> &'a [u8],
     out: &mut smallvec::SmallVec<[u32; 4]>,
+) {
+    find(rules, argc, arg, out, false)
+}
+
+/// [`find_keys`] as ACL finds keys: a spec whose keys end before they begin (a count of
+/// 0, or arguments missing) does not fit either, and gives no keys at all.
+pub fn find_keys_strict<'a>(
+    rules: &[KeyRule],
+    argc: usize,
+    arg: impl Fn(usize) -> &'a [u8],
+    out: &mut smallvec::SmallVec<[u32; 4]>,
+) {
+    find(rules, argc, arg, out, true)
+}
+
+#[inline(always)]
+fn find<'a>(
+    rules: &[KeyRule],
+    argc: usize,
+    arg: impl Fn(usize) -> &'a [u8],
+    out: &mut smallvec::SmallVec<[u32; 4]>,
+    strict: bool,
 ) {
     let argc = argc as i64;
     for rule in rules {
@@ -164,6 +191,10 @@ pub fn find_keys<'a>(
             }
         };
         if last < first {
+            if strict {
+                out.clear();
+                return;
+            }
             // (no keys: `numkeys` 0)
             continue;
         }
@@ -270,14 +301,27 @@ fn field<'v, 'a>(v: &'v Value<'a>, name: &[u8]) -> Option<&'v Value<'a>> {
 }
 
 fn parse_rule(v: &Value) -> Option<KeyRule> {
-    let mut rule =
-        KeyRule { begin: Begin::Unknown, find: Find::Unknown, not_key: false, incomplete: false, write: false };
+    let mut rule = KeyRule {
+        begin: Begin::Unknown,
+        find: Find::Unknown,
+        not_key: false,
+        incomplete: false,
+        write: false,
+        acl: 0,
+        variable: false,
+    };
     if let Some(Value::Array(fl)) = field(v, b"flags") {
         for x in fl.iter().filter_map(Value::as_bytes) {
             match x.to_ascii_lowercase().as_slice() {
                 b"not_key" => rule.not_key = true,
                 b"incomplete" => rule.incomplete = true,
-                b"rw" | b"ow" | b"rm" | b"insert" | b"update" | b"delete" => rule.write = true,
+                b"rw" | b"ow" | b"rm" => rule.write = true,
+                b"insert" | b"update" | b"delete" => {
+                    rule.write = true;
+                    rule.acl |= key::CHANGE;
+                }
+                b"access" => rule.acl |= key::ACCESS,
+                b"variable_flags" => rule.variable = true,
                 _ => {}
             }
         }
@@ -366,6 +410,8 @@ mod tests {
                 find: Find::KeyNum { at: 0, first: 1, step: 2 },
                 not_key: false,
                 incomplete: false,
+                acl: key::CHANGE,
+                variable: false,
                 write: true,
             }]
         );
@@ -389,6 +435,8 @@ mod tests {
             find: Find::Range { last: -1, step: 1, limit: 0 },
             not_key: false,
             incomplete: false,
+            acl: 0,
+            variable: false,
             write: false,
         };
         assert_eq!(keys(&[kw(-2)], &["M", "h", "KEYS", "a", "b"]), vec![3, 4]);
@@ -400,6 +448,8 @@ mod tests {
             find: Find::Range { last: -1, step: 1, limit: 2 },
             not_key: false,
             incomplete: false,
+            acl: 0,
+            variable: false,
             write: true,
         };
         assert_eq!(keys(std::slice::from_ref(&half), &["X", "a", "b", "c", "d"]), vec![1, 2]);

@@ -17,8 +17,8 @@ use std::sync::{Mutex, OnceLock};
 use arc_swap::ArcSwap;
 
 use smallvec::SmallVec;
-use spec::RawSpec;
-pub use spec::{cat, flags};
+use spec::{RawBegin, RawFind, RawKey, RawSpec};
+pub use spec::{cat, flags, key};
 
 use crate::protocol::Request;
 
@@ -227,7 +227,13 @@ pub struct Command {
     /// ACL categories ([`cat`] bits), as the servers report them; heatshield's own
     /// commands have `@proxy` and `@lock` besides Redis's.
     pub acl: u32,
+    /// A subcommand's parent's categories: a rule for a category the parent is in
+    /// reaches every subcommand, as on Redis.
+    pub parent_acl: u32,
     pub keys: KeySpec,
+    /// Its key specs as the server declares them, with what ACL checks each key for
+    /// (see [`acl_keys`]); routing uses [`KeySpec`].
+    pub key_rules: Box<[learned::KeyRule]>,
     pub route: Route,
     /// Its requests take the shared connections unless the connection's state says
     /// otherwise (a WATCH, a MULTI): every route but the blocking, subscription, lock,
@@ -492,6 +498,7 @@ impl CommandTable {
                 step: 0,
                 movable: false,
                 acl: cat::SLOW,
+                specs: &[],
                 subs: &[],
             };
             static SETINFO: RawSpec = RawSpec {
@@ -503,6 +510,7 @@ impl CommandTable {
                 step: 0,
                 movable: false,
                 acl: cat::SLOW | cat::CONNECTION,
+                specs: &[],
                 subs: &[],
             };
             client.subs.entry(b"SETINFO".to_vec()).or_insert_with(|| build(&SETINFO, Some(&CLIENT), &mut next_id));
@@ -515,6 +523,7 @@ impl CommandTable {
                 step: 0,
                 movable: false,
                 acl: cat::SLOW | cat::CONNECTION,
+                specs: &[],
                 subs: &[],
             };
             client.subs.entry(b"NO-TOUCH".to_vec()).or_insert_with(|| build(&NO_TOUCH, Some(&CLIENT), &mut next_id));
@@ -531,6 +540,7 @@ impl CommandTable {
                 step: 0,
                 movable: false,
                 acl: cat::ADMIN | cat::SLOW | cat::DANGEROUS | cat::PROXY,
+                specs: &[],
                 subs: &[],
             },
             RawSpec {
@@ -542,6 +552,7 @@ impl CommandTable {
                 step: 0,
                 movable: false,
                 acl: cat::ADMIN | cat::SLOW | cat::DANGEROUS,
+                specs: &[],
                 subs: &[],
             },
             RawSpec {
@@ -553,6 +564,7 @@ impl CommandTable {
                 step: 1,
                 movable: false,
                 acl: cat::WRITE | cat::SLOW | cat::BLOCKING | cat::LOCK,
+                specs: &[RawKey(key::ACCESS | key::CHANGE | key::WRITES, RawBegin::Index(1), RawFind::Range(0, 1, 0))],
                 subs: &[],
             },
             RawSpec {
@@ -564,6 +576,7 @@ impl CommandTable {
                 step: 1,
                 movable: false,
                 acl: cat::WRITE | cat::SLOW | cat::LOCK,
+                specs: &[RawKey(key::ACCESS | key::CHANGE | key::WRITES, RawBegin::Index(1), RawFind::Range(0, 1, 0))],
                 subs: &[],
             },
             RawSpec {
@@ -575,6 +588,7 @@ impl CommandTable {
                 step: 1,
                 movable: false,
                 acl: cat::WRITE | cat::SLOW | cat::LOCK,
+                specs: &[RawKey(key::ACCESS | key::CHANGE | key::WRITES, RawBegin::Index(1), RawFind::Range(0, 1, 0))],
                 subs: &[],
             },
             RawSpec {
@@ -586,6 +600,7 @@ impl CommandTable {
                 step: 1,
                 movable: false,
                 acl: cat::READ | cat::SLOW | cat::LOCK,
+                specs: &[RawKey(key::ACCESS, RawBegin::Index(1), RawFind::Range(0, 1, 0))],
                 subs: &[],
             },
         ];
@@ -714,6 +729,31 @@ impl CommandTable {
         all.into_iter().filter(|(_, acl)| acl & bit != 0).map(|(n, _)| n.to_string()).collect()
     }
 
+    /// Every command, by name, each followed by its subcommands (by name) with the index
+    /// of their command: what ACL rules are described against
+    /// (crate::services::acl::Perms::command_rules).
+    pub fn every(&self) -> Vec<(&Command, Option<usize>)> {
+        let learned = self.learned.load();
+        let mut tops: Vec<&Command> = self.list.iter().chain(learned.top.values().map(|c| &**c)).collect();
+        tops.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut out = Vec::new();
+        for c in tops {
+            let at = out.len();
+            out.push((c, None));
+            let mut subs: Vec<&Command> = c.subs.values().collect();
+            subs.extend(
+                learned
+                    .subs
+                    .values()
+                    .filter(|s| s.name.split_once('|').is_some_and(|(p, _)| p == c.name))
+                    .map(|s| &**s),
+            );
+            subs.sort_by(|a, b| a.name.cmp(&b.name));
+            out.extend(subs.into_iter().map(|s| (s, Some(at))));
+        }
+        out
+    }
+
     /// heatshield's own commands (PROXY, HOTKEYS and the lock commands): no server
     /// heatshield was tested with has them.
     pub fn own(&self) -> Vec<&Command> {
@@ -763,7 +803,9 @@ impl CommandTable {
             .iter()
             .map(|s| {
                 let sub = s.name.rsplit_once('|').map_or(s.name.as_str(), |(_, n)| n);
-                (sub.as_bytes().to_vec(), self.learned_command(s))
+                let mut c = self.learned_command(s);
+                c.parent_acl = def.acl;
+                (sub.as_bytes().to_vec(), c)
             })
             .collect();
         let mut fl = def.flags;
@@ -789,6 +831,7 @@ impl CommandTable {
         };
         let mut c = make(self.learned_id(&def.name), def.name.clone(), def.arity, fl, keys, route, subs);
         c.acl = def.acl;
+        c.key_rules = def.rules.clone().into_boxed_slice();
         c
     }
 
@@ -955,7 +998,102 @@ fn build(raw: &'static RawSpec, parent: Option<&'static RawSpec>, next_id: &mut 
     let (keys, route) = (keyspec_of(&name, raw), route_of(&name, raw.flags));
     let mut c = make(id, name, raw.arity, raw.flags, keys, route, subs);
     c.acl = raw.acl;
+    c.parent_acl = parent.map_or(0, |p| p.acl);
+    c.key_rules = raw.specs.iter().map(rule_of).collect();
     c
+}
+
+/// A generated key spec as the learned ones are held.
+fn rule_of(k: &RawKey) -> learned::KeyRule {
+    use learned::{Begin, Find};
+    let RawKey(fl, begin, find) = k;
+    learned::KeyRule {
+        begin: match begin {
+            RawBegin::Index(i) => Begin::Index(*i),
+            RawBegin::Keyword(w, from) => Begin::Keyword { keyword: w.as_bytes().to_vec(), from: *from },
+            RawBegin::BeginUnknown => Begin::Unknown,
+        },
+        find: match find {
+            RawFind::Range(last, step, limit) => Find::Range { last: *last, step: *step, limit: *limit },
+            RawFind::KeyNum(at, first, step) => Find::KeyNum { at: *at, first: *first, step: *step },
+            RawFind::FindUnknown => Find::Unknown,
+        },
+        not_key: fl & key::NOT_KEY != 0,
+        incomplete: fl & key::INCOMPLETE != 0,
+        write: fl & key::WRITES != 0,
+        acl: fl & (key::ACCESS | key::CHANGE),
+        variable: fl & key::VARIABLE != 0,
+    }
+}
+
+/// The keys of `req` (as resolved to `cmd`) with what ACL checks each for
+/// (`key::ACCESS`: read, `key::CHANGE`: write), in the order Redis checks them
+/// (`getKeysFromCommandWithSpecs`): from the key specs where they find every key and
+/// their flags are fixed, otherwise as Redis's own functions give them (SET and
+/// BITFIELD by their arguments, SORT, MIGRATE).
+pub fn acl_keys(cmd: &Command, req: &Request) -> SmallVec<[(u32, u8); 4]> {
+    let mut out = SmallVec::new();
+    let rules = &cmd.key_rules;
+    if rules.iter().any(|r| !r.not_key) && rules.iter().all(|r| r.followable() && !r.variable) {
+        // (a spec that does not fit leaves the command no keys to check, as on Redis: the
+        // command then fails on its arguments)
+        let mut found = SmallVec::new();
+        learned::find_keys_strict(rules, req.argc(), |i| req.arg(i), &mut found);
+        if found.is_empty() {
+            return out;
+        }
+        for r in rules.iter().filter(|r| !r.not_key) {
+            found.clear();
+            learned::find_keys_strict(std::slice::from_ref(r), req.argc(), |i| req.arg(i), &mut found);
+            out.extend(found.iter().map(|&k| (k, r.acl)));
+        }
+        return out;
+    }
+    if !rules.is_empty() && rules.iter().all(|r| r.not_key) {
+        // (SPUBLISH, SSUBSCRIBE: a shard channel, checked as a channel)
+        return out;
+    }
+    let keys = keys_of(cmd, req).unwrap_or_default();
+    let both = key::ACCESS | key::CHANGE;
+    match cmd.name.as_str() {
+        // Redis's setGetKeys: with GET it reads the old value too
+        "SET" if keys.len() == 1 => {
+            let get = (3..req.argc()).any(|i| req.arg(i).eq_ignore_ascii_case(b"GET"));
+            out.push((keys[0], if get { both } else { key::CHANGE }));
+        }
+        // Redis's bitfieldGetKeys: only GETs (and OVERFLOWs) read, anything else writes
+        "BITFIELD" if keys.len() == 1 => {
+            let mut read_only = true;
+            let mut i = 2;
+            while i < req.argc() {
+                let more = req.argc() - i - 1;
+                let a = req.arg(i);
+                if a.eq_ignore_ascii_case(b"GET") && more >= 2 {
+                    i += 3;
+                } else if a.eq_ignore_ascii_case(b"OVERFLOW") && more >= 1 {
+                    i += 2;
+                } else {
+                    read_only = false;
+                    break;
+                }
+            }
+            out.push((keys[0], if read_only { key::ACCESS } else { both }));
+        }
+        // sortGetKeys: the key sorted is read, STORE's written
+        "SORT" | "SORT_RO" => {
+            out.extend(keys.iter().enumerate().map(|(i, &k)| (k, if i == 0 { key::ACCESS } else { key::CHANGE })))
+        }
+        _ => {
+            // (MIGRATE's keys are read and deleted; a module's unfollowable specs: all
+            // their flags at once)
+            let mut fl = rules.iter().filter(|r| !r.not_key).fold(0, |a, r| a | r.acl);
+            if rules.is_empty() {
+                fl = if cmd.is_write() { both } else { key::ACCESS };
+            }
+            out.extend(keys.iter().map(|&k| (k, fl)));
+        }
+    }
+    out
 }
 
 /// A command from its parts; `route` says what heatshield does with it.
@@ -978,7 +1116,9 @@ fn make(id: usize, name: String, arity: i32, flags: u32, keys: KeySpec, route: R
         built_arity: arity,
         flags,
         acl: 0,
+        parent_acl: 0,
         keys,
+        key_rules: Box::default(),
         route,
         shared_lane,
         traits,
@@ -1010,9 +1150,8 @@ pub fn route_of(name: &str, fl: u32) -> Route {
         "PING" => Local(self::Local::Ping),
         "PROXY" => Local(self::Local::Proxy),
         "HOTKEYS" => Local(self::Local::Hotkeys),
-        "ACL|WHOAMI" | "ACL|CAT" | "ACL|USERS" | "ACL|LIST" | "ACL|SETUSER" | "ACL|DELUSER" | "ACL|GETUSER" => {
-            Local(self::Local::Acl)
-        }
+        "ACL|WHOAMI" | "ACL|CAT" | "ACL|USERS" | "ACL|LIST" | "ACL|SETUSER" | "ACL|DELUSER" | "ACL|GETUSER"
+        | "ACL|DRYRUN" | "ACL|LOG" | "ACL|GENPASS" => Local(self::Local::Acl),
         "LOCK.ACQUIRE" => Lock(LockCmd::Acquire),
         "LOCK.RELEASE" => Lock(LockCmd::Release),
         "LOCK.EXTEND" => Lock(LockCmd::Extend),

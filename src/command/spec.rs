@@ -16,7 +16,51 @@ pub(crate) struct RawSpec {
     pub movable: bool,
     /// ACL categories ([`cat`] bits).
     pub acl: u32,
+    /// Key specs, in Redis's order: what ACL checks each key for.
+    pub specs: &'static [RawKey],
     pub subs: &'static [RawSpec],
+}
+
+/// One key spec as `COMMAND` describes it: its flags ([`key`] bits), where its search
+/// begins and how it finds keys from there.
+#[derive(Debug)]
+pub(crate) struct RawKey(pub u8, pub RawBegin, pub RawFind);
+
+/// Where a key spec's search begins.
+#[derive(Debug)]
+pub(crate) enum RawBegin {
+    /// At this argument.
+    Index(i32),
+    /// After the first `keyword` from argument `startfrom` (negative: from the end).
+    Keyword(&'static str, i32),
+    /// The key can appear anywhere (SORT's STORE).
+    BeginUnknown,
+}
+
+/// How a key spec finds its keys.
+#[derive(Debug)]
+pub(crate) enum RawFind {
+    /// `lastkey`, `keystep`, `limit`.
+    Range(i32, i32, i32),
+    /// `keynumidx`, `firstkey`, `keystep`.
+    KeyNum(i32, i32, i32),
+    FindUnknown,
+}
+
+/// Key spec flags heatshield uses.
+pub mod key {
+    /// `access`: the command reads the key's value (ACL: read permission).
+    pub const ACCESS: u8 = 1 << 0;
+    /// `insert`, `update` or `delete` (ACL: write permission).
+    pub const CHANGE: u8 = 1 << 1;
+    /// `RW`, `OW`, `RM` or any of `CHANGE`'s: the key may change.
+    pub const WRITES: u8 = 1 << 2;
+    /// `not_key`: routed like a key, not one (a shard channel).
+    pub const NOT_KEY: u8 = 1 << 3;
+    /// `incomplete`: the spec may miss keys.
+    pub const INCOMPLETE: u8 = 1 << 4;
+    /// `variable_flags`: what it does to the key depends on the arguments (SET's GET).
+    pub const VARIABLE: u8 = 1 << 5;
 }
 
 /// ACL categories: Redis 7.0's, in the order `ACL CAT` lists them (bit i is

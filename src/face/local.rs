@@ -144,7 +144,7 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
                 3 => (Some(req.arg(1)), req.arg(2)),
                 _ => return ctx.error(crate::errors::SYNTAX),
             };
-            match check_auth(proxy, user, pass) {
+            match check_auth(proxy, ctx, user, pass) {
                 Ok(u) => {
                     log_in(ctx, u);
                     ctx.reply(|w| w.ok())
@@ -171,24 +171,41 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
 }
 
 /// The user `user` (`default` when not given) logged in with `pass`, or why not, in
-/// Redis's words.
+/// Redis's words. A failure is counted, logged (`ACL LOG`) and taken from the client
+/// address's bucket; an address whose bucket is empty is refused unchecked
+/// (crate::services::acl::AuthLimiter).
 fn check_auth(
     proxy: &Proxy,
+    ctx: &Ctx,
     user: Option<&[u8]>,
     pass: &[u8],
 ) -> Result<std::sync::Arc<crate::services::acl::User>, &'static str> {
     let name = String::from_utf8_lossy(user.unwrap_or(b"default"));
-    let Some(u) = proxy.users.get(&name) else {
-        crate::metrics::acl_denied("(unknown)", "auth");
-        return Err(errors::WRONGPASS);
+    let found = proxy.users.get(&name);
+    let addr = ctx.client.info.addr.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
+    let fail = |reason: &'static str| {
+        crate::metrics::acl_denied(found.as_ref().map_or("(unknown)", |u| u.name.as_str()), reason);
+        let context = if matches!(ctx.client.modes.multi, crate::conn::Mode::Multi(_)) { "multi" } else { "toplevel" };
+        let line = crate::face::client::line(proxy, &ctx.client.info);
+        proxy.users.log.add("auth", context, ctx.req.arg(0), &name, line);
+        Err(errors::WRONGPASS)
+    };
+    if !proxy.auth_limiter.may_try(addr) {
+        tracing::warn!(client = %ctx.client.info.addr, "AUTH refused: too many failed logins from this address");
+        return fail("auth_rate");
+    }
+    let Some(u) = found.clone() else {
+        proxy.auth_limiter.failed(addr);
+        return fail("auth");
     };
     let p = u.perms();
     if user.is_none() && p.nopass && p.enabled {
         return Err(errors::AUTH_WITHOUT_PASSWORD);
     }
     if !p.accepts(pass) {
-        crate::metrics::acl_denied(&u.name, "auth");
-        return Err(errors::WRONGPASS);
+        drop(p);
+        proxy.auth_limiter.failed(addr);
+        return fail("auth");
     }
     drop(p);
     Ok(u)
@@ -227,7 +244,7 @@ fn hello(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         }
     }
     if let Some((u, p)) = auth {
-        match check_auth(proxy, Some(u), p) {
+        match check_auth(proxy, ctx, Some(u), p) {
             Ok(u) => log_in(ctx, u),
             Err(e) => return ctx.error(e),
         }
@@ -285,8 +302,12 @@ fn acl(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
             })
         }
         b"LIST" => {
-            let lines: Vec<String> =
-                proxy.users.all().iter().map(|u| format!("user {} {}", u.name, u.perms().describe())).collect();
+            let lines: Vec<String> = proxy
+                .users
+                .all()
+                .iter()
+                .map(|u| format!("user {} {}", u.name, u.perms().describe(&proxy.commands)))
+                .collect();
             ctx.reply(|w| {
                 w.array(lines.len());
                 for l in &lines {
@@ -297,12 +318,9 @@ fn acl(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         b"GETUSER" => {
             let Some(u) = proxy.users.get(&text(req.arg(2))) else { return ctx.reply(|w| w.nil()) };
             let p = u.perms();
-            let mut flags = vec![if p.enabled { "on" } else { "off" }];
-            if p.nopass {
-                flags.push("nopass");
-            }
+            let flags = p.flags();
             let passwords: Vec<String> = p.passwords.iter().map(crate::services::acl::hex).collect();
-            let (commands, keys, channels) = (p.command_rules(), p.key_rules(), p.channel_rules());
+            let (commands, keys, channels) = (p.command_rules(&proxy.commands), p.key_rules(), p.channel_rules());
             ctx.reply(|w| {
                 w.map(6);
                 w.bulk(b"flags");
@@ -334,6 +352,91 @@ fn acl(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 }
                 Err(e) => ctx.error(&e),
             }
+        }
+        b"DRYRUN" => {
+            let name = text(req.arg(2));
+            let Some(u) = proxy.users.get(&name) else {
+                return ctx.error(&format!("ERR User '{name}' not found"));
+            };
+            // the command as it would be run: its own request, resolved as dispatch does
+            let args: Vec<bytes::Bytes> = (3..req.argc()).map(|i| bytes::Bytes::copy_from_slice(req.arg(i))).collect();
+            let probe = Request::from_args(&args);
+            let cmd = match proxy.commands.lookup(&probe) {
+                Ok(c) => c,
+                Err(crate::command::LookupError::Arity(e)) => return ctx.error(&e),
+                Err(_) => return ctx.error(&format!("ERR Command '{}' not found", text(req.arg(3)))),
+            };
+            let verdict = match u.perms().check(cmd, &probe) {
+                Ok(()) => None,
+                Err(d) => Some(match d.why {
+                    crate::services::acl::Denied::Command => {
+                        format!("This user has no permissions to run the '{}' command", cmd.lower)
+                    }
+                    crate::services::acl::Denied::Key => {
+                        format!("This user has no permissions to access the '{}' key", text(probe.arg(d.arg)))
+                    }
+                    crate::services::acl::Denied::Channel => {
+                        format!("This user has no permissions to access the '{}' channel", text(probe.arg(d.arg)))
+                    }
+                }),
+            };
+            match verdict {
+                None => ctx.reply(|w| w.ok()),
+                Some(v) => ctx.reply(|w| w.bulk(v.as_bytes())),
+            }
+        }
+        b"LOG" => {
+            let n = match req.argc() {
+                2 => None,
+                3 if req.arg(2).eq_ignore_ascii_case(b"RESET") => {
+                    proxy.users.log.reset();
+                    return ctx.reply(|w| w.ok());
+                }
+                3 => match parse_i64(req.arg(2)) {
+                    Some(n) => Some(n.max(0) as usize),
+                    None => return ctx.error(crate::errors::NOT_AN_INTEGER),
+                },
+                _ => return ctx.error(&crate::errors::subcommand_arity(&text(req.arg(1)), "ACL")),
+            };
+            let entries = proxy.users.log.newest(n);
+            let now = std::time::Instant::now();
+            ctx.reply(|w| {
+                w.array(entries.len());
+                for e in &entries {
+                    w.map(7);
+                    w.bulk(b"count");
+                    w.int(e.count as i64);
+                    w.bulk(b"reason");
+                    w.bulk(e.reason.as_bytes());
+                    w.bulk(b"context");
+                    w.bulk(e.context.as_bytes());
+                    w.bulk(b"object");
+                    w.bulk(&e.object);
+                    w.bulk(b"username");
+                    w.bulk(e.username.as_bytes());
+                    w.bulk(b"age-seconds");
+                    w.double(now.duration_since(e.at).as_secs_f64());
+                    w.bulk(b"client-info");
+                    w.bulk(e.client_info.as_bytes());
+                }
+            })
+        }
+        b"GENPASS" => {
+            let bits = match req.argc() {
+                2 => 256,
+                _ => match parse_i64(req.arg(2)) {
+                    Some(b) if (1..=4096).contains(&b) => b as usize,
+                    Some(_) => return ctx.error(crate::errors::GENPASS_BITS),
+                    None => return ctx.error(crate::errors::NOT_AN_INTEGER),
+                },
+            };
+            let mut bytes = vec![0u8; bits.div_ceil(8)];
+            if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).is_err() {
+                return ctx.error("ERR no random bytes");
+            }
+            let mut hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            hex.truncate(bits.div_ceil(4));
+            ctx.reply(|w| w.bulk(hex.as_bytes()))
         }
         b"DELUSER" => {
             let names: Vec<String> = (2..req.argc()).map(|i| text(req.arg(i))).collect();

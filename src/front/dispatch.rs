@@ -65,16 +65,16 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
     }
     // ACL: only once some user may not do everything (one relaxed load otherwise)
     if proxy.users.restricted()
-        && let Some(denied) = acl_denied(ctx, cmd)
+        && let Some(denied) = acl_denied(proxy, ctx, cmd)
     {
         use crate::services::acl::Denied;
-        let (text, reason) = match denied {
-            Denied::Command => (errors::noperm_command(&cmd.lower), "command"),
-            Denied::Key => (errors::NOPERM_KEY.to_string(), "key"),
-            Denied::Channel => (errors::NOPERM_CHANNEL.to_string(), "channel"),
+        let text = match denied {
+            Denied::Command => errors::noperm_command(&cmd.lower),
+            Denied::Key => errors::NOPERM_KEY.to_string(),
+            Denied::Channel => errors::NOPERM_CHANNEL.to_string(),
         };
-        crate::metrics::acl_denied(&ctx.client.user.name, reason);
-        if cmd.route == Route::Transaction(TxCmd::Exec) {
+        crate::metrics::acl_denied(&ctx.client.user.name, denied.reason());
+        if cmd.route == Route::Transaction(TxCmd::Exec) && matches!(ctx.client.modes.multi, Mode::Multi(_)) {
             return transaction::exec_refused(ctx, &errors::exec_aborted_because(&text));
         }
         return transaction::refuse(ctx, &text);
@@ -123,44 +123,24 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
     }
 }
 
-/// Whether the client's user may run `cmd` with these keys and channels. What a command
-/// does to its keys is taken from its flags: a write needs write permission (and a
-/// script read permission too), a read read permission (Redis takes it from each key
-/// spec; docs/acl.md).
+/// Whether the client's user may run `cmd` with these keys and channels (the first
+/// refusal, as Redis finds it: crate::services::acl::Perms::check); a refusal is
+/// logged (`ACL LOG`).
 #[cold]
-fn acl_denied(ctx: &Ctx, cmd: &Command) -> Option<crate::services::acl::Denied> {
-    use crate::services::acl::Denied;
+fn acl_denied(proxy: &Proxy, ctx: &Ctx, cmd: &Command) -> Option<crate::services::acl::Denied> {
     let perms = ctx.client.user.perms();
     if perms.unrestricted() {
         return None;
     }
-    if !perms.may_run(cmd) {
-        return Some(Denied::Command);
-    }
-    let req = ctx.req;
-    // (a shard channel is routed like a key, and checked as a channel only, as on Redis)
-    let channels = match cmd.route {
-        Route::Subscribe(kind, true) => Some((req.argc(), kind == crate::command::ChannelKind::Pattern)),
-        _ if cmd.has(traits::PUBLISH) => Some((2.min(req.argc()), false)),
-        _ => None,
+    let denial = perms.check(cmd, ctx.req).err()?;
+    let object = match denial.why {
+        crate::services::acl::Denied::Command => cmd.lower.as_bytes(),
+        _ => ctx.req.arg(denial.arg),
     };
-    match channels {
-        Some((end, pattern)) => {
-            if (1..end).any(|i| !perms.may_use_channel(req.arg(i), pattern)) {
-                return Some(Denied::Channel);
-            }
-        }
-        None => {
-            if let Ok(keys) = keys_of(cmd, req) {
-                let write = cmd.is_write();
-                let read = !write || cmd.keys.is_script();
-                if keys.iter().any(|&k| !perms.may_touch(req.arg(k as usize), read, write)) {
-                    return Some(Denied::Key);
-                }
-            }
-        }
-    }
-    None
+    let context = if matches!(ctx.client.modes.multi, Mode::Multi(_)) { "multi" } else { "toplevel" };
+    let line = crate::face::client::line(proxy, &ctx.client.info);
+    proxy.users.log.add(denial.why.reason(), context, object, &ctx.client.user.name, line);
+    Some(denial.why)
 }
 
 /// While some client tracks keys (CLIENT TRACKING): a tracking client's read registers

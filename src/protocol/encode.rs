@@ -66,6 +66,15 @@ impl<'a> Writer<'a> {
         write_bulk(self.buf, b);
     }
 
+    /// A double: RESP3's `,`, a bulk string in RESP2 (as Redis replies).
+    pub fn double(&mut self, d: f64) {
+        let text = format!("{d}");
+        match self.proto {
+            Proto::Resp3 => self.line(b',', text.as_bytes()),
+            Proto::Resp2 => write_bulk(self.buf, text.as_bytes()),
+        }
+    }
+
     pub fn nil(&mut self) {
         match self.proto {
             Proto::Resp2 => self.buf.extend_from_slice(b"$-1\r\n"),

@@ -4,16 +4,18 @@
 //! it may touch. A user's permissions are one value swapped whole when its rules change,
 //! so a session that holds the user sees the change at its next command, as on Redis.
 //!
-//! What a command may do to a key is taken from the command's flags for now (a write
-//! needs write permission on its keys, a read read permission); Redis takes it from each
-//! key spec, which a few commands (COPY, LMOVE, SORT ... STORE) need to be exact.
+//! What a command does to each key (read, write, both or neither) is taken from its key
+//! specs, as Redis takes it ([`crate::command::acl_keys`]). The rules are kept in the order
+//! given (a rule superseded by a later one is dropped, so they stay bounded) and shown as
+//! Redis 7.0 shows them: rebuilt from what they allow ([`Perms::command_rules`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::command::{Command, CommandTable, cat};
+use crate::command::{Command, CommandTable, Route, cat, key, traits};
+use crate::protocol::request::Request;
 
 /// A SHA-256 of a password, as `#<hex>` rules give it and ACL GETUSER shows it.
 pub type Hash = [u8; 32];
@@ -64,6 +66,37 @@ enum CmdRule {
     Command(String, bool),
     /// `+name|sub` / `-name|sub` (uppercase `NAME|SUB`)
     Sub(String, bool),
+    /// `+name|arg` for a command without subcommands: allowed with this first argument
+    /// (uppercase name; the argument as given, compared without case)
+    FirstArg(String, Vec<u8>),
+}
+
+impl CmdRule {
+    /// Whether the rule speaks of `cmd` (for [`CmdRule::FirstArg`], whatever the
+    /// argument).
+    fn hits(&self, cmd: &Command) -> bool {
+        match self {
+            CmdRule::All(_) => true,
+            CmdRule::Category(bit, _) => (cmd.acl | cmd.parent_acl) & bit != 0,
+            CmdRule::Command(name, _) => {
+                cmd.name == *name || cmd.name.strip_prefix(name.as_str()).is_some_and(|r| r.starts_with('|'))
+            }
+            CmdRule::Sub(name, _) | CmdRule::FirstArg(name, _) => cmd.name == *name,
+        }
+    }
+
+    /// Whether a later `self` makes `earlier` count for nothing.
+    fn supersedes(&self, earlier: &CmdRule) -> bool {
+        match (self, earlier) {
+            (CmdRule::Category(a, _), CmdRule::Category(b, _)) => a == b,
+            (CmdRule::Command(a, _), CmdRule::Command(b, _) | CmdRule::Sub(b, _) | CmdRule::FirstArg(b, _)) => {
+                a == b || b.strip_prefix(a.as_str()).is_some_and(|r| r.starts_with('|'))
+            }
+            (CmdRule::Sub(a, _), CmdRule::Sub(b, _)) => a == b,
+            (CmdRule::FirstArg(a, x), CmdRule::FirstArg(b, y)) => a == b && x.eq_ignore_ascii_case(y),
+            _ => false,
+        }
+    }
 }
 
 /// A key pattern and what it allows.
@@ -83,6 +116,9 @@ pub struct Perms {
     rules: Vec<CmdRule>,
     pub keys: Vec<KeyPattern>,
     pub channels: Vec<Vec<u8>>,
+    /// `sanitize-payload` (`Some(true)`) / `skip-sanitize-payload` (`Some(false)`): kept
+    /// and shown, as RESTORE's payloads are the servers' business.
+    pub sanitize: Option<bool>,
 }
 
 /// Why a rule was refused, in Redis's words (`ERR Error in ACL SETUSER modifier '...':
@@ -95,6 +131,8 @@ pub enum RuleError {
     BadHash,
     KeysAfterAll,
     ChannelsAfterAll,
+    FirstArgOfSub,
+    Selectors,
 }
 
 impl RuleError {
@@ -112,6 +150,8 @@ impl RuleError {
             RuleError::ChannelsAfterAll => {
                 "Adding a pattern after the * pattern (or the 'allchannels' flag) is not valid and does not have any effect. Try 'resetchannels' to start with an empty list of channels"
             }
+            RuleError::FirstArgOfSub => "Allowing first-arg of a subcommand is not supported",
+            RuleError::Selectors => "heatshield does not support selectors",
         }
     }
 
@@ -127,6 +167,24 @@ pub enum Denied {
     Command,
     Key,
     Channel,
+}
+
+/// A refusal: why, and the argument refused (the key or channel; 0 for a command).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Denial {
+    pub why: Denied,
+    pub arg: usize,
+}
+
+impl Denied {
+    /// The reason as `ACL LOG` and the metric give it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Denied::Command => "command",
+            Denied::Key => "key",
+            Denied::Channel => "channel",
+        }
+    }
 }
 
 impl Perms {
@@ -145,6 +203,7 @@ impl Perms {
             rules: vec![CmdRule::All(true)],
             keys: vec![KeyPattern { pattern: b"*".to_vec(), read: true, write: true }],
             channels: vec![b"*".to_vec()],
+            sanitize: None,
         }
     }
 
@@ -168,9 +227,14 @@ impl Perms {
             b"resetchannels" => self.channels.clear(),
             b"allcommands" => self.rules = vec![CmdRule::All(true)],
             b"nocommands" => self.rules = vec![CmdRule::All(false)],
+            b"sanitize-payload" => self.sanitize = Some(true),
+            b"skip-sanitize-payload" => self.sanitize = Some(false),
+            // (no selectors to clear: heatshield refuses them)
+            b"clearselectors" => {}
             b"reset" => {
                 *self = Perms::new();
                 self.rules = vec![CmdRule::All(false)];
+                self.sanitize = Some(true);
             }
             _ => return self.apply_pattern(rule, table),
         }
@@ -208,8 +272,8 @@ impl Perms {
                 let (mut read, mut write) = (false, false);
                 for c in flags {
                     match c.to_ascii_uppercase() {
-                        b'R' => read = true,
-                        b'W' => write = true,
+                        b'R' if !read => read = true,
+                        b'W' if !write => write = true,
                         _ => return Err(RuleError::Syntax),
                     }
                 }
@@ -221,6 +285,9 @@ impl Perms {
             b'&' => {
                 if self.channels.iter().any(|c| c == b"*") {
                     return Err(RuleError::ChannelsAfterAll);
+                }
+                if rest.iter().any(u8::is_ascii_whitespace) {
+                    return Err(RuleError::Syntax);
                 }
                 if rest == b"*" {
                     self.channels = vec![b"*".to_vec()];
@@ -237,31 +304,63 @@ impl Perms {
                         CmdRule::Category(cat::of(c).ok_or(RuleError::Unknown)?, allow)
                     }
                 } else {
-                    let name = String::from_utf8_lossy(rest).to_ascii_uppercase();
-                    match name.split_once('|') {
-                        Some((parent, sub)) => {
-                            let known = table.get(parent.as_bytes()).is_some_and(|c| c.sub(sub.as_bytes()).is_some());
-                            if !known {
-                                return Err(RuleError::Unknown);
-                            }
-                            CmdRule::Sub(name, allow)
-                        }
-                        None => {
-                            if table.get(name.as_bytes()).is_none() {
-                                return Err(RuleError::Unknown);
-                            }
-                            CmdRule::Command(name, allow)
-                        }
-                    }
+                    Self::command_rule(rest, allow, table)?
                 };
-                self.rules.push(rule);
+                self.push_rule(rule);
             }
+            b'(' => return Err(RuleError::Selectors),
             _ => return Err(RuleError::Syntax),
         }
         Ok(())
     }
 
+    /// `+name`, `-name`, `+name|sub`, `-name|sub` or `+name|first-arg`, as Redis 7.0 takes
+    /// them: the part after the last `|` is a subcommand where the command has any, a
+    /// first argument (allowed only) where it has none.
+    fn command_rule(rest: &[u8], allow: bool, table: &CommandTable) -> Result<CmdRule, RuleError> {
+        let name = String::from_utf8_lossy(rest).to_ascii_uppercase();
+        let known = |n: &str| match n.split_once('|') {
+            Some((p, s)) => table.get(p.as_bytes()).and_then(|c| c.sub(s.as_bytes())).is_some(),
+            None => table.get(n.as_bytes()).is_some(),
+        };
+        let Some((parent, arg)) = name.rsplit_once('|') else {
+            return if known(&name) { Ok(CmdRule::Command(name, allow)) } else { Err(RuleError::Unknown) };
+        };
+        if !allow {
+            return if known(&name) { Ok(CmdRule::Sub(name, false)) } else { Err(RuleError::Unknown) };
+        }
+        if !known(parent) {
+            return Err(RuleError::Unknown);
+        }
+        if parent.contains('|') {
+            return Err(RuleError::FirstArgOfSub);
+        }
+        if arg.is_empty() {
+            return Err(RuleError::Syntax);
+        }
+        let cmd = table.get(parent.as_bytes()).ok_or(RuleError::Unknown)?;
+        if cmd.has_subcommands() {
+            return if known(&name) { Ok(CmdRule::Sub(name, true)) } else { Err(RuleError::Unknown) };
+        }
+        let given = &rest[rest.len() - arg.len()..];
+        Ok(CmdRule::FirstArg(parent.to_string(), given.to_vec()))
+    }
+
+    /// Adds `rule` after dropping the rules it makes count for nothing (all of them for
+    /// `+@all` / `-@all`): a user's rules stay as many as the commands and categories.
+    fn push_rule(&mut self, rule: CmdRule) {
+        if let CmdRule::All(_) = rule {
+            self.rules.clear();
+        } else {
+            self.rules.retain(|r| !rule.supersedes(r));
+        }
+        self.rules.push(rule);
+    }
+
     fn add_keys(&mut self, pattern: &[u8], read: bool, write: bool) -> Result<(), RuleError> {
+        if pattern.iter().any(u8::is_ascii_whitespace) {
+            return Err(RuleError::Syntax);
+        }
         if self.keys.iter().any(|k| k.pattern == b"*" && k.read && k.write) {
             return Err(RuleError::KeysAfterAll);
         }
@@ -276,32 +375,97 @@ impl Perms {
         Ok(())
     }
 
-    /// Whether the user may run `cmd` (a subcommand's own [`Command`] for a container's).
-    pub fn may_run(&self, cmd: &Command) -> bool {
+    /// Whether the user may run `cmd` (a subcommand's own [`Command`] for a container's)
+    /// with `first` as its first argument.
+    pub fn may_run(&self, cmd: &Command, first: Option<&[u8]>) -> bool {
         let mut allowed = false;
         for r in &self.rules {
-            let (hit, allow) = match r {
-                CmdRule::All(a) => (true, *a),
-                CmdRule::Category(bit, a) => (cmd.acl & bit != 0, *a),
-                CmdRule::Command(name, a) => {
-                    (cmd.name == *name || cmd.name.strip_prefix(name.as_str()).is_some_and(|r| r.starts_with('|')), *a)
+            match r {
+                CmdRule::FirstArg(_, arg) => {
+                    if r.hits(cmd) && first.is_some_and(|f| f.eq_ignore_ascii_case(arg)) {
+                        allowed = true;
+                    }
                 }
-                CmdRule::Sub(name, a) => (cmd.name == *name, *a),
-            };
-            if hit {
-                allowed = allow;
+                CmdRule::All(a) | CmdRule::Category(_, a) | CmdRule::Command(_, a) | CmdRule::Sub(_, a) => {
+                    if r.hits(cmd) {
+                        allowed = *a;
+                    }
+                }
             }
         }
         allowed
     }
 
-    /// Whether the user may touch `key` for reading and/or writing.
-    pub fn may_touch(&self, key: &[u8], read: bool, write: bool) -> bool {
-        // what one pattern does not allow, another may: each access is checked alone
-        let ok = |want: fn(&KeyPattern) -> bool| {
-            self.keys.iter().any(|k| want(k) && crate::glob::matches(&k.pattern, key, false))
+    /// Whether `cmd` is allowed whatever its arguments (its bit in Redis's bitmap).
+    fn allows(&self, cmd: &Command) -> bool {
+        self.rules.iter().filter(|r| !matches!(r, CmdRule::FirstArg(..)) && r.hits(cmd)).last().is_some_and(|r| {
+            matches!(
+                r,
+                CmdRule::All(true) | CmdRule::Category(_, true) | CmdRule::Command(_, true) | CmdRule::Sub(_, true)
+            )
+        })
+    }
+
+    /// The first arguments `cmd` is allowed with (those given since the last rule that
+    /// decided for the whole command).
+    fn first_args(&self, cmd: &Command) -> Vec<&[u8]> {
+        let from =
+            self.rules.iter().rposition(|r| !matches!(r, CmdRule::FirstArg(..)) && r.hits(cmd)).map_or(0, |i| i + 1);
+        let mut out: Vec<&[u8]> = Vec::new();
+        for r in &self.rules[from..] {
+            if let CmdRule::FirstArg(_, arg) = r
+                && r.hits(cmd)
+                && !out.iter().any(|a| a.eq_ignore_ascii_case(arg))
+            {
+                out.push(arg);
+            }
+        }
+        out
+    }
+
+    /// Every key may be touched (`allkeys`, `~*`).
+    fn all_keys(&self) -> bool {
+        self.keys.iter().any(|k| k.pattern == b"*" && k.read && k.write)
+    }
+
+    /// Whether the user may touch `key` as `need` says (`key::ACCESS`: read,
+    /// `key::CHANGE`: write; neither: any pattern that matches will do). As on Redis, one
+    /// pattern must allow all of it.
+    pub fn may_touch(&self, key: &[u8], need: u8) -> bool {
+        let (read, write) = (need & key::ACCESS != 0, need & key::CHANGE != 0);
+        self.all_keys()
+            || self
+                .keys
+                .iter()
+                .any(|k| (!read || k.read) && (!write || k.write) && crate::glob::matches(&k.pattern, key, false))
+    }
+
+    /// Whether the user may run `req` (resolved to `cmd`): the command, then each of its
+    /// keys, then its channels, as Redis checks them; the first refusal.
+    pub fn check(&self, cmd: &Command, req: &Request) -> Result<(), Denial> {
+        // (AUTH, HELLO and RESET, which need no login, need no permission either)
+        if cmd.flags & crate::command::flags::NO_AUTH == 0 && !self.may_run(cmd, (req.argc() > 1).then(|| req.arg(1))) {
+            return Err(Denial { why: Denied::Command, arg: 0 });
+        }
+        if !self.all_keys() {
+            for (k, need) in crate::command::acl_keys(cmd, req) {
+                if !self.may_touch(req.arg(k as usize), need) {
+                    return Err(Denial { why: Denied::Key, arg: k as usize });
+                }
+            }
+        }
+        // (a shard channel is routed like a key, and checked as a channel only, as on Redis)
+        let channels = match cmd.route {
+            Route::Subscribe(kind, true) => Some((req.argc(), kind == crate::command::ChannelKind::Pattern)),
+            _ if cmd.has(traits::PUBLISH) => Some((2.min(req.argc()), false)),
+            _ => None,
         };
-        (!read || ok(|k| k.read)) && (!write || ok(|k| k.write))
+        if let Some((end, pattern)) = channels
+            && let Some(i) = (1..end).find(|&i| !self.may_use_channel(req.arg(i), pattern))
+        {
+            return Err(Denial { why: Denied::Channel, arg: i });
+        }
+        Ok(())
     }
 
     /// Whether the user may use `channel` (`pattern`: a PSUBSCRIBE pattern, which must be
@@ -324,21 +488,80 @@ impl Perms {
         self.enabled && (self.nopass || self.passwords.contains(&hash(password)))
     }
 
-    /// The command rules as text, in the order given (`+@all -debug`), from the last
-    /// `+@all` / `-@all` on (what came before it no longer counts).
-    pub fn command_rules(&self) -> String {
-        let from = self.rules.iter().rposition(|r| matches!(r, CmdRule::All(_))).unwrap_or(0);
-        let mut out: Vec<String> = Vec::new();
-        if !matches!(self.rules.get(from), Some(CmdRule::All(_))) {
-            out.push("-@all".into());
+    /// The command rules as Redis 7.0 shows them (`ACLDescribeSelectorCommandRules`):
+    /// rebuilt from what they allow, not as given. `+@all` or `-@all` (whichever came
+    /// last), then the categories that best fit, chosen one at a time, then each command
+    /// and subcommand that still differs, then the first arguments of commands not
+    /// allowed whole. (Redis lists the single commands in its hash table's order;
+    /// heatshield by name.)
+    pub fn command_rules(&self, table: &CommandTable) -> String {
+        let all = table.every();
+        let user: Vec<bool> = all.iter().map(|(c, _)| self.allows(c)).collect();
+        let future = matches!(self.rules.iter().rev().find(|r| matches!(r, CmdRule::All(_))), Some(CmdRule::All(true)));
+        let additive = !future;
+        let mut fake = vec![future; all.len()];
+        let mut temp = user.clone();
+        let mut out: Vec<String> = vec![if future { "+@all" } else { "-@all" }.into()];
+        // a category's rule on a bitmap: a command in it with all its subcommands, and
+        // each subcommand in it
+        let set_category = |bits: &mut Vec<bool>, bit: u32, value: bool| {
+            for (i, (c, parent)) in all.iter().enumerate() {
+                let in_it = c.acl & bit != 0 || parent.is_some_and(|p| all[p].0.acl & bit != 0);
+                if in_it {
+                    bits[i] = value;
+                }
+            }
+        };
+        let mut applied = [false; cat::NAMES.len()];
+        loop {
+            let mut best = None;
+            let (mut min_diff, mut max_same) = (usize::MAX, 0);
+            for (j, done) in applied.iter().enumerate() {
+                if *done {
+                    continue;
+                }
+                let bit = 1u32 << j;
+                let (mut on, mut off) = (0, 0);
+                for (i, (c, _)) in all.iter().enumerate() {
+                    if c.acl & bit != 0 {
+                        if temp[i] {
+                            on += 1;
+                        } else {
+                            off += 1;
+                        }
+                    }
+                }
+                let (diff, same) = if additive { (off, on) } else { (on, off) };
+                if same > diff && (diff < min_diff || (diff == min_diff && same > max_same)) {
+                    best = Some(j);
+                    (min_diff, max_same) = (diff, same);
+                }
+            }
+            let Some(j) = best else { break };
+            set_category(&mut fake, 1 << j, additive);
+            set_category(&mut temp, 1 << j, !additive);
+            out.push(format!("{}@{}", if additive { '+' } else { '-' }, cat::NAMES[j]));
+            applied[j] = true;
         }
-        for r in &self.rules[from..] {
-            let (sign, what) = match r {
-                CmdRule::All(a) => (*a, "@all".to_string()),
-                CmdRule::Category(bit, a) => (*a, format!("@{}", cat::NAMES[bit.trailing_zeros() as usize])),
-                CmdRule::Command(n, a) | CmdRule::Sub(n, a) => (*a, n.to_ascii_lowercase()),
-            };
-            out.push(format!("{}{what}", if sign { '+' } else { '-' }));
+        for (i, (c, parent)) in all.iter().enumerate() {
+            if user[i] != fake[i] {
+                out.push(format!("{}{}", if user[i] { '+' } else { '-' }, c.lower));
+                fake[i] = user[i];
+                if parent.is_none() {
+                    // (a command's rule reaches its subcommands, which come right after it)
+                    for (f, (_, p)) in fake.iter_mut().zip(&all).skip(i + 1) {
+                        if *p != Some(i) {
+                            break;
+                        }
+                        *f = user[i];
+                    }
+                }
+            }
+            if !user[i] {
+                for arg in self.first_args(c) {
+                    out.push(format!("+{}|{}", c.lower, String::from_utf8_lossy(arg)));
+                }
+            }
         }
         out.join(" ")
     }
@@ -361,12 +584,23 @@ impl Perms {
         self.channels.iter().map(|c| format!("&{}", String::from_utf8_lossy(c))).collect::<Vec<_>>().join(" ")
     }
 
-    /// The user as `ACL LIST` shows it, without `user <name> ` (Redis 7.0's order).
-    pub fn describe(&self) -> String {
-        let mut parts = vec![if self.enabled { "on" } else { "off" }.to_string()];
+    /// The flags as `ACL GETUSER` lists them.
+    pub fn flags(&self) -> Vec<&'static str> {
+        let mut flags = vec![if self.enabled { "on" } else { "off" }];
         if self.nopass {
-            parts.push("nopass".into());
+            flags.push("nopass");
         }
+        match self.sanitize {
+            Some(false) => flags.push("skip-sanitize-payload"),
+            Some(true) => flags.push("sanitize-payload"),
+            None => {}
+        }
+        flags
+    }
+
+    /// The user as `ACL LIST` shows it, without `user <name> ` (Redis 7.0's order).
+    pub fn describe(&self, table: &CommandTable) -> String {
+        let mut parts: Vec<String> = self.flags().iter().map(|f| f.to_string()).collect();
         parts.extend(self.passwords.iter().map(|h| format!("#{}", hex(h))));
         if !self.keys.is_empty() {
             parts.push(self.key_rules());
@@ -379,7 +613,7 @@ impl Perms {
                 parts.push(self.channel_rules());
             }
         }
-        parts.push(self.command_rules());
+        parts.push(self.command_rules(table));
         parts.join(" ")
     }
 }
@@ -406,9 +640,145 @@ impl User {
     }
 }
 
+/// One `ACL LOG` entry: refusals alike (reason, context, object, user) within a minute
+/// of each other are one entry with a count.
+#[derive(Debug, Clone)]
+pub struct LogEntry {
+    pub count: u64,
+    /// `command`, `key`, `channel` or `auth`.
+    pub reason: &'static str,
+    /// `toplevel` or `multi`.
+    pub context: &'static str,
+    /// The command (`get`, `object|encoding`), key or channel refused, or `auth`.
+    pub object: Vec<u8>,
+    /// The user refused, or the name given to AUTH.
+    pub username: String,
+    /// When it last happened.
+    pub at: std::time::Instant,
+    /// The client's `CLIENT LIST` line when it last happened.
+    pub client_info: String,
+}
+
+/// The ACL log, newest first, at most [`Log::MAX`] entries (Redis's `acllog-max-len`).
+#[derive(Debug, Default)]
+pub struct Log {
+    entries: parking_lot::Mutex<std::collections::VecDeque<LogEntry>>,
+}
+
+impl Log {
+    /// Entries kept.
+    pub const MAX: usize = 128;
+    /// Longest object kept (a longer key or channel is cut: a client's request cannot
+    /// fill the log with large keys).
+    pub const MAX_OBJECT: usize = 1024;
+
+    /// Logs a refusal (or counts it on an entry alike from the last minute, among the
+    /// ten newest, as Redis does).
+    pub fn add(&self, reason: &'static str, context: &'static str, object: &[u8], username: &str, client_info: String) {
+        let object = &object[..object.len().min(Self::MAX_OBJECT)];
+        let now = std::time::Instant::now();
+        let mut entries = self.entries.lock();
+        let alike = entries.iter().take(10).position(|e| {
+            e.reason == reason
+                && e.context == context
+                && e.object == object
+                && e.username == username
+                && now.duration_since(e.at) <= std::time::Duration::from_secs(60)
+        });
+        if let Some(mut e) = alike.and_then(|i| entries.remove(i)) {
+            e.count += 1;
+            e.at = now;
+            e.client_info = client_info;
+            entries.push_front(e);
+        } else {
+            let username = username.chars().take(Self::MAX_OBJECT).collect();
+            entries.push_front(LogEntry {
+                count: 1,
+                reason,
+                context,
+                object: object.to_vec(),
+                username,
+                at: now,
+                client_info,
+            });
+            entries.truncate(Self::MAX);
+        }
+    }
+
+    /// The newest `n` entries (all of them when `None`).
+    pub fn newest(&self, n: Option<usize>) -> Vec<LogEntry> {
+        let entries = self.entries.lock();
+        entries.iter().take(n.unwrap_or(usize::MAX)).cloned().collect()
+    }
+
+    /// `ACL LOG RESET`.
+    pub fn reset(&self) {
+        self.entries.lock().clear();
+    }
+}
+
+/// Failed logins by client address: a bucket of `per_minute` failures per address,
+/// refilled evenly over a minute. An address with an empty bucket is refused without its
+/// password being checked, so guessing goes no faster than the bucket refills. Held in a
+/// bounded cache (addresses idle for ten minutes are forgotten; past 100,000 addresses
+/// the least used are).
+pub struct AuthLimiter {
+    per_minute: u32,
+    buckets: moka::sync::Cache<std::net::IpAddr, Arc<parking_lot::Mutex<(f64, std::time::Instant)>>>,
+}
+
+impl std::fmt::Debug for AuthLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthLimiter").field("per_minute", &self.per_minute).finish()
+    }
+}
+
+impl AuthLimiter {
+    pub fn new(per_minute: u32) -> AuthLimiter {
+        let buckets = moka::sync::Cache::builder()
+            .max_capacity(100_000)
+            .time_to_idle(std::time::Duration::from_secs(600))
+            .build();
+        AuthLimiter { per_minute, buckets }
+    }
+
+    fn bucket(&self, addr: std::net::IpAddr) -> Arc<parking_lot::Mutex<(f64, std::time::Instant)>> {
+        let full = self.per_minute as f64;
+        self.buckets.get_with(addr, || Arc::new(parking_lot::Mutex::new((full, std::time::Instant::now()))))
+    }
+
+    /// The failures left to `addr` now (refilled since last asked).
+    fn left(&self, b: &mut (f64, std::time::Instant)) -> f64 {
+        let now = std::time::Instant::now();
+        let rate = self.per_minute as f64 / 60.0;
+        b.0 = (b.0 + now.duration_since(b.1).as_secs_f64() * rate).min(self.per_minute as f64);
+        b.1 = now;
+        b.0
+    }
+
+    /// Whether `addr` may try to log in now.
+    pub fn may_try(&self, addr: Option<std::net::IpAddr>) -> bool {
+        let Some(addr) = addr.filter(|_| self.per_minute > 0) else { return true };
+        let b = self.bucket(addr);
+        let mut b = b.lock();
+        self.left(&mut b) >= 1.0
+    }
+
+    /// A failed login from `addr`.
+    pub fn failed(&self, addr: Option<std::net::IpAddr>) {
+        let Some(addr) = addr.filter(|_| self.per_minute > 0) else { return };
+        let b = self.bucket(addr);
+        let mut b = b.lock();
+        let left = self.left(&mut b);
+        b.0 = (left - 1.0).max(0.0);
+    }
+}
+
 /// Every user, by name.
 #[derive(Debug, Default)]
 pub struct Users {
+    /// `ACL LOG`.
+    pub log: Log,
     users: parking_lot::RwLock<BTreeMap<String, Arc<User>>>,
     /// Some user may not do everything: only then are requests checked (one relaxed
     /// load a request otherwise).
@@ -523,31 +893,149 @@ mod tests {
     fn the_last_rule_that_matches_decides() {
         let t = table();
         let p = perms(&["on", "+@all", "-@dangerous", "+flushdb", "-client|kill"]).unwrap();
-        assert!(p.may_run(cmd(&t, "GET")));
-        assert!(!p.may_run(cmd(&t, "FLUSHALL")), "@dangerous");
-        assert!(p.may_run(cmd(&t, "FLUSHDB")), "allowed again after the category");
-        assert!(!p.may_run(cmd(&t, "CLIENT|KILL")));
-        assert!(p.may_run(cmd(&t, "CLIENT|SETNAME")));
+        assert!(p.may_run(cmd(&t, "GET"), None));
+        assert!(!p.may_run(cmd(&t, "FLUSHALL"), None), "@dangerous");
+        assert!(p.may_run(cmd(&t, "FLUSHDB"), None), "allowed again after the category");
+        assert!(!p.may_run(cmd(&t, "CLIENT|KILL"), None));
+        assert!(p.may_run(cmd(&t, "CLIENT|SETNAME"), None));
         let p = perms(&["+@read", "-get", "+client"]).unwrap();
-        assert!(p.may_run(cmd(&t, "HGET")) && !p.may_run(cmd(&t, "GET")) && !p.may_run(cmd(&t, "SET")));
-        assert!(p.may_run(cmd(&t, "CLIENT|KILL")), "+client allows every subcommand");
-        assert!(!perms(&[]).unwrap().may_run(cmd(&t, "PING")), "a new user may run nothing");
+        assert!(
+            p.may_run(cmd(&t, "HGET"), None) && !p.may_run(cmd(&t, "GET"), None) && !p.may_run(cmd(&t, "SET"), None)
+        );
+        assert!(p.may_run(cmd(&t, "CLIENT|KILL"), None), "+client allows every subcommand");
+        assert!(!perms(&[]).unwrap().may_run(cmd(&t, "PING"), None), "a new user may run nothing");
         let p = perms(&["+@all", "-@proxy", "-@lock"]).unwrap();
-        assert!(!p.may_run(cmd(&t, "PROXY")) && !p.may_run(cmd(&t, "LOCK.ACQUIRE")) && p.may_run(cmd(&t, "SET")));
+        assert!(
+            !p.may_run(cmd(&t, "PROXY"), None)
+                && !p.may_run(cmd(&t, "LOCK.ACQUIRE"), None)
+                && p.may_run(cmd(&t, "SET"), None)
+        );
     }
 
     #[test]
     fn keys_and_channels() {
         let p = perms(&["~app:*", "%R~shared:*", "%W~log:*", "&news.*"]).unwrap();
-        assert!(p.may_touch(b"app:1", true, true));
-        assert!(p.may_touch(b"shared:x", true, false) && !p.may_touch(b"shared:x", false, true));
-        assert!(p.may_touch(b"log:1", false, true) && !p.may_touch(b"log:1", true, false));
-        assert!(!p.may_touch(b"other", true, false));
+        assert!(p.may_touch(b"app:1", key::ACCESS | key::CHANGE));
+        assert!(p.may_touch(b"shared:x", key::ACCESS) && !p.may_touch(b"shared:x", key::CHANGE));
+        assert!(p.may_touch(b"log:1", key::CHANGE) && !p.may_touch(b"log:1", key::ACCESS));
+        assert!(!p.may_touch(b"other", key::ACCESS));
         assert!(p.may_use_channel(b"news.sport", false) && !p.may_use_channel(b"weather", false));
         assert!(p.may_use_channel(b"news.*", true) && !p.may_use_channel(b"news.s*", true));
         let p = perms(&["allkeys", "allchannels", "allcommands"]).unwrap();
         assert!(p.unrestricted());
         assert!(!perms(&["allkeys", "allchannels", "+@all", "-debug"]).unwrap().unrestricted());
+    }
+
+    fn req(args: &str) -> Request {
+        Request::from_args(&args.split(' ').collect::<Vec<_>>())
+    }
+
+    fn check(p: &Perms, t: &CommandTable, args: &str) -> Result<(), (Denied, usize)> {
+        let r = req(args);
+        let c = t.lookup(&r).unwrap();
+        p.check(c, &r).map_err(|d| (d.why, d.arg))
+    }
+
+    #[test]
+    fn each_key_is_checked_for_what_its_key_spec_says() {
+        let t = table();
+        let p = perms(&["+@all", "%R~r*", "%W~w*", "~rw*"]).unwrap();
+        assert_eq!(check(&p, &t, "GET r1"), Ok(()));
+        assert_eq!(check(&p, &t, "GET w1"), Err((Denied::Key, 1)));
+        assert_eq!(check(&p, &t, "SET w1 x"), Ok(()), "SET without GET only writes");
+        assert_eq!(check(&p, &t, "SET w1 x GET"), Err((Denied::Key, 1)), "SET ... GET reads too");
+        assert_eq!(check(&p, &t, "INCR w1"), Err((Denied::Key, 1)), "INCR reads and writes");
+        assert_eq!(check(&p, &t, "INCR rw1"), Ok(()));
+        assert_eq!(check(&p, &t, "EXISTS w1"), Ok(()), "EXISTS neither reads nor writes the value");
+        assert_eq!(check(&p, &t, "EXISTS other"), Err((Denied::Key, 1)));
+        assert_eq!(check(&p, &t, "COPY r1 w1"), Ok(()));
+        assert_eq!(check(&p, &t, "COPY w1 r1"), Err((Denied::Key, 1)));
+        assert_eq!(check(&p, &t, "LMOVE r1 w1 LEFT RIGHT"), Err((Denied::Key, 1)), "the source is also written");
+        assert_eq!(check(&p, &t, "SORT r1 STORE w1"), Ok(()));
+        assert_eq!(check(&p, &t, "SORT r1 STORE r2"), Err((Denied::Key, 3)));
+        assert_eq!(check(&p, &t, "BITFIELD r1 GET u8 0"), Ok(()));
+        assert_eq!(check(&p, &t, "BITFIELD r1 SET u8 0 1"), Err((Denied::Key, 1)));
+        assert_eq!(check(&p, &t, "ZUNIONSTORE w1 2 r1 r2"), Ok(()));
+        assert_eq!(check(&p, &t, "EVAL x 2 rw1 r1"), Err((Denied::Key, 4)), "a script's keys are read and written");
+        assert_eq!(check(&p, &t, "MGET r1 r2 w3"), Err((Denied::Key, 3)));
+        let p = perms(&["+@all", "%R~a", "%W~a"]).unwrap();
+        assert_eq!(p.key_rules(), "~a", "the same pattern twice is one");
+        let p = perms(&["+@all", "allkeys", "&news"]).unwrap();
+        assert_eq!(check(&p, &t, "PUBLISH news x"), Ok(()));
+        assert_eq!(check(&p, &t, "SUBSCRIBE news sport"), Err((Denied::Channel, 2)));
+        assert_eq!(check(&p, &t, "SPUBLISH sport x"), Err((Denied::Channel, 1)));
+    }
+
+    #[test]
+    fn first_arguments_and_the_rules_as_redis_7_0_shows_them() {
+        let t = table();
+        let p = perms(&["-@all", "+select|0", "+config|get"]).unwrap();
+        assert_eq!(check(&p, &t, "SELECT 0"), Ok(()));
+        assert_eq!(check(&p, &t, "SELECT 1"), Err((Denied::Command, 0)));
+        assert_eq!(check(&p, &t, "CONFIG GET x"), Ok(()));
+        assert_eq!(check(&p, &t, "CONFIG SET x y"), Err((Denied::Command, 0)));
+        assert!(perms(&["-select|0"]).unwrap_err().ends_with("Unknown command or category name in ACL"));
+        assert!(
+            perms(&["+client|kill|x"]).unwrap_err().ends_with("Allowing first-arg of a subcommand is not supported")
+        );
+        assert!(perms(&["+acl|nosuch"]).unwrap_err().ends_with("Unknown command or category name in ACL"));
+        // what Redis 7.0.15 answers for the same rules
+        let shown = |r: &[&str]| perms(r).unwrap().command_rules(&t);
+        assert_eq!(shown(&["+@all", "-get", "+get"]), "+@all");
+        assert_eq!(shown(&["+@all", "-get", "+get", "-set"]), "+@all -set");
+        assert_eq!(shown(&["-@all", "+client|kill"]), "-@all +client|kill");
+        assert_eq!(shown(&["+@all", "-client", "+client|kill"]), "+@all -client +client|kill");
+        assert_eq!(shown(&["+@all", "+select|0"]), "+@all");
+        assert_eq!(shown(&["-@all", "+select|0", "+@read"]), "-@all +@read +select|0");
+        assert_eq!(shown(&["-@all", "+get", "+@read"]), "-@all +@read");
+        assert_eq!(shown(&["-@all", "+@read", "+get", "-get"]), "-@all +@read -get");
+        assert_eq!(shown(&["-@all", "+client", "-client|kill", "+client|kill"]), "-@all +client");
+        assert_eq!(shown(&["-@all", "+get", "allcommands", "-set"]), "+@all -set");
+        assert_eq!(shown(&["nocommands", "+get"]), "-@all +get");
+        assert_eq!(shown(&["+@all", "-@read", "-set"]), "+@all -@read -set");
+        // superseded rules are dropped: repeating a rule does not grow the user
+        let mut p = perms(&["-@all"]).unwrap();
+        for _ in 0..100 {
+            p.apply(b"+get", &t).unwrap();
+            p.apply(b"-get", &t).unwrap();
+            p.apply(b"+@read", &t).unwrap();
+        }
+        assert!(p.rules.len() <= 3, "{:?}", p.rules);
+    }
+
+    #[test]
+    fn the_log_groups_alike_refusals_and_keeps_the_newest() {
+        let log = Log::default();
+        log.add("key", "toplevel", b"k", "u", "id=1".into());
+        log.add("key", "toplevel", b"k", "u", "id=2".into());
+        log.add("command", "multi", b"get", "u", "id=3".into());
+        let e = log.newest(None);
+        assert_eq!(e.len(), 2);
+        assert_eq!((e[0].reason, e[0].count), ("command", 1));
+        assert_eq!((e[1].count, e[1].client_info.as_str()), (2, "id=2"));
+        for i in 0..300 {
+            log.add("key", "toplevel", format!("k{i}").as_bytes(), "u", String::new());
+        }
+        assert_eq!(log.newest(None).len(), Log::MAX);
+        assert_eq!(log.newest(Some(1))[0].object, b"k299");
+        log.add("key", "toplevel", &vec![b'x'; 10_000], "u", String::new());
+        assert_eq!(log.newest(Some(1))[0].object.len(), Log::MAX_OBJECT);
+        log.reset();
+        assert!(log.newest(None).is_empty());
+    }
+
+    #[test]
+    fn failed_logins_empty_an_address_s_bucket() {
+        let l = AuthLimiter::new(3);
+        let a = Some("10.0.0.1".parse().unwrap());
+        let b = Some("10.0.0.2".parse().unwrap());
+        for _ in 0..3 {
+            assert!(l.may_try(a));
+            l.failed(a);
+        }
+        assert!(!l.may_try(a), "three failures a minute");
+        assert!(l.may_try(b), "another address has its own");
+        assert!(AuthLimiter::new(0).may_try(a), "0: no limit");
     }
 
     #[test]
@@ -590,13 +1078,13 @@ mod tests {
         let default = users.get("default").unwrap();
         assert!(default.perms().accepts(b"defpass") && default.perms().unrestricted());
         let alice = users.get("alice").unwrap();
-        assert!(alice.perms().may_run(cmd(&t, "GET")) && !alice.perms().may_run(cmd(&t, "SET")));
+        assert!(alice.perms().may_run(cmd(&t, "GET"), None) && !alice.perms().may_run(cmd(&t, "SET"), None));
         // a change reaches whoever holds the user
         users.set_user("alice", &[b"+set"], &t).unwrap();
-        assert!(alice.perms().may_run(cmd(&t, "SET")));
+        assert!(alice.perms().may_run(cmd(&t, "SET"), None));
         // a refused rule changes nothing
         assert!(users.set_user("alice", &[b"-set", b"+nosuch"], &t).is_err());
-        assert!(alice.perms().may_run(cmd(&t, "SET")));
+        assert!(alice.perms().may_run(cmd(&t, "SET"), None));
         assert_eq!(users.delete(&["alice", "default", "ghost"]).len(), 1);
         assert_eq!(users.names(), ["default"]);
         assert!(Users::from_config(&["bob +nosuch".into()], None, &t).unwrap_err().contains("user 'bob'"));
