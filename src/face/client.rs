@@ -237,7 +237,7 @@ fn kill(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
         let Some(c) = proxy.clients.all().into_iter().find(|c| c.addr == addr) else {
             return ctx.error(errors::NO_SUCH_CLIENT);
         };
-        close(ctx, &c, me);
+        close(proxy, ctx, &c, me);
         return ctx.reply(|w| w.ok());
     }
     let (mut id, mut addr, mut laddr, mut normal, mut skipme) = (None, None, None, Some(Type::Any), true);
@@ -284,19 +284,21 @@ fn kill(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
             && user.as_ref().is_none_or(|u| *u == c.user())
             && !(skipme && c.id == me);
         if matches {
-            close(ctx, &c, me);
+            close(proxy, ctx, &c, me);
             killed += 1;
         }
     }
     ctx.reply(|w| w.int(killed))
 }
 
-/// Closes client `c`: another at once, this one once the reply is written.
-fn close(ctx: &mut Ctx, c: &ClientInfo, me: u64) {
+/// Closes client `c`: another at once (gone from CLIENT LIST and KILL at once too, as on
+/// Redis, though its session ends a moment later), this one once the reply is written.
+fn close(proxy: &Proxy, ctx: &mut Ctx, c: &ClientInfo, me: u64) {
     if c.id == me {
         ctx.client.quit = true;
     } else {
         c.send(Control::Kill);
+        proxy.clients.remove(c.id);
     }
 }
 

@@ -452,6 +452,7 @@ fn acl(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                         ctx.client.quit = true;
                     } else {
                         c.send(crate::conn::Control::Kill);
+                        proxy.clients.remove(c.id);
                     }
                 }
             }
