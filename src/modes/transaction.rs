@@ -18,8 +18,10 @@
 //! connection broke) makes EXEC answer nil, as a changed key would.
 
 use bytes::{BufMut, BytesMut};
+use smallvec::SmallVec;
 
 use crate::command::{Command, Local, Route, Split, TxCmd, keys_of};
+use crate::conn::multi::TxSplit;
 use crate::conn::{Mode, Queued, Watch};
 use crate::errors;
 use crate::path::pending::{Ctx, Outcome, Target, TxPart, start_transaction};
@@ -112,18 +114,24 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
         Err(e) => return refuse(ctx, e),
     };
     let cluster = proxy.cluster.is_cluster();
-    // the command's own keys share one slot
+    // and the transaction's earlier keys (unless it may run per slot; never under WATCH)
+    let watching = ctx.client.modes.watch.is_some();
+    let per_slot = proxy.config.transactions.per_node() && !watching;
+    // the command's own keys share one slot (per slot, a command Redis Cluster clients
+    // split, MGET, MSET, DEL, ..., is queued as one command per slot)
     let mut cs = None;
     for &k in &keys {
         let ks = slot(req.arg(k as usize));
         match cs {
-            Some(t) if t != ks && cluster => return refuse(ctx, errors::CROSSSLOT),
+            Some(t) if t != ks && cluster => {
+                return match cmd.route {
+                    Route::Split(kind) if per_slot => queue_split(proxy, ctx, cmd, kind, &keys),
+                    _ => refuse(ctx, errors::CROSSSLOT),
+                };
+            }
             _ => cs = Some(ks),
         }
     }
-    // and the transaction's earlier keys (unless it may run per slot; never under WATCH)
-    let watching = ctx.client.modes.watch.is_some();
-    let per_slot = proxy.config.transactions.per_node() && !watching;
     let Mode::Multi(q) = &ctx.client.modes.multi else { return ctx.error(errors::EXECABORT) };
     let s = match (q.slot, cs) {
         (Some(t), Some(c)) if t != c && cluster && !per_slot => {
@@ -164,6 +172,66 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
     q.held += cost;
     q.commands.push(queued.clone());
     proxy.scripts.note(&cmd.name, req);
+    ctx.reply(|w| w.simple("QUEUED"))
+}
+
+/// A cross-slot MGET, MSET, DEL, UNLINK, EXISTS or TOUCH in a per-node transaction:
+/// queued as one command per slot (its keys grouped by slot, in the order each slot first
+/// appears), each to run in its slot's native transaction; EXEC's reply merges theirs into
+/// one, in its place (crate::conn::multi::TxSplit).
+fn queue_split(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, kind: Split, keys: &[u32]) -> Outcome {
+    let req = ctx.req;
+    let step = if kind == Split::Mset { 2 } else { 1 };
+    let mut groups: Vec<(u16, SmallVec<[u32; 4]>)> = Vec::new();
+    for (n, &k) in keys.iter().enumerate() {
+        let s = slot(req.arg(k as usize));
+        match groups.iter_mut().find(|g| g.0 == s) {
+            Some(g) => g.1.push(n as u32),
+            None => groups.push((s, smallvec::smallvec![n as u32])),
+        }
+    }
+    let parts: Vec<Request> = groups
+        .iter()
+        .map(|(_, ns)| {
+            let mut args: Vec<&[u8]> = vec![req.arg(0)];
+            for &n in ns {
+                let k = keys[n as usize] as usize;
+                args.extend((k..k + step).map(|i| req.arg(i)));
+            }
+            Request::from_args(&args)
+        })
+        .collect();
+    let bytes: usize = parts.iter().map(|r| r.raw().len()).sum();
+    let cost = bytes
+        + parts.len() * (std::mem::size_of::<Request>() + std::mem::size_of::<Option<u16>>())
+        + if cmd.is_write() { keys.len() * std::mem::size_of::<bytes::Bytes>() } else { 0 };
+    let limit = proxy.config.limits.max_inflight_request_bytes as usize;
+    let Mode::Multi(q) = &ctx.client.modes.multi else { return ctx.error(errors::EXECABORT) };
+    if q.held + cost > limit {
+        return refuse(ctx, &errors::transaction_too_large(limit));
+    }
+    let keys_iter = keys.iter().map(|&k| req.arg(k as usize));
+    if let Err(t) = proxy.ratelimit.check_in(&mut ctx.client.rl, cmd, keys_iter, ctx.now, false) {
+        return refuse(ctx, &t.message());
+    }
+    ctx.first_key = keys.first().copied().unwrap_or(0);
+    let Mode::Multi(q) = &mut ctx.client.modes.multi else { return ctx.error(errors::EXECABORT) };
+    if cmd.is_write() {
+        q.write_keys.extend(keys.iter().map(|&k| req.arg_bytes(k as usize)));
+    }
+    if q.slot.is_none() {
+        q.slot = groups.first().map(|g| g.0);
+    }
+    let first = q.commands.len() as u32;
+    for ((s, _), r) in groups.iter().zip(parts) {
+        q.slots.push(Some(*s));
+        q.bytes += r.raw().len();
+        q.commands.push(r);
+    }
+    q.held += cost;
+    let count = groups.len() as u32;
+    let nkeys = keys.len() as u32;
+    q.splits.push(TxSplit { first, count, kind, keys: groups.into_iter().map(|g| g.1).collect(), nkeys });
     ctx.reply(|w| w.simple("QUEUED"))
 }
 
@@ -258,7 +326,7 @@ fn exec(proxy: &Proxy, ctx: &mut Ctx, q: Queued) -> Outcome {
             }
         }
     }
-    start_transaction(proxy, ctx, parts, total, q.write_keys, pinned)
+    start_transaction(proxy, ctx, parts, total, q.write_keys, q.splits, pinned)
 }
 
 /// `MULTI`, the commands, `EXEC`, as one message.

@@ -139,8 +139,16 @@ pub fn merge_mget(
 /// (`transactions.cross_slot = "per-node"`) into one array in the client's order: an
 /// array's elements go to their commands' positions; a part that did not run (or may not
 /// have: EXECABORT, an error) gives each of its commands its reply, so the client sees
-/// which commands ran.
-pub fn merge_exec(replies: &[Bytes], positions: &[Vec<u32>], total: usize, out: &mut BytesMut) {
+/// which commands ran. A command queued as one command per slot (`splits`) gets one
+/// reply: its parts' merged as outside a transaction (the first error, if any).
+pub fn merge_exec(
+    replies: &[Bytes],
+    positions: &[Vec<u32>],
+    total: usize,
+    splits: &[crate::conn::multi::TxSplit],
+    proto: Proto,
+    out: &mut BytesMut,
+) {
     let mut slots: Vec<&[u8]> = vec![&[]; total];
     for (r, pos) in replies.iter().zip(positions) {
         match array_elements(r) {
@@ -156,9 +164,50 @@ pub fn merge_exec(replies: &[Bytes], positions: &[Vec<u32>], total: usize, out: 
             }
         }
     }
-    crate::protocol::request::write_array_header(out, total);
-    for e in slots {
-        out.extend_from_slice(e);
+    if splits.is_empty() {
+        crate::protocol::request::write_array_header(out, total);
+        for e in slots {
+            out.extend_from_slice(e);
+        }
+        return;
+    }
+    let extra: usize = splits.iter().map(|s| s.count as usize - 1).sum();
+    crate::protocol::request::write_array_header(out, total - extra);
+    let mut i = 0;
+    let mut next = splits.iter().peekable();
+    while i < total {
+        match next.peek() {
+            Some(s) if s.first as usize == i => {
+                let end = (i + s.count as usize).min(total);
+                out.extend_from_slice(&merge_split(s, &slots[i..end], proto));
+                i = end;
+                next.next();
+            }
+            _ => {
+                out.extend_from_slice(slots[i]);
+                i += 1;
+            }
+        }
+    }
+}
+
+/// The one reply of a command split per slot inside a transaction, from its parts'.
+fn merge_split(s: &crate::conn::multi::TxSplit, parts: &[&[u8]], proto: Proto) -> Bytes {
+    if let Some(e) = parts.iter().find(|p| p.first() == Some(&b'-')) {
+        return Bytes::copy_from_slice(e);
+    }
+    let replies: Vec<Bytes> = parts.iter().map(|p| Bytes::copy_from_slice(p)).collect();
+    let merge = match s.kind {
+        crate::command::Split::Mget => {
+            Merge::Mget { positions: s.keys.clone(), total: s.nkeys as usize, cached: vec![] }
+        }
+        crate::command::Split::Mset => Merge::Mset,
+        crate::command::Split::Sum => Merge::Sum,
+    };
+    let mut scratch = BytesMut::new();
+    match merge_replies(&merge, &replies, proto, &mut scratch) {
+        Ok(b) => b,
+        Err(what) => crate::errors::resp(&crate::errors::merge_failed(what)),
     }
 }
 

@@ -104,7 +104,8 @@ pub(super) fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
         Finish::Transaction(tx) if tx.positions.is_empty() => p.parts[0].reply.take().unwrap_or_default(),
         Finish::Transaction(tx) => {
             let replies: Vec<Bytes> = p.parts.iter_mut().map(|x| x.reply.take().unwrap_or_default()).collect();
-            crate::path::merge::merge_exec(&replies, &tx.positions, tx.total as usize, ctx.scratch);
+            let (proto, total) = (ctx.client.proto, tx.total as usize);
+            crate::path::merge::merge_exec(&replies, &tx.positions, total, &tx.splits, proto, ctx.scratch);
             ctx.scratch.split().freeze()
         }
         Finish::Lock(r) => {

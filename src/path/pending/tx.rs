@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 
 use super::send::{follow, send_later, send_part};
 use super::{Ctx, Dedicated, Finish, Outcome, Part, Pending, Target, Via, complete};
+use crate::conn::multi::TxSplit;
 use crate::errors;
 use crate::mailbox::BackendReply;
 use crate::protocol::Writer;
@@ -27,6 +28,8 @@ pub struct Tx {
     pub(super) total: u32,
     /// Keys of its writes (for the rare path of [`Pending::write_hot_generation`]).
     pub(super) write_keys: Vec<Bytes>,
+    /// Cross-slot commands queued as one command per slot, merged back in EXEC's reply.
+    pub(super) splits: Vec<TxSplit>,
 }
 
 impl Tx {
@@ -83,6 +86,7 @@ pub fn start_transaction(
     tx_parts: Vec<TxPart>,
     total: u32,
     write_keys: Vec<Bytes>,
+    splits: Vec<TxSplit>,
     pinned: Option<Lease>,
 ) -> Outcome {
     let mut replies = Vec::with_capacity(tx_parts.len());
@@ -107,7 +111,7 @@ pub fn start_transaction(
         }
         parts.push(Part::new(t.data, t.target));
     }
-    let tx = Tx { parts: replies, positions, total, write_keys };
+    let tx = Tx { parts: replies, positions, total, write_keys, splits };
     let mut p = Pending::new(ctx, Finish::Transaction(Box::new(tx)), parts);
     if pinned.is_some() {
         p.dedicated = Some(Box::new(Dedicated { via: Via::Own(pinned), block: None }));
