@@ -530,3 +530,25 @@ fn failed_logins_are_rate_limited_per_client_address() {
     assert_eq!(c.cmd(&["AUTH", "app", "right"]), V::ok());
     assert_eq!(c.cmd(&["ACL", "WHOAMI"]), V::s("app"));
 }
+
+#[test]
+fn split_commands_across_masters_are_all_or_nothing() {
+    let env = common::ClusterEnv::start(None);
+    let masters = env.owners.masters();
+    let a = format!("app:{}", env.owners.tag_on(masters[0], "s"));
+    let b = format!("app:{}", env.owners.tag_on(masters[1], "s"));
+    let other = env.owners.tag_on(masters[2], "other");
+    let mut admin = Conn::connect(env.proxy.port());
+    assert_eq!(admin.cmd(&["ACL", "SETUSER", "app", "on", ">pw", "~app:*", "+@all"]), V::ok());
+    let mut app = Conn::connect(env.proxy.port());
+    assert_eq!(app.cmd(&["AUTH", "app", "pw"]), V::ok());
+    assert_eq!(app.cmd(&["MSET", &a, "1", &b, "2"]), V::ok(), "keys on two masters, all allowed");
+    assert_eq!(app.cmd(&["MGET", &a, &b]), V::strs(&["1", "2"]));
+    let key_refused = Some("NOPERM this user has no permissions to access one of the keys used as arguments");
+    // one key refused: nothing is sent to any master
+    assert_eq!(app.cmd(&["MSET", &a, "x", &other, "y"]).err(), key_refused);
+    assert_eq!(app.cmd(&["DEL", &a, &b, &other]).err(), key_refused);
+    assert_eq!(app.cmd(&["MGET", &a, &other]).err(), key_refused);
+    assert_eq!(admin.cmd(&["MGET", &a, &b, &other]), V::Arr(vec![V::s("1"), V::s("2"), V::Nil]));
+    assert_eq!(app.cmd(&["DEL", &a, &b]), V::Int(2));
+}

@@ -874,6 +874,11 @@ impl CommandTable {
         self.by_name.is_empty()
     }
 
+    /// Whether command id `id` is a learned command's (not the generated table's).
+    pub fn is_learned(&self, id: usize) -> bool {
+        id >= self.base
+    }
+
     /// Finds the command for a request, checking arity and resolving subcommands.
     pub fn lookup(&self, req: &Request) -> Result<&Command, LookupError> {
         let name = req.arg(0);
@@ -1034,11 +1039,29 @@ fn rule_of(k: &RawKey) -> learned::KeyRule {
 pub fn acl_keys(cmd: &Command, req: &Request) -> SmallVec<[(u32, u8); 4]> {
     let mut out = SmallVec::new();
     let rules = &cmd.key_rules;
+    // (most commands: one spec, one key at a fixed place)
+    if let [r] = &rules[..]
+        && let learned::Begin::Index(i) = r.begin
+        && let learned::Find::Range { last: 0, .. } = r.find
+        && !r.not_key
+        && !r.variable
+        && !r.incomplete
+    {
+        if i > 0 && (i as usize) < req.argc() {
+            out.push((i as u32, r.acl));
+        }
+        return out;
+    }
     if rules.iter().any(|r| !r.not_key) && rules.iter().all(|r| r.followable() && !r.variable) {
         // (a spec that does not fit leaves the command no keys to check, as on Redis: the
         // command then fails on its arguments)
         let mut found = SmallVec::new();
         learned::find_keys_strict(rules, req.argc(), |i| req.arg(i), &mut found);
+        if let [r] = &rules[..] {
+            // (one spec, most commands: its keys are all found)
+            out.extend(found.iter().map(|&k| (k, r.acl)));
+            return out;
+        }
         if found.is_empty() {
             return out;
         }

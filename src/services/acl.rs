@@ -119,6 +119,27 @@ pub struct Perms {
     /// `sanitize-payload` (`Some(true)`) / `skip-sanitize-payload` (`Some(false)`): kept
     /// and shown, as RESTORE's payloads are the servers' business.
     pub sanitize: Option<bool>,
+    /// What the rules decide, worked out once ([`Perms::settle`]) for the request path.
+    settled: Settled,
+}
+
+/// The rules' verdicts, worked out once when they change: whether anything must be
+/// checked at all, and each command's verdict by id (a bit set), so a request costs a
+/// bit test instead of a walk over the rules.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Settled {
+    unrestricted: bool,
+    all_keys: bool,
+    /// Commands whose verdict is known whatever their arguments (not those with
+    /// first-argument rules, nor commands learned since).
+    known: Vec<u64>,
+    allowed: Vec<u64>,
+}
+
+impl Settled {
+    fn bit(bits: &[u64], id: usize) -> bool {
+        bits.get(id / 64).is_some_and(|w| w & (1 << (id % 64)) != 0)
+    }
 }
 
 /// Why a rule was refused, in Redis's words (`ERR Error in ACL SETUSER modifier '...':
@@ -204,7 +225,34 @@ impl Perms {
             keys: vec![KeyPattern { pattern: b"*".to_vec(), read: true, write: true }],
             channels: vec![b"*".to_vec()],
             sanitize: None,
+            settled: Settled { unrestricted: true, all_keys: true, ..Settled::default() },
         }
+    }
+
+    /// Works out what the rules decide for every command of `table` (after the rules
+    /// changed; until then the request path walks the rules).
+    pub fn settle(&mut self, table: &CommandTable) {
+        let all = table.every();
+        let words = all.iter().map(|(c, _)| c.id / 64 + 1).max().unwrap_or(0);
+        let mut s = Settled {
+            unrestricted: self.rules == [CmdRule::All(true)]
+                && self.keys.iter().any(|k| k.pattern == b"*" && k.read && k.write)
+                && self.channels.iter().any(|c| c == b"*"),
+            all_keys: self.keys.iter().any(|k| k.pattern == b"*" && k.read && k.write),
+            known: vec![0; words],
+            allowed: vec![0; words],
+        };
+        for (c, _) in &all {
+            // (a learned command may be learned again with other categories: walked)
+            if table.is_learned(c.id) || self.rules.iter().any(|r| matches!(r, CmdRule::FirstArg(..)) && r.hits(c)) {
+                continue;
+            }
+            s.known[c.id / 64] |= 1 << (c.id % 64);
+            if self.allows(c) {
+                s.allowed[c.id / 64] |= 1 << (c.id % 64);
+            }
+        }
+        self.settled = s;
     }
 
     /// Applies one rule, as `ACL SETUSER` does, against the commands of `table`.
@@ -425,7 +473,7 @@ impl Perms {
 
     /// Every key may be touched (`allkeys`, `~*`).
     fn all_keys(&self) -> bool {
-        self.keys.iter().any(|k| k.pattern == b"*" && k.read && k.write)
+        self.settled.all_keys
     }
 
     /// Whether the user may touch `key` as `need` says (`key::ACCESS`: read,
@@ -444,7 +492,12 @@ impl Perms {
     /// keys, then its channels, as Redis checks them; the first refusal.
     pub fn check(&self, cmd: &Command, req: &Request) -> Result<(), Denial> {
         // (AUTH, HELLO and RESET, which need no login, need no permission either)
-        if cmd.flags & crate::command::flags::NO_AUTH == 0 && !self.may_run(cmd, (req.argc() > 1).then(|| req.arg(1))) {
+        let may_run = if Settled::bit(&self.settled.known, cmd.id) {
+            Settled::bit(&self.settled.allowed, cmd.id)
+        } else {
+            self.may_run(cmd, (req.argc() > 1).then(|| req.arg(1)))
+        };
+        if cmd.flags & crate::command::flags::NO_AUTH == 0 && !may_run {
             return Err(Denial { why: Denied::Command, arg: 0 });
         }
         if !self.all_keys() {
@@ -477,10 +530,9 @@ impl Perms {
     }
 
     /// Everything allowed: no check is needed on the request path.
+    #[inline]
     pub fn unrestricted(&self) -> bool {
-        self.rules == [CmdRule::All(true)]
-            && self.keys.iter().any(|k| k.pattern == b"*" && k.read && k.write)
-            && self.channels.iter().any(|c| c == b"*")
+        self.settled.unrestricted
     }
 
     /// Whether `password` logs this user in.
@@ -836,6 +888,7 @@ impl Users {
         for r in rules {
             perms.apply(r, table).map_err(|e| e.reply(r))?;
         }
+        perms.settle(table);
         let user = match users.get(name) {
             Some(u) => {
                 u.set(perms);
@@ -879,6 +932,7 @@ mod tests {
         for r in rules {
             p.apply(r.as_bytes(), &t).map_err(|e| e.reply(r.as_bytes()))?;
         }
+        p.settle(&t);
         Ok(p)
     }
 
