@@ -152,27 +152,40 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
         + std::mem::size_of::<Request>()
         + std::mem::size_of::<Option<u16>>()
         + if cmd.is_write() { keys.len() * std::mem::size_of::<bytes::Bytes>() } else { 0 };
-    let limit = proxy.config.limits.max_inflight_request_bytes as usize;
-    if q.held + cost > limit {
-        return refuse(ctx, &errors::transaction_too_large(limit));
+    let queued = queued.clone();
+    if let Some(refused) = admit(proxy, ctx, cmd, &keys, cost) {
+        return refused;
     }
-    // counted by the rate limits as if sent alone
-    let keys_iter = keys.iter().map(|&k| req.arg(k as usize));
-    if let Err(t) = proxy.ratelimit.check_in(&mut ctx.client.rl, cmd, keys_iter, ctx.now, false) {
-        return refuse(ctx, &t.message());
-    }
-    ctx.first_key = keys.first().copied().unwrap_or(0);
     let Mode::Multi(q) = &mut ctx.client.modes.multi else { return ctx.error(errors::EXECABORT) };
-    if cmd.is_write() {
-        q.write_keys.extend(keys.iter().map(|&k| req.arg_bytes(k as usize)));
-    }
     q.slot = s;
     q.slots.push(cs);
     q.bytes += queued.raw().len();
-    q.held += cost;
-    q.commands.push(queued.clone());
+    q.commands.push(queued);
     proxy.scripts.note(&cmd.name, req);
     ctx.reply(|w| w.simple("QUEUED"))
+}
+
+/// What queuing a command (its `keys`, holding `cost` bytes) takes: room within the
+/// transaction's byte bound, and the rate limits, which count it as if it were sent
+/// alone; the keys of a write are noted for the hot-key cache. `Some`: the refusal.
+fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, keys: &[u32], cost: usize) -> Option<Outcome> {
+    let req = ctx.req;
+    let limit = proxy.config.limits.max_inflight_request_bytes as usize;
+    let Mode::Multi(q) = &ctx.client.modes.multi else { return Some(ctx.error(errors::EXECABORT)) };
+    if q.held + cost > limit {
+        return Some(refuse(ctx, &errors::transaction_too_large(limit)));
+    }
+    let keys_iter = keys.iter().map(|&k| req.arg(k as usize));
+    if let Err(t) = proxy.ratelimit.check_in(&mut ctx.client.rl, cmd, keys_iter, ctx.now, false) {
+        return Some(refuse(ctx, &t.message()));
+    }
+    ctx.first_key = keys.first().copied().unwrap_or(0);
+    let Mode::Multi(q) = &mut ctx.client.modes.multi else { return Some(ctx.error(errors::EXECABORT)) };
+    if cmd.is_write() {
+        q.write_keys.extend(keys.iter().map(|&k| req.arg_bytes(k as usize)));
+    }
+    q.held += cost;
+    None
 }
 
 /// A cross-slot MGET, MSET, DEL, UNLINK, EXISTS or TOUCH in a per-node transaction:
@@ -205,20 +218,10 @@ fn queue_split(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, kind: Split, keys: &
     let cost = bytes
         + parts.len() * (std::mem::size_of::<Request>() + std::mem::size_of::<Option<u16>>())
         + if cmd.is_write() { keys.len() * std::mem::size_of::<bytes::Bytes>() } else { 0 };
-    let limit = proxy.config.limits.max_inflight_request_bytes as usize;
-    let Mode::Multi(q) = &ctx.client.modes.multi else { return ctx.error(errors::EXECABORT) };
-    if q.held + cost > limit {
-        return refuse(ctx, &errors::transaction_too_large(limit));
+    if let Some(refused) = admit(proxy, ctx, cmd, keys, cost) {
+        return refused;
     }
-    let keys_iter = keys.iter().map(|&k| req.arg(k as usize));
-    if let Err(t) = proxy.ratelimit.check_in(&mut ctx.client.rl, cmd, keys_iter, ctx.now, false) {
-        return refuse(ctx, &t.message());
-    }
-    ctx.first_key = keys.first().copied().unwrap_or(0);
     let Mode::Multi(q) = &mut ctx.client.modes.multi else { return ctx.error(errors::EXECABORT) };
-    if cmd.is_write() {
-        q.write_keys.extend(keys.iter().map(|&k| req.arg_bytes(k as usize)));
-    }
     if q.slot.is_none() {
         q.slot = groups.first().map(|g| g.0);
     }
@@ -228,7 +231,6 @@ fn queue_split(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, kind: Split, keys: &
         q.bytes += r.raw().len();
         q.commands.push(r);
     }
-    q.held += cost;
     let count = groups.len() as u32;
     let nkeys = keys.len() as u32;
     q.splits.push(TxSplit { first, count, kind, keys: groups.into_iter().map(|g| g.1).collect(), nkeys });
