@@ -156,6 +156,11 @@ pub(super) fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &mut P
     let tag = Tag { seq: ctx.seq, part: idx };
     tokio::spawn(async move {
         tokio::time::sleep(RETRY_DELAY).await;
+        // the client is gone (its session ended, after this request was answered with
+        // an error or never): a retry now would run it after the client went on
+        if reply_to.is_closed() {
+            return;
+        }
         let node = match &target {
             Target::Slot(s) => cluster.topology().master_for_slot(*s).cloned(),
             Target::Node(n) | Target::Ask(n, _) => Some(n.clone()),
