@@ -232,6 +232,18 @@ struct Rare {
     /// Split key by key after TRYAGAIN (see [`per_key`]): the part's pieces, or the part
     /// a piece belongs to.
     pieces: Option<Pieces>,
+    /// While its retry waits out its delay ([`send::send_later`]): still wanted. Cleared
+    /// when the part is dropped (its request answered, expired, or its client gone), so
+    /// the retry is not sent after the client was answered and went on.
+    wanted: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl Drop for Rare {
+    fn drop(&mut self) {
+        if let Some(w) = &self.wanted {
+            w.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 impl Part {

@@ -5,6 +5,7 @@
 //! followed ([`follow`]).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -148,6 +149,7 @@ pub(super) fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &mut P
         });
         return;
     }
+    let wanted = part.rare().wanted.get_or_insert_with(|| Arc::new(AtomicBool::new(true))).clone();
     let cluster = proxy.cluster.clone();
     let target = part.target.clone();
     let data = part.data(ctx.req).clone();
@@ -156,9 +158,9 @@ pub(super) fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &mut P
     let tag = Tag { seq: ctx.seq, part: idx };
     tokio::spawn(async move {
         tokio::time::sleep(RETRY_DELAY).await;
-        // the client is gone (its session ended, after this request was answered with
-        // an error or never): a retry now would run it after the client went on
-        if reply_to.is_closed() {
+        // the request was answered meanwhile (it expired: "no reply within the deadline")
+        // or its client is gone: a retry now would run it after the client went on
+        if !wanted.load(Ordering::Relaxed) || reply_to.is_closed() {
             return;
         }
         let node = match &target {
