@@ -354,6 +354,8 @@ fn differential_on(env: &Env, port: u16, seed: u64, proto: Proto, pipelines: usi
     assert_eq!(cmd_text(port, &["SCRIPT", "LOAD", INCR_SCRIPT]), sha);
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut sent = 0;
+    // the pipeline before, and what heatshield answered it (shown when one differs)
+    let mut before: (Vec<Vec<String>>, Vec<String>) = Default::default();
     for _ in 0..pipelines {
         let mut m = Model::default();
         let len = 2 + rng.below(10);
@@ -411,10 +413,13 @@ fn differential_on(env: &Env, port: u16, seed: u64, proto: Proto, pipelines: usi
                 assert_eq!(
                     String::from_utf8_lossy(&got[i].raw),
                     String::from_utf8_lossy(&w.raw),
-                    "{proto:?}: reply {i} to {c:?} differs while the slot migrates\nsequence: {cmds:?}"
+                    "{proto:?}: reply {i} to {c:?} differs while the slot migrates or fails over\nsequence: {cmds:?}\nthe pipeline before: {:?}\nits replies: {:?}",
+                    before.0,
+                    before.1
                 );
             }
         }
+        before = (cmds, got.iter().map(|r| String::from_utf8_lossy(&r.raw).into_owned()).collect());
     }
     if meanwhile != Meanwhile::Failover {
         assert_eq!(state(port, &t), state(env.standalone.port(), &t), "final state, seed {seed} {proto:?}");
@@ -657,7 +662,16 @@ fn random_pipelines_keep_their_order_through_a_failover() {
             cluster.kill(master);
             cluster.wait_ok(Duration::from_secs(30));
         });
-        let differed = differential_on(&env, proxy.port(), seed, proto, 400, Meanwhile::Failover);
+        let differed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            differential_on(&env, proxy.port(), seed, proto, 400, Meanwhile::Failover)
+        }))
+        .unwrap_or_else(|e| {
+            // (what heatshield saw of the failover, for the next one who reads this)
+            let log = proxy.log();
+            let tail: Vec<&str> = log.lines().rev().take(80).collect();
+            eprintln!("----- proxy log tail -----\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            std::panic::resume_unwind(e)
+        });
         killer.join().expect("the failover");
         differed
     });
