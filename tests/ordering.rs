@@ -428,6 +428,17 @@ fn differential_on(env: &Env, port: u16, seed: u64, proto: Proto, pipelines: usi
     differed
 }
 
+/// Runs `f`; if it panics, prints the tail of heatshield's log first (what it saw of the
+/// migration or failover), then panics on.
+fn with_log_tail<T>(proxy: &Proxy, f: impl FnOnce() -> T) -> T {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|e| {
+        let log = proxy.log();
+        let tail: Vec<&str> = log.lines().rev().take(80).collect();
+        eprintln!("----- proxy log tail -----\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+        std::panic::resume_unwind(e)
+    })
+}
+
 /// Gives the reference heatshield's state of slot `{t}`'s keys (read through heatshield,
 /// waiting out a failover).
 fn resync(proxy: u16, reference: u16, t: &str) {
@@ -631,15 +642,8 @@ fn random_pipelines_keep_their_order_while_the_slot_migrates() {
                 }
             }
             let _stop = Stop(&stop);
-            let differed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                differential_on(&env, proxy.port(), seed, proto, 200, Meanwhile::Migration)
-            }))
-            .unwrap_or_else(|e| {
-                let log = proxy.log();
-                let tail: Vec<&str> = log.lines().rev().take(60).collect();
-                eprintln!("----- proxy log tail -----\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
-                std::panic::resume_unwind(e)
-            });
+            let differed =
+                with_log_tail(&proxy, || differential_on(&env, proxy.port(), seed, proto, 200, Meanwhile::Migration));
             drop(_stop);
             (mover.join().expect("the migrating thread"), differed)
         });
@@ -662,16 +666,8 @@ fn random_pipelines_keep_their_order_through_a_failover() {
             cluster.kill(master);
             cluster.wait_ok(Duration::from_secs(30));
         });
-        let differed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            differential_on(&env, proxy.port(), seed, proto, 400, Meanwhile::Failover)
-        }))
-        .unwrap_or_else(|e| {
-            // (what heatshield saw of the failover, for the next one who reads this)
-            let log = proxy.log();
-            let tail: Vec<&str> = log.lines().rev().take(80).collect();
-            eprintln!("----- proxy log tail -----\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
-            std::panic::resume_unwind(e)
-        });
+        let differed =
+            with_log_tail(&proxy, || differential_on(&env, proxy.port(), seed, proto, 400, Meanwhile::Failover));
         killer.join().expect("the failover");
         differed
     });
