@@ -473,7 +473,8 @@ fn rate_limits_skip_cached_reads_unless_count_cached() {
     }
     // rate 5/s burst 5 over 2 s: about 15 admitted, though the key is cached by now
     assert!((10..=20).contains(&ok), "{ok} admitted, {throttled} throttled");
-    assert!(throttled > 1000);
+    // a count, not a speed: a loaded 2-core machine may manage only a few hundred round trips
+    assert!(throttled >= 100, "{ok} admitted, only {throttled} throttled");
     assert_eq!(hot_state(&mut c, key), Some(true), "the counted key was never cached");
 }
 
