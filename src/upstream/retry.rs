@@ -196,11 +196,19 @@ pub fn react(verdict: Verdict, result: &Result<Bytes, BackendError>, a: &Attempt
     }
 }
 
-/// A TRYAGAIN reply (the session holds it while requests sent behind it may have run:
-/// see its ordering rule).
+/// A reply saying nothing of the request ran on that node, though the requests sent
+/// behind it on the same connection may have: TRYAGAIN (keys split by a migration),
+/// NOSCRIPT (a script the node's cache lacks) and `Function not found` (a function
+/// library it lacks). Its retry would come after them, so the session holds it until
+/// they have their replies (see its ordering rule).
 #[inline]
-pub fn is_tryagain(result: &Result<Bytes, BackendError>) -> bool {
-    matches!(result, Ok(d) if d.first() == Some(&b'-') && d.starts_with(b"-TRYAGAIN"))
+pub fn ran_nothing(result: &Result<Bytes, BackendError>) -> bool {
+    match result {
+        Ok(d) if d.first() == Some(&b'-') => {
+            d.starts_with(b"-TRYAGAIN") || d.starts_with(b"-NOSCRIPT") || d.starts_with(b"-ERR Function not found")
+        }
+        _ => false,
+    }
 }
 
 /// A reply that may not be its request's answer: an error reply (a redirection,
@@ -354,8 +362,11 @@ mod tests {
 
     #[test]
     fn what_the_session_holds() {
-        assert!(is_tryagain(&ok(b"-TRYAGAIN Multiple keys\r\n")));
-        assert!(!is_tryagain(&ok(b"+TRYAGAIN\r\n")));
+        assert!(ran_nothing(&ok(b"-TRYAGAIN Multiple keys\r\n")));
+        assert!(ran_nothing(&ok(b"-NOSCRIPT No matching script. Please use EVAL.\r\n")));
+        assert!(ran_nothing(&ok(b"-ERR Function not found\r\n")));
+        assert!(!ran_nothing(&ok(b"+TRYAGAIN\r\n")));
+        assert!(!ran_nothing(&ok(b"-ERR other\r\n")));
         assert!(may_not_answer(&ok(b"-ERR x\r\n")));
         assert!(may_not_answer(&Err(BackendError::Resend)));
         assert!(!may_not_answer(&ok(b"$1\r\nx\r\n")));

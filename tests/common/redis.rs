@@ -551,6 +551,29 @@ impl RedisCluster {
         self.node(port).kill();
     }
 
+    /// SIGKILLs the master on `port` once its replica holds every write it acknowledged:
+    /// writes are paused (`CLIENT PAUSE WRITE`) until the replica's offset reaches the
+    /// master's. Redis replicates asynchronously, so a plain [`kill`](Self::kill) may lose
+    /// the last writes it answered; a test comparing replies with a reference cannot tell
+    /// that loss from a proxy's.
+    pub fn kill_in_sync(&self, port: u16) {
+        let replica = self.replica_of(port);
+        assert_eq!(cmd(port, &["CLIENT", "PAUSE", "30000", "WRITE"]).as_text().as_deref(), Some("OK"));
+        let offset = |p: u16| {
+            info(p, "replication")
+                .ok()
+                .and_then(|i| info_field(&i, "master_repl_offset"))
+                .and_then(|o| o.parse::<u64>().ok())
+        };
+        poll(Duration::from_secs(20), Duration::from_millis(5), "the replica to catch up before the kill", || {
+            match (offset(port), offset(replica)) {
+                (Some(m), Some(r)) if m == r => Ok(()),
+                (m, r) => Err(format!("master {port} at {m:?}, replica {replica} at {r:?}")),
+            }
+        });
+        self.kill(port);
+    }
+
     /// Starts the killed node on `port` again; it rejoins the cluster from its nodes.conf.
     pub fn restart(&self, port: u16) {
         self.node(port).restart();

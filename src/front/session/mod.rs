@@ -53,7 +53,7 @@ mod queue;
 
 use io::{ReadSide, WriteSide};
 use limits::{Cut, Held};
-use ordering::TryAgain;
+use ordering::Unrun;
 use output::Output;
 use queue::{Entry, Meta, Queue, Reply};
 
@@ -103,8 +103,8 @@ struct Session {
     retrying: SmallVec<[u64; 4]>,
     /// Backend replies held while an earlier request is being retried, in arrival order.
     parked: Vec<BackendReply>,
-    /// A TRYAGAIN held until the requests sent behind it have their replies.
-    tryagain: Option<TryAgain>,
+    /// A TRYAGAIN or NOSCRIPT held until the requests sent behind it have their replies.
+    unrun: Option<Unrun>,
     /// Pushes (invalidations, messages) that follow the reply of a tracking client's write
     /// still in flight, by that write's place (see [`Session::pushed`]).
     after_write: Vec<(u64, Bytes)>,
@@ -112,7 +112,7 @@ struct Session {
     last_tracked_write: Option<u64>,
     /// A parked reply is being handed over ([`crate::path::pending::Ctx::stale`]).
     stale: bool,
-    /// None of `deferred`, `retrying` and `tryagain` holds anything: the usual case, one
+    /// None of `deferred`, `retrying` and `unrun` holds anything: the usual case, one
     /// test on the request path ([`Session::recalm`] keeps it).
     calm: bool,
     /// When something may expire next (a request's deadline, the soft limit's duration);
@@ -395,7 +395,7 @@ impl Session {
             deferred: None,
             retrying: SmallVec::new(),
             parked: Vec::new(),
-            tryagain: None,
+            unrun: None,
             calm: true,
             after_write: Vec::new(),
             last_tracked_write: None,
@@ -493,10 +493,10 @@ impl Session {
 
     /// Hands one backend reply to its request. While an earlier request is being
     /// retried, a later request's non-answers wait for it ([`Session::hold`]); a TRYAGAIN
-    /// waits for the replies of the requests sent behind it ([`TryAgain`]).
+    /// or NOSCRIPT waits for the replies of the requests sent behind it ([`Unrun`]).
     fn take_reply(&mut self, r: BackendReply, now: &mut Option<ReplyClock>) {
         // the usual reply: nothing of the ordering rule's to look at
-        if self.calm && !retry::is_tryagain(&r.result) {
+        if self.calm && !retry::ran_nothing(&r.result) {
             return self.deliver(r, now, false);
         }
         self.take_reply_ordered(r, now);
@@ -505,7 +505,7 @@ impl Session {
 
     /// Keeps [`Session::calm`] true exactly when nothing waits for the ordering rule.
     fn recalm(&mut self) {
-        self.calm = self.deferred.is_none() && self.retrying.is_empty() && self.tryagain.is_none();
+        self.calm = self.deferred.is_none() && self.retrying.is_empty() && self.unrun.is_none();
     }
 
     /// Hands reply `r` to its request: retried, followed or passed on as
@@ -573,11 +573,11 @@ impl Session {
             if self.calm {
                 return;
             }
-            if let Some(t) = &self.tryagain
+            if let Some(t) = &self.unrun
                 && seq > t.seq
                 && !t.ran
                 && self.touches(seq, t.seq)
-                && let Some(t) = &mut self.tryagain
+                && let Some(t) = &mut self.unrun
             {
                 t.ran = true;
             }
