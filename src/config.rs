@@ -23,6 +23,8 @@ pub struct Config {
     pub transactions: TransactionsConfig,
     pub ratelimit: crate::services::ratelimit::RateLimitConfig,
     pub cache: crate::services::cache::CacheConfig,
+    /// `[[colocate]]`: key colocation rules (docs/colocation.md).
+    pub colocate: Vec<crate::services::colocate::RuleConfig>,
 }
 
 /// Every key of a configuration as `section.key` with its value, made from the structs
@@ -542,6 +544,9 @@ impl Config {
             p.extend(rules);
         }
         p.extend(self.cache.validate(&table));
+        if let Err(rules) = crate::services::colocate::compile(&self.colocate) {
+            p.extend(rules);
+        }
         if self.admin.password.as_deref() == Some("") {
             p.push("admin.password: must not be empty (remove the key to disable it)".into());
         }

@@ -211,8 +211,9 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     0
 }
 
-/// On SIGHUP, reloads the rate-limit rules from the configuration file; a file that does
-/// not load or validate is rejected with an error log and the old rules stay.
+/// On SIGHUP, reloads the rate-limit and colocation rules from the configuration file; a
+/// file that does not load or validate is rejected with an error log and the old rules
+/// stay.
 fn spawn_reloader(proxy: Arc<Proxy>, path: Option<PathBuf>, overrides: Overrides) {
     #[cfg(unix)]
     tokio::spawn(async move {
@@ -223,16 +224,24 @@ fn spawn_reloader(proxy: Arc<Proxy>, path: Option<PathBuf>, overrides: Overrides
                 continue;
             };
             match Config::load(Some(path), &overrides) {
-                Ok(cfg) => match heatshield::services::ratelimit::compile(&cfg.ratelimit.rules, &proxy.commands) {
-                    Ok(rules) => {
-                        let n = rules.len();
-                        proxy.ratelimit.replace(rules);
-                        info!(file = %path.display(), rules = n, "SIGHUP: rate-limit rules reloaded");
+                Ok(cfg) => {
+                    match heatshield::services::ratelimit::compile(&cfg.ratelimit.rules, &proxy.commands) {
+                        Ok(rules) => {
+                            let n = rules.len();
+                            proxy.ratelimit.replace(rules);
+                            info!(file = %path.display(), rules = n, "SIGHUP: rate-limit rules reloaded");
+                        }
+                        Err(p) => {
+                            error!(file = %path.display(), problems = %p.join("; "), "SIGHUP: rules rejected; keeping the old ones")
+                        }
                     }
-                    Err(p) => {
-                        error!(file = %path.display(), problems = %p.join("; "), "SIGHUP: rules rejected; keeping the old ones")
+                    // (validated with the configuration just loaded)
+                    if let Ok(rules) = heatshield::services::colocate::compile(&cfg.colocate) {
+                        let n = rules.list.len();
+                        proxy.colocate.replace(rules);
+                        info!(file = %path.display(), rules = n, "SIGHUP: colocation rules reloaded");
                     }
-                },
+                }
                 Err(e) => error!(error = %e, "SIGHUP: configuration rejected; keeping the old rate-limit rules"),
             }
         }

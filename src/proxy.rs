@@ -63,6 +63,8 @@ pub struct Proxy {
     pub locks: Arc<crate::services::locks::Locks>,
     /// Script bodies seen, so EVALSHA runs on any master.
     pub scripts: crate::services::scripts::Scripts,
+    /// Key colocation rules (`[[colocate]]`, `PROXY COLOCATE`).
+    pub colocate: crate::services::colocate::Colocate,
     /// Every client connected now (CLIENT LIST, KILL, UNBLOCK).
     pub clients: crate::conn::Registry,
     /// Subscriptions and their shared backend connections.
@@ -150,6 +152,10 @@ impl Proxy {
             users,
             auth_limiter: crate::services::acl::AuthLimiter::new(config.server.auth_failures_per_minute),
             scripts: Default::default(),
+            // (validated with the configuration)
+            colocate: crate::services::colocate::Colocate::new(
+                crate::services::colocate::compile(&config.colocate).unwrap_or_default(),
+            ),
             clients: Default::default(),
             live: crate::config::Live::new(&config),
             ratelimit,

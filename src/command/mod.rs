@@ -242,8 +242,43 @@ pub struct Command {
     /// What heatshield knows of it beyond Redis's flags ([`traits`]), decided here once
     /// from its name, so nothing else matches command names.
     pub traits: u16,
+    /// Where its reply names keys (key colocation shows the client's names there).
+    pub names: NamesInReply,
     /// Subcommands, by uppercase name.
     subs: Names,
+}
+
+/// Where a command's reply names keys, decided by name ([`NamesInReply::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum NamesInReply {
+    #[default]
+    None,
+    /// The reply is one name (RANDOMKEY).
+    One,
+    /// An array of names (KEYS).
+    List,
+    /// SCAN's `[cursor, [names]]`.
+    Scan,
+    /// An array whose first element is the key it came from (BLPOP, BZPOPMIN, LMPOP, ...).
+    First,
+    /// XREAD's streams by name (an array of pairs in RESP2, a map in RESP3).
+    Streams,
+}
+
+impl NamesInReply {
+    pub fn of(name: &str) -> NamesInReply {
+        match name {
+            "RANDOMKEY" => NamesInReply::One,
+            "KEYS" => NamesInReply::List,
+            "SCAN" => NamesInReply::Scan,
+            "BLPOP" | "BRPOP" | "BZPOPMIN" | "BZPOPMAX" | "BLMPOP" | "BZMPOP" | "LMPOP" | "ZMPOP" => {
+                NamesInReply::First
+            }
+            "XREAD" | "XREADGROUP" => NamesInReply::Streams,
+            _ => NamesInReply::None,
+        }
+    }
 }
 
 /// Properties of a command that Redis's flags do not give, decided by name when the
@@ -1145,6 +1180,7 @@ fn make(id: usize, name: String, arity: i32, flags: u32, keys: KeySpec, route: R
         route,
         shared_lane,
         traits,
+        names: NamesInReply::of(&name),
         name,
         subs,
     }

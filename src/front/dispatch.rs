@@ -132,10 +132,16 @@ fn acl_denied(proxy: &Proxy, ctx: &Ctx, cmd: &Command) -> Option<crate::services
     if perms.unrestricted() {
         return None;
     }
-    let denial = perms.check(cmd, ctx.req).err()?;
+    // key patterns are written for the client's names (crate::services::colocate)
+    let restored = match proxy.colocate.active() {
+        true => proxy.colocate.restore_request(cmd, ctx.req),
+        false => None,
+    };
+    let req = restored.as_ref().unwrap_or(ctx.req);
+    let denial = perms.check(cmd, req).err()?;
     let object = match denial.why {
         crate::services::acl::Denied::Command => cmd.lower.as_bytes(),
-        _ => ctx.req.arg(denial.arg),
+        _ => req.arg(denial.arg),
     };
     let context = if matches!(ctx.client.modes.multi, Mode::Multi(_)) { "multi" } else { "toplevel" };
     let line = crate::face::client::line(proxy, &ctx.client.info);

@@ -92,7 +92,13 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
         }
     }
 
-    // 3. rate limits: all keys charged, or none
+    // 3. rate limits: all keys charged, or none; a rule's pattern and a key's budget
+    // are the client's name (crate::services::colocate)
+    let rules = proxy.colocate.active().then(|| proxy.colocate.rules());
+    let key = |k: u32| {
+        let n = req.arg(k as usize);
+        rules.as_ref().and_then(|r| r.client_name(n)).unwrap_or(n)
+    };
     let charged = match &found {
         Lookup::Some(cached) => {
             let is_cached = |i: usize| cached.iter().any(|(p, _)| *p as usize == i);
@@ -107,6 +113,8 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
     if let Err(t) = charged {
         return ctx.error(&t.message());
     }
+
+    let key = |k: u32| req.arg(k as usize);
 
     // 4. cache plan
     if cache.enabled && cmd.is_write() && cmd.flags & crate::command::flags::MODULE != 0 {

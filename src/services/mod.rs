@@ -2,6 +2,8 @@
 //! of sessions or routes; each imports only what lies below `services` and the ones
 //! listed before it:
 //!
+//! - [`colocate`]: key colocation rules, the rewrite of key names on the way in and back
+//!   on the way out;
 //! - [`acl`]: ACL users and their rules (passwords, commands by name and category,
 //!   keys, channels), in Redis's syntax;
 //! - [`stats`]: slow log, big-key log, HOTKEYS sessions, per-command statistics;
@@ -16,6 +18,7 @@
 
 pub mod acl;
 pub mod cache;
+pub mod colocate;
 pub mod locks;
 pub mod pubsub;
 pub mod ratelimit;

@@ -1,12 +1,14 @@
 //! The operator's view of heatshield itself: `PROXY INFO | NODES | CONFIG | SLOWLOG |
-//! BIGKEYS | HOTKEYS | CACHE | RATELIMIT | AUTH | HELP` (docs/admin.md). This file parses
-//! the subcommands; `config` lists and changes settings, `ratelimit` edits the rate-limit
-//! rules, `views` renders what the other subcommands show.
+//! BIGKEYS | HOTKEYS | CACHE | RATELIMIT | COLOCATE | AUTH | HELP` (docs/admin.md). This
+//! file parses the subcommands; `config` lists and changes settings, `ratelimit` edits the
+//! rate-limit rules, `colocate` the key colocation rules, `views` renders what the other
+//! subcommands show.
 //!
 //! It only reads the rest of the proxy (topology, counters, configuration); what it
-//! changes is the live settings ([`crate::config::Live`]), the rate-limit rules and the
-//! cache (`PROXY CACHE FLUSH`).
+//! changes is the live settings ([`crate::config::Live`]), the rate-limit and colocation
+//! rules and the cache (`PROXY CACHE FLUSH`).
 
+mod colocate;
 mod config;
 mod ratelimit;
 mod views;
@@ -121,12 +123,14 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 "BIGKEYS [<count>] -- the largest requests and replies seen, by key.",
                 "AUTH <password> -- unlock PROXY commands when admin.password is set.",
                 "RATELIMIT LIST | SET <name> <pattern> <rate> <burst> [per-key|shared] [reads|writes|all|CMD,CMD...] [count-cached] | DEL <name> -- per-key rate-limit rules.",
+                "COLOCATE LIST | SET <name> <tag> <pattern> [<pattern> ...] | DEL <name> -- key colocation rules: keys matching a pattern get the hash tag (plain text, $1 for what the first * matched).",
                 "HOTKEYS [COUNT <n>] -- keys read hot enough to cache: estimated reads/s, and whether a reply is cached.",
                 "CACHE STATS | FLUSH -- hot-key cache counters, or drop every cached reply.",
             ];
             w.lines(&lines);
         }),
         "RATELIMIT" if argc >= 3 => ratelimit::ratelimit_command(proxy, ctx, req),
+        "COLOCATE" if argc >= 3 => colocate::colocate_command(proxy, ctx, req),
         "HOTKEYS" => {
             let n = match argc {
                 2 => 10,
@@ -143,7 +147,7 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 for (k, rate, cached) in &keys {
                     w.map(3);
                     w.bulk(b"key");
-                    w.bulk(k);
+                    w.bulk(&proxy.colocate.client_name(k));
                     w.bulk(b"reads_per_sec");
                     w.int(rate.round() as i64);
                     w.bulk(b"cached");
@@ -171,7 +175,7 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 _ => ctx.error(&errors::unknown_subcommand(&format!("CACHE {op}"), "PROXY")),
             }
         }
-        "CONFIG" | "SLOWLOG" | "RATELIMIT" | "CACHE" => arity_err(ctx, &sub),
+        "CONFIG" | "SLOWLOG" | "RATELIMIT" | "COLOCATE" | "CACHE" => arity_err(ctx, &sub),
         _ => ctx.error(&errors::unknown_subcommand(&String::from_utf8_lossy(req.arg(1)), "PROXY")),
     }
 }

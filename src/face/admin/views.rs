@@ -59,7 +59,14 @@ pub(super) fn proxy_info(proxy: &Proxy) -> String {
         proxy.cluster.refreshes.load(Ordering::Relaxed),
         proxy.config.server.listen,
         proxy.config.metrics.listen,
-    ) + &learned_info(proxy)
+    ) + &colocate_info(proxy)
+        + &learned_info(proxy)
+}
+
+/// `PROXY INFO`'s lines about the key colocation rules (crate::services::colocate).
+fn colocate_info(proxy: &Proxy) -> String {
+    let rules = proxy.colocate.rules();
+    format!("colocate_rules:{}\r\ncolocate_digest:{}\r\n", rules.list.len(), rules.digest())
 }
 
 /// `PROXY INFO`'s lines about the command table learned from the masters (crate::learn).

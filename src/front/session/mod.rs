@@ -442,6 +442,11 @@ impl Session {
     /// message came (straight to the output when nothing is waiting), never counted as a
     /// command.
     fn pushed(&mut self, b: Bytes) {
+        // a key's name as the client knows it (crate::services::colocate)
+        let b = match self.proxy.colocate.active() {
+            true => self.proxy.colocate.restore_push(&b).unwrap_or(b),
+            false => b,
+        };
         // While a tracking client's write is in flight, a push waits to follow that write's
         // reply: Redis tells a client of its own write right after the reply (so the
         // reply to a read sent next comes after it), and any other push may come then too.
@@ -667,17 +672,32 @@ impl Session {
     /// and dispatched where it lies, so the request and its entry are not copied again).
     /// Behind a request that waits for the ordering rule it waits too.
     fn dispatch(&mut self, req: Request) {
-        self.held.requests += req.raw().len();
+        let meta = match self.proxy.colocate.active() {
+            false => Meta::new(0, self.read_at, Some(req)),
+            true => self.colocated(req),
+        };
+        self.held.requests += meta.req.as_ref().map_or(0, |r| r.raw().len());
         let deferred = self.deferred.is_some();
         self.queue.entries.push_back(Entry {
             reply: if deferred { Reply::Later } else { Reply::Ready(Bytes::new()) },
             last: false,
             silent: false,
-            meta: Meta::new(0, self.read_at, Some(req)),
+            meta,
         });
         if !deferred {
             self.dispatch_at(self.queue.entries.len() - 1);
         }
+    }
+
+    /// While colocation rules are in force: the request with its keys under their stored
+    /// names, and how its reply shows the client's (`crate::services::colocate`).
+    #[cold]
+    fn colocated(&self, req: Request) -> Meta {
+        let Ok(cmd) = self.proxy.commands.lookup(&req) else { return Meta::new(0, self.read_at, Some(req)) };
+        let (req, fix) = self.proxy.colocate.on_the_way_in(cmd, req);
+        let mut meta = Meta::new(0, self.read_at, Some(req));
+        meta.fix = fix;
+        meta
     }
 
     /// Dispatches the request of entry `i`; false if it must wait ([`Outcome::Later`]).

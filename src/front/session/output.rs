@@ -96,10 +96,18 @@ impl Session {
             && matches!(e.reply, Reply::Ready(_))
         {
             let at = *now.get_or_insert_with(Instant::now);
-            let Reply::Ready(b) = std::mem::replace(&mut e.reply, Reply::Sent { summary: ReplySummary::of(&[]), at })
+            let Reply::Ready(mut b) =
+                std::mem::replace(&mut e.reply, Reply::Sent { summary: ReplySummary::of(&[]), at })
             else {
                 break;
             };
+            if let Some(fix) = &e.meta.fix
+                && let Some(nb) = self.proxy.colocate.restore_reply(fix, &b)
+            {
+                // the key names as the client knows them (crate::services::colocate)
+                self.held.replies = self.held.replies - b.len() + nb.len();
+                b = nb;
+            }
             e.reply = Reply::Sent { summary: ReplySummary::of(&b), at };
             if e.silent {
                 self.held.replies -= b.len();

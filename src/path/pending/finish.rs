@@ -70,6 +70,12 @@ pub(super) fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize
         }
     }
     let reply = assemble(proxy, ctx, p);
+    if proxy.colocate.active()
+        && let Some(n) = &notice
+        && let Some(restored) = proxy.colocate.restore_push(n)
+    {
+        notice = Some(restored);
+    }
     match notice {
         // the notice follows the reply in the same place of the client's reply order
         Some(n) => Some([reply, n].concat().into()),

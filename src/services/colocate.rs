@@ -1,0 +1,793 @@
+//! Key colocation (docs/colocation.md): rules that give every key of one family one hash
+//! tag, so a framework written for one Redis (rq, celery, bullmq, lock libraries) runs
+//! its multi-key commands, transactions and scripts on a cluster unchanged.
+//!
+//! A rule names key patterns and a tag: fixed (`rq:*` → `rq`) or made of what the
+//! patterns' `*`s matched (`lock:*` and `lock-signal:*` with tag `$1`: a lock and its
+//! signal share a slot, different locks spread over the cluster). A matching key `K` is
+//! stored as `{T}K`: the tag first, so a script that builds names from `KEYS[1]` plus a
+//! suffix keeps it. The rewrite is a function of the name alone, and so is its inverse
+//! ([`Colocate::client_name`]): a stored name is shown as the client's when rewriting
+//! that client name gives it back, so nothing needs remembering.
+//!
+//! Owns the rules (swapped whole when `PROXY COLOCATE` changes them), the rewrite of a
+//! request's keys on the way in, and of the key names in replies and pushes on the way out.
+//! A key that carries a hash tag already, or matches no rule, is left alone; values never
+//! change. With no rules, one relaxed load a request.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwap;
+use bytes::{Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
+
+use crate::command::{Command, NamesInReply, Route, keys_of};
+use crate::protocol::Request;
+use crate::protocol::reply::reply_len;
+use crate::protocol::request::write_bulk;
+
+/// Rules at most (a rule's candidates are a bit in a 64-bit mask).
+pub const MAX_RULES: usize = 64;
+/// Patterns a rule may have, and `*`s a pattern may have.
+const MAX_PATTERNS: usize = 16;
+const MAX_STARS: usize = 8;
+
+/// One `[[colocate]]` table: the keys matching any of `keys` get the hash tag `tag`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    pub name: String,
+    /// Glob patterns of `*`, `?` and plain characters.
+    pub keys: Vec<String>,
+    /// The tag: plain text, with `$1`, `$2`, ... standing for what the pattern's first,
+    /// second, ... `*` matched.
+    pub tag: String,
+}
+
+#[derive(Debug)]
+struct Pattern {
+    /// The pattern split at its `*`s (a `?` in a segment matches any one byte).
+    segs: Vec<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum TagPart {
+    Text(Vec<u8>),
+    Star(usize),
+}
+
+#[derive(Debug)]
+pub struct Rule {
+    pub spec: RuleConfig,
+    pats: Vec<Pattern>,
+    tag: Vec<TagPart>,
+}
+
+/// The rules in force, with the ones a key's first byte may match.
+#[derive(Debug)]
+pub struct Rules {
+    pub list: Vec<Rule>,
+    by_first: Box<[u64; 256]>,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules { list: Vec::new(), by_first: Box::new([0; 256]) }
+    }
+}
+
+/// Checks and prepares rules; every problem is reported, naming the rule.
+pub fn compile(specs: &[RuleConfig]) -> Result<Rules, Vec<String>> {
+    let mut problems = Vec::new();
+    if specs.len() > MAX_RULES {
+        problems.push(format!("colocate: at most {MAX_RULES} rules"));
+    }
+    let mut list = Vec::new();
+    for (i, s) in specs.iter().enumerate() {
+        let at =
+            if s.name.is_empty() { format!("colocate rule {}", i + 1) } else { format!("colocate rule {:?}", s.name) };
+        if s.name.is_empty() || s.name.bytes().any(|b| b.is_ascii_whitespace()) {
+            problems.push(format!("{at}: a name without spaces is needed"));
+        }
+        if specs[..i].iter().any(|o| o.name == s.name) {
+            problems.push(format!("{at}: the name is used twice"));
+        }
+        if s.keys.is_empty() || s.keys.len() > MAX_PATTERNS {
+            problems.push(format!("{at}: keys needs 1 to {MAX_PATTERNS} patterns"));
+        }
+        let mut pats = Vec::new();
+        for k in &s.keys {
+            let b = k.as_bytes();
+            if b.is_empty() || b.iter().any(|c| matches!(c, b'[' | b']' | b'\\' | b'{' | b'}')) {
+                problems.push(format!("{at}: pattern {k:?} may hold only plain characters, * and ? (no [ ] \\ {{ }})"));
+                continue;
+            }
+            let segs: Vec<Vec<u8>> = b.split(|&c| c == b'*').map(<[u8]>::to_vec).collect();
+            if segs.len() - 1 > MAX_STARS {
+                problems.push(format!("{at}: pattern {k:?} has more than {MAX_STARS} *"));
+                continue;
+            }
+            pats.push(Pattern { segs });
+        }
+        let tag = parse_tag(&s.tag);
+        let stars =
+            tag.iter().filter_map(|p| if let TagPart::Star(n) = p { Some(*n) } else { None }).max().unwrap_or(0);
+        if s.tag.is_empty() || s.tag.contains(['{', '}']) {
+            problems.push(format!("{at}: tag must be non-empty text without {{ or }}"));
+        }
+        if let Some(p) = pats.iter().find(|p| p.segs.len() - 1 < stars) {
+            let text: Vec<String> = p.segs.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect();
+            problems.push(format!("{at}: tag uses ${stars} but pattern {:?} has fewer *", text.join("*")));
+        }
+        list.push(Rule { spec: s.clone(), pats, tag });
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    let mut by_first = Box::new([0u64; 256]);
+    for (i, r) in list.iter().enumerate() {
+        for p in &r.pats {
+            match p.segs[0].first() {
+                Some(&c) if c != b'?' => by_first[c as usize] |= 1 << i,
+                // a leading * or ?: any first byte
+                _ => by_first.iter_mut().for_each(|m| *m |= 1 << i),
+            }
+        }
+    }
+    Ok(Rules { list, by_first })
+}
+
+fn parse_tag(tag: &str) -> Vec<TagPart> {
+    let b = tag.as_bytes();
+    let mut parts = Vec::new();
+    let mut text = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let digits = b[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
+        if b[i] == b'$' && digits > 0 {
+            let n: usize = tag[i + 1..i + 1 + digits].parse().unwrap_or(usize::MAX);
+            if !text.is_empty() {
+                parts.push(TagPart::Text(std::mem::take(&mut text)));
+            }
+            parts.push(TagPart::Star(n.max(1)));
+            i += 1 + digits;
+        } else {
+            text.push(b[i]);
+            i += 1;
+        }
+    }
+    if !text.is_empty() {
+        parts.push(TagPart::Text(text));
+    }
+    parts
+}
+
+/// Whether segment `seg` (`?` any byte) matches `s` at `at`.
+#[inline]
+fn seg_at(seg: &[u8], s: &[u8], at: usize) -> bool {
+    s.len() >= at + seg.len() && seg.iter().zip(&s[at..]).all(|(&p, &c)| p == b'?' || p == c)
+}
+
+impl Pattern {
+    /// What each `*` matched (each as little as it can), if `s` matches.
+    fn captures(&self, s: &[u8]) -> Option<SmallVec<[(usize, usize); 4]>> {
+        let segs = &self.segs;
+        let (first, last) = (&segs[0], &segs[segs.len() - 1]);
+        if segs.len() == 1 {
+            return (s.len() == first.len() && seg_at(first, s, 0)).then(SmallVec::new);
+        }
+        if s.len() < first.len() + last.len() || !seg_at(first, s, 0) {
+            return None;
+        }
+        let end = s.len() - last.len();
+        if !seg_at(last, s, end) {
+            return None;
+        }
+        let mut caps = SmallVec::new();
+        let mut pos = first.len();
+        for seg in &segs[1..segs.len() - 1] {
+            // the leftmost place it fits (before the last segment)
+            let at = (pos..=end.checked_sub(seg.len())?).find(|&j| seg_at(seg, s, j))?;
+            caps.push((pos, at));
+            pos = at + seg.len();
+        }
+        if pos > end {
+            return None;
+        }
+        caps.push((pos, end));
+        Some(caps)
+    }
+}
+
+/// Whether Redis hashes `key` by a tag of its own (`{...}` with something inside).
+#[inline]
+pub fn has_hash_tag(key: &[u8]) -> bool {
+    match memchr::memchr(b'{', key) {
+        Some(open) => memchr::memchr(b'}', &key[open + 1..]).is_some_and(|close| close > 0),
+        None => false,
+    }
+}
+
+impl Rules {
+    /// The tag key `key` gets, if a rule matches it (the first rule that does decides; a
+    /// tag that would come out empty or hold `}` leaves the key alone).
+    fn tag(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let &first = key.first()?;
+        let mut cand = self.by_first[first as usize];
+        while cand != 0 {
+            let i = cand.trailing_zeros() as usize;
+            cand &= cand - 1;
+            let rule = &self.list[i];
+            for p in &rule.pats {
+                if let Some(caps) = p.captures(key) {
+                    let mut tag = Vec::new();
+                    for part in &rule.tag {
+                        match part {
+                            TagPart::Text(t) => tag.extend_from_slice(t),
+                            TagPart::Star(n) => {
+                                let (a, b) = caps.get(n - 1).copied().unwrap_or((0, 0));
+                                tag.extend_from_slice(&key[a..b]);
+                            }
+                        }
+                    }
+                    return (!tag.is_empty() && !tag.contains(&b'}')).then_some(tag);
+                }
+            }
+        }
+        None
+    }
+
+    /// The name `key` is stored under, if a rule colocates it.
+    pub fn stored_name(&self, key: &[u8]) -> Option<Vec<u8>> {
+        if has_hash_tag(key) {
+            return None;
+        }
+        let tag = self.tag(key)?;
+        let mut v = Vec::with_capacity(tag.len() + 2 + key.len());
+        v.push(b'{');
+        v.extend_from_slice(&tag);
+        v.push(b'}');
+        v.extend_from_slice(key);
+        Some(v)
+    }
+
+    /// A digest of the rules (their names, patterns and tags, in order): equal on every
+    /// heatshield with the same rules (`PROXY INFO`'s `colocate_digest`).
+    pub fn digest(&self) -> String {
+        let specs: Vec<&RuleConfig> = self.list.iter().map(|r| &r.spec).collect();
+        let text = serde_json::to_string(&specs).unwrap_or_default();
+        sha1_smol::Sha1::from(text).digest().to_string()[..16].to_string()
+    }
+
+    /// Whether a KEYS / SCAN pattern may match the client name of a key some rule
+    /// colocates (their plain beginnings agree as far as both go).
+    pub fn pattern_may_match(&self, pattern: &[u8]) -> bool {
+        let plain = |p: &[u8]| p.iter().position(|c| matches!(c, b'*' | b'?' | b'[' | b'\\')).unwrap_or(p.len());
+        let head = &pattern[..plain(pattern)];
+        self.list.iter().flat_map(|r| &r.pats).any(|p| {
+            let s = &p.segs[0];
+            let own = &s[..plain(s)];
+            head.starts_with(own) || own.starts_with(head)
+        })
+    }
+
+    /// The client's name for a stored name, if it is one a rule made.
+    pub fn client_name<'a>(&self, stored: &'a [u8]) -> Option<&'a [u8]> {
+        if stored.first() != Some(&b'{') {
+            return None;
+        }
+        let close = memchr::memchr(b'}', stored)?;
+        let (tag, key) = (&stored[1..close], &stored[close + 1..]);
+        if tag.is_empty() || has_hash_tag(key) {
+            return None;
+        }
+        (self.tag(key).as_deref() == Some(tag)).then_some(key)
+    }
+}
+
+/// The rules in force, shared by every session.
+#[derive(Default)]
+pub struct Colocate {
+    rules: ArcSwap<Rules>,
+    active: AtomicBool,
+}
+
+impl Colocate {
+    pub fn new(rules: Rules) -> Colocate {
+        let c = Colocate::default();
+        c.replace(rules);
+        c
+    }
+
+    /// Some rule is in force (a relaxed load: the request path asks this first).
+    #[inline]
+    pub fn active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    pub fn rules(&self) -> Arc<Rules> {
+        self.rules.load_full()
+    }
+
+    pub fn replace(&self, rules: Rules) {
+        let on = !rules.list.is_empty();
+        self.rules.store(Arc::new(rules));
+        self.active.store(on, Ordering::Relaxed);
+    }
+
+    /// `req` with its keys under their stored names, if a rule colocates one of them.
+    /// Lock commands keep theirs (their names are heatshield's).
+    pub fn rewrite(&self, cmd: &Command, req: &Request) -> Option<Request> {
+        if matches!(cmd.route, Route::Lock(_)) {
+            return None;
+        }
+        let keys = keys_of(cmd, req).ok()?;
+        let rules = self.rules.load();
+        let mut new: SmallVec<[(u32, Vec<u8>); 4]> = SmallVec::new();
+        for &k in &keys {
+            if let Some(n) = rules.stored_name(req.arg(k as usize)) {
+                new.push((k, n));
+            }
+        }
+        if new.is_empty() {
+            return None;
+        }
+        let args: Vec<&[u8]> = (0..req.argc())
+            .map(|i| match new.iter().find(|(k, _)| *k as usize == i) {
+                Some((_, n)) => &n[..],
+                None => req.arg(i),
+            })
+            .collect();
+        Some(Request::from_args(&args))
+    }
+
+    /// `req` with its keys under the client's names again (what ACL rules are written for).
+    pub fn restore_request(&self, cmd: &Command, req: &Request) -> Option<Request> {
+        let keys = keys_of(cmd, req).ok()?;
+        let rules = self.rules.load();
+        if !keys.iter().any(|&k| rules.client_name(req.arg(k as usize)).is_some()) {
+            return None;
+        }
+        let args: Vec<&[u8]> = (0..req.argc())
+            .map(|i| match keys.contains(&(i as u32)) {
+                true => rules.client_name(req.arg(i)).unwrap_or(req.arg(i)),
+                false => req.arg(i),
+            })
+            .collect();
+        Some(Request::from_args(&args))
+    }
+
+    /// The client's name for a stored key name (the name itself if no rule made it).
+    pub fn client_name<'a>(&self, stored: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        match self.rules.load().client_name(stored) {
+            Some(k) => std::borrow::Cow::Borrowed(k),
+            None => std::borrow::Cow::Borrowed(stored),
+        }
+    }
+
+    /// What a request of `cmd` needs on its way in and out: `req` with its keys under
+    /// their stored names (if a rule colocates one), and how its reply shows the client's
+    /// names. A KEYS or SCAN pattern that a colocated key's client name may match becomes
+    /// `*`, and heatshield filters the reply by the client's pattern (a stored name is the
+    /// tag first: the client's pattern cannot find it).
+    pub fn on_the_way_in(&self, cmd: &Command, req: Request) -> (Request, Option<Box<ReplyFix>>) {
+        let req = self.rewrite(cmd, &req).unwrap_or(req);
+        if cmd.names == NamesInReply::None {
+            return (req, None);
+        }
+        let at = match cmd.names {
+            NamesInReply::List if req.argc() == 2 => Some(1),
+            NamesInReply::Scan => (2..req.argc().saturating_sub(1))
+                .step_by(2)
+                .find(|&i| req.arg(i).eq_ignore_ascii_case(b"MATCH"))
+                .map(|i| i + 1),
+            _ => None,
+        };
+        let Some(at) = at else { return (req, Some(Box::new(ReplyFix { kind: cmd.names, filter: None }))) };
+        let filter = req.arg(at).to_vec();
+        let req = match self.rules.load().pattern_may_match(&filter) && req.arg(at) != b"*" {
+            true => {
+                let args: Vec<&[u8]> = (0..req.argc()).map(|i| if i == at { &b"*"[..] } else { req.arg(i) }).collect();
+                Request::from_args(&args)
+            }
+            false => req,
+        };
+        (req, Some(Box::new(ReplyFix { kind: cmd.names, filter: Some(filter) })))
+    }
+
+    /// A reply of a command that returns key names ([`NamesInReply`]) with the client's
+    /// names (and, for KEYS and SCAN, only those the client's pattern matches); `None` if
+    /// nothing changes (or the reply is not of the expected shape).
+    pub fn restore_reply(&self, fix: &ReplyFix, reply: &[u8]) -> Option<Bytes> {
+        let rules = self.rules.load();
+        let mut w = Walk { buf: reply, pos: 0, out: BytesMut::new(), copied: 0, changed: false, rules: &rules };
+        match fix.kind {
+            NamesInReply::None => return None,
+            NamesInReply::One => w.name()?,
+            NamesInReply::List => return names(&rules, reply, false, fix.filter.as_deref()),
+            NamesInReply::Scan => return names(&rules, reply, true, fix.filter.as_deref()),
+            NamesInReply::First => {
+                if w.aggregate()? > 0 {
+                    w.name()?;
+                }
+            }
+            NamesInReply::Streams => {
+                // RESP2: [[name, entries], ...]; RESP3: {name: entries, ...}
+                let map = reply.first() == Some(&b'%');
+                let n = w.aggregate()?;
+                for _ in 0..n {
+                    if !map {
+                        w.aggregate()?;
+                    }
+                    w.name()?;
+                    w.skip()?;
+                }
+            }
+        }
+        w.finish()
+    }
+
+    /// A push or pub/sub message with the client's names: an `invalidate` push's keys; a
+    /// keyspace notification's key (in the channel of `__keyspace@N__:key`, in the
+    /// message of `__keyevent@N__:event`). `None` if nothing changes.
+    pub fn restore_push(&self, push: &[u8]) -> Option<Bytes> {
+        let rules = self.rules.load();
+        let mut w = Walk { buf: push, pos: 0, out: BytesMut::new(), copied: 0, changed: false, rules: &rules };
+        let n = w.aggregate()?;
+        let kind = w.peek_bulk()?;
+        if kind.eq_ignore_ascii_case(b"invalidate") && n == 2 {
+            w.skip()?;
+            // nil: everything was flushed
+            if let Some(k) = w.aggregate_or_nil()? {
+                for _ in 0..k {
+                    w.name()?;
+                }
+            }
+            return w.finish();
+        }
+        let pattern = kind.eq_ignore_ascii_case(b"pmessage");
+        if !(kind.eq_ignore_ascii_case(b"message") || pattern) {
+            return None;
+        }
+        w.skip()?;
+        if pattern {
+            w.skip()?;
+        }
+        let channel = w.peek_bulk()?;
+        if channel.starts_with(b"__keyspace@") {
+            w.suffix_name(b"__:")?;
+            return w.finish();
+        }
+        if channel.starts_with(b"__keyevent@") {
+            w.skip()?;
+            w.name()?;
+            return w.finish();
+        }
+        // the invalidations of a RESP2 client tracking with REDIRECT
+        if channel == b"__redis__:invalidate" {
+            w.skip()?;
+            if let Some(k) = w.aggregate_or_nil()? {
+                for _ in 0..k {
+                    w.name()?;
+                }
+            }
+            return w.finish();
+        }
+        None
+    }
+}
+
+/// How a request's reply shows the client's key names ([`Colocate::restore_reply`]).
+#[derive(Debug)]
+pub struct ReplyFix {
+    pub kind: NamesInReply,
+    /// KEYS's or SCAN's pattern as the client sent it.
+    pub filter: Option<Vec<u8>>,
+}
+
+/// KEYS's array of names, or SCAN's `[cursor, [names]]`, with the client's names, only
+/// those `filter` matches.
+fn names(rules: &Rules, reply: &[u8], scan: bool, filter: Option<&[u8]>) -> Option<Bytes> {
+    let mut w = Walk { buf: reply, pos: 0, out: BytesMut::new(), copied: 0, changed: false, rules };
+    let mut cursor: &[u8] = &[];
+    if scan {
+        if w.aggregate()? != 2 {
+            return None;
+        }
+        let at = w.pos;
+        w.skip()?;
+        cursor = &reply[at..w.pos];
+    }
+    let head = reply.get(w.pos).copied()?;
+    let n = w.aggregate()?;
+    // each element kept: a name, or (not a string) its bytes as they are
+    let mut kept: Vec<(bool, &[u8])> = Vec::with_capacity(n.min(4096));
+    let mut changed = false;
+    for _ in 0..n {
+        let at = w.pos;
+        let name = w.peek_bulk();
+        w.skip()?;
+        let Some(name) = name else {
+            kept.push((false, &reply[at..w.pos]));
+            continue;
+        };
+        let client = rules.client_name(name).unwrap_or(name);
+        if filter.is_some_and(|f| !crate::glob::matches(f, client, false)) {
+            changed = true;
+            continue;
+        }
+        changed |= client.len() != name.len();
+        kept.push((true, client));
+    }
+    if !changed {
+        return None;
+    }
+    let mut out = BytesMut::with_capacity(reply.len());
+    if scan {
+        out.extend_from_slice(b"*2\r\n");
+        out.extend_from_slice(cursor);
+    }
+    out.extend_from_slice(&[head]);
+    out.extend_from_slice(itoa::Buffer::new().format(kept.len()).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for &(name, k) in &kept {
+        match name {
+            true => write_bulk(&mut out, k),
+            false => out.extend_from_slice(k),
+        }
+    }
+    Some(out.freeze())
+}
+
+/// A walk over one reply that copies it, rewriting the names it is told to.
+struct Walk<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    out: BytesMut,
+    /// Bytes of `buf` already in `out` (or skipped for a rewritten name).
+    copied: usize,
+    changed: bool,
+    rules: &'a Rules,
+}
+
+impl<'a> Walk<'a> {
+    /// The line at `pos` (without CRLF) and where the next element starts.
+    fn line(&self) -> Option<(&'a [u8], usize)> {
+        let buf: &'a [u8] = self.buf;
+        let rest = buf.get(self.pos..)?;
+        let nl = memchr::memchr(b'\n', rest)?;
+        (nl >= 1 && rest[nl - 1] == b'\r').then(|| (&rest[..nl - 1], self.pos + nl + 1))
+    }
+
+    /// An aggregate header (`*`, `%`, `~`, `>`): its count (a map counts its pairs).
+    fn aggregate(&mut self) -> Option<usize> {
+        self.aggregate_or_nil()?
+    }
+
+    fn aggregate_or_nil(&mut self) -> Option<Option<usize>> {
+        let (line, next) = self.line()?;
+        let (&t, n) = line.split_first()?;
+        if !matches!(t, b'*' | b'%' | b'~' | b'>' | b'_' | b'$') {
+            return None;
+        }
+        self.pos = next;
+        if t == b'_' || n.first() == Some(&b'-') {
+            return Some(None);
+        }
+        let n: usize = std::str::from_utf8(n).ok()?.parse().ok()?;
+        Some(Some(n))
+    }
+
+    /// Steps over one whole element.
+    fn skip(&mut self) -> Option<()> {
+        let len = reply_len(&self.buf[self.pos..]).ok()??;
+        self.pos += len;
+        Some(())
+    }
+
+    /// The bulk string at `pos`, not stepped over.
+    fn peek_bulk(&self) -> Option<&'a [u8]> {
+        let (line, next) = self.line()?;
+        let (&t, n) = line.split_first()?;
+        if !matches!(t, b'$' | b'+') {
+            return None;
+        }
+        if t == b'+' {
+            return Some(n);
+        }
+        let n: usize = std::str::from_utf8(n).ok()?.parse().ok()?;
+        let buf: &'a [u8] = self.buf;
+        buf.get(next..next + n)
+    }
+
+    /// A key name (a bulk string or nil): replaced by the client's name.
+    fn name(&mut self) -> Option<()> {
+        let start = self.pos;
+        let Some(data) = self.peek_bulk() else {
+            // nil or another type: left as it is
+            return self.skip();
+        };
+        let data: &[u8] = data;
+        self.skip()?;
+        if let Some(k) = self.rules.client_name(data) {
+            let k = k.to_vec();
+            self.replace(start, &k);
+        }
+        Some(())
+    }
+
+    /// A bulk string whose part after the first `sep` is a key name (a keyspace channel).
+    fn suffix_name(&mut self, sep: &[u8]) -> Option<()> {
+        let start = self.pos;
+        let data = self.peek_bulk()?;
+        let at = memchr::memmem::find(data, sep)? + sep.len();
+        let (head, key) = data.split_at(at);
+        let new = self.rules.client_name(key).map(|k| [head, k].concat());
+        self.skip()?;
+        if let Some(n) = new {
+            self.replace(start, &n);
+        }
+        Some(())
+    }
+
+    /// The element at `start..pos` becomes the bulk string `with`.
+    fn replace(&mut self, start: usize, with: &[u8]) {
+        self.out.extend_from_slice(&self.buf[self.copied..start]);
+        write_bulk(&mut self.out, with);
+        self.copied = self.pos;
+        self.changed = true;
+    }
+
+    fn finish(mut self) -> Option<Bytes> {
+        if !self.changed {
+            return None;
+        }
+        self.out.extend_from_slice(&self.buf[self.copied..]);
+        Some(self.out.freeze())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(name: &str, keys: &[&str], tag: &str) -> RuleConfig {
+        RuleConfig { name: name.into(), keys: keys.iter().map(|s| s.to_string()).collect(), tag: tag.into() }
+    }
+
+    fn rules() -> Rules {
+        compile(&[
+            rule("rq", &["rq:*"], "rq"),
+            rule("lock", &["lock:*", "lock-signal:*"], "$1"),
+            rule("bull", &["bull:*:*"], "bull:$1"),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn names_get_their_tag_and_come_back() {
+        let r = rules();
+        let cases: [(&str, Option<&str>); 9] = [
+            ("rq:job:1", Some("{rq}rq:job:1")),
+            ("lock:orders", Some("{orders}lock:orders")),
+            ("lock-signal:orders", Some("{orders}lock-signal:orders")),
+            ("bull:q1:wait", Some("{bull:q1}bull:q1:wait")),
+            ("bull:q1:123:logs", Some("{bull:q1}bull:q1:123:logs")),
+            ("bull:q1", None),
+            ("rq{x}:job", None),
+            ("session:1", None),
+            ("lock:", None),
+        ];
+        for (k, want) in cases {
+            let got = r.stored_name(k.as_bytes());
+            assert_eq!(got.as_deref(), want.map(str::as_bytes), "{k}");
+            if let Some(s) = got {
+                assert_eq!(r.client_name(&s), Some(k.as_bytes()), "{k}");
+            }
+        }
+        // names no rule made stay as they are
+        for s in ["{rq}session:1", "{x}rq:job:1", "{}rq:1", "rq:1", "{orders}lock:other"] {
+            assert_eq!(r.client_name(s.as_bytes()), None, "{s}");
+        }
+    }
+
+    #[test]
+    fn captures_take_as_little_as_they_can() {
+        let p = Pattern { segs: vec![b"a".to_vec(), b":".to_vec(), b"".to_vec()] };
+        assert_eq!(p.captures(b"ax:y:z").unwrap().to_vec(), vec![(1, 2), (3, 6)]);
+        assert!(p.captures(b"ax").is_none());
+        let q = Pattern { segs: vec![b"x?".to_vec(), b"end".to_vec()] };
+        assert_eq!(q.captures(b"xyMIDend").unwrap().to_vec(), vec![(2, 5)]);
+        assert!(q.captures(b"xend").is_none());
+    }
+
+    #[test]
+    fn bad_rules_are_refused_each_named() {
+        let e = compile(&[
+            rule("", &["a:*"], "a"),
+            rule("x", &["[ab]*"], "x"),
+            rule("y", &["y:*"], "$2"),
+            rule("y", &["z:*"], "{z}"),
+        ])
+        .unwrap_err();
+        assert_eq!(e.len(), 5, "{e:?}");
+    }
+
+    fn fix(kind: NamesInReply) -> ReplyFix {
+        ReplyFix { kind, filter: None }
+    }
+
+    #[test]
+    fn keys_and_scan_are_filtered_by_the_clients_pattern() {
+        let c = Colocate::new(rules());
+        let r = c.rules();
+        assert!(r.pattern_may_match(b"rq:job:*"));
+        assert!(r.pattern_may_match(b"r*"));
+        assert!(r.pattern_may_match(b"*"));
+        assert!(!r.pattern_may_match(b"session:*"));
+        let list = b"*3\r\n$12\r\n{rq}rq:job:1\r\n$8\r\nrq:other\r\n$11\r\n{rq}session\r\n";
+        let f = ReplyFix { kind: NamesInReply::List, filter: Some(b"rq:*".to_vec()) };
+        assert_eq!(&c.restore_reply(&f, list).unwrap()[..], b"*2\r\n$8\r\nrq:job:1\r\n$8\r\nrq:other\r\n");
+        let f = ReplyFix { kind: NamesInReply::Scan, filter: Some(b"*:job:*".to_vec()) };
+        let scan = b"*2\r\n$1\r\n0\r\n*2\r\n$12\r\n{rq}rq:job:1\r\n$8\r\nrq:other\r\n";
+        assert_eq!(&c.restore_reply(&f, scan).unwrap()[..], b"*2\r\n$1\r\n0\r\n*1\r\n$8\r\nrq:job:1\r\n");
+        // the request: a pattern a rule's keys may match is sent as *
+        let table = crate::command::CommandTable::new();
+        let req = Request::from_args(&["KEYS", "rq:*"]);
+        let cmd = table.lookup(&req).unwrap();
+        let (sent, fix) = c.on_the_way_in(cmd, req.clone());
+        assert_eq!(sent.arg(1), b"*");
+        assert_eq!(fix.unwrap().filter.as_deref(), Some(&b"rq:*"[..]));
+        let req = Request::from_args(&["SCAN", "0", "MATCH", "session:*", "COUNT", "10"]);
+        let (sent, fix) = c.on_the_way_in(table.lookup(&req).unwrap(), req.clone());
+        assert_eq!(sent.arg(3), b"session:*");
+        assert!(fix.unwrap().filter.is_some());
+        let req = Request::from_args(&["MSET", "rq:a", "1", "x", "2"]);
+        let (sent, fix) = c.on_the_way_in(table.lookup(&req).unwrap(), req.clone());
+        assert_eq!(sent.args().collect::<Vec<_>>(), [&b"MSET"[..], b"{rq}rq:a", b"1", b"x", b"2"]);
+        assert!(fix.is_none());
+    }
+
+    #[test]
+    fn replies_show_the_clients_names() {
+        let c = Colocate::new(rules());
+        let list = b"*3\r\n$12\r\n{rq}rq:job:1\r\n$5\r\nother\r\n$-1\r\n";
+        assert_eq!(
+            &c.restore_reply(&fix(NamesInReply::List), list).unwrap()[..],
+            b"*3\r\n$8\r\nrq:job:1\r\n$5\r\nother\r\n$-1\r\n"
+        );
+        let scan = b"*2\r\n$2\r\n17\r\n*1\r\n$12\r\n{rq}rq:job:1\r\n";
+        assert_eq!(
+            &c.restore_reply(&fix(NamesInReply::Scan), scan).unwrap()[..],
+            b"*2\r\n$2\r\n17\r\n*1\r\n$8\r\nrq:job:1\r\n"
+        );
+        let pop = b"*2\r\n$12\r\n{rq}rq:queue\r\n$1\r\nv\r\n";
+        assert_eq!(
+            &c.restore_reply(&fix(NamesInReply::First), pop).unwrap()[..],
+            b"*2\r\n$8\r\nrq:queue\r\n$1\r\nv\r\n"
+        );
+        assert_eq!(c.restore_reply(&fix(NamesInReply::First), b"*-1\r\n"), None);
+        let streams3 = b"%1\r\n$8\r\n{rq}rq:s\r\n*0\r\n";
+        assert_eq!(&c.restore_reply(&fix(NamesInReply::Streams), streams3).unwrap()[..], b"%1\r\n$4\r\nrq:s\r\n*0\r\n");
+        let streams2 = b"*1\r\n*2\r\n$8\r\n{rq}rq:s\r\n*0\r\n";
+        assert_eq!(
+            &c.restore_reply(&fix(NamesInReply::Streams), streams2).unwrap()[..],
+            b"*1\r\n*2\r\n$4\r\nrq:s\r\n*0\r\n"
+        );
+        let inval = b">2\r\n$10\r\ninvalidate\r\n*1\r\n$12\r\n{rq}rq:job:1\r\n";
+        assert_eq!(&c.restore_push(inval).unwrap()[..], b">2\r\n$10\r\ninvalidate\r\n*1\r\n$8\r\nrq:job:1\r\n");
+        let space = b"*3\r\n$7\r\nmessage\r\n$27\r\n__keyspace@0__:{rq}rq:job:1\r\n$3\r\nset\r\n";
+        assert_eq!(
+            &c.restore_push(space).unwrap()[..],
+            b"*3\r\n$7\r\nmessage\r\n$23\r\n__keyspace@0__:rq:job:1\r\n$3\r\nset\r\n"
+        );
+        let event = b"*4\r\n$8\r\npmessage\r\n$1\r\n*\r\n$18\r\n__keyevent@0__:set\r\n$12\r\n{rq}rq:job:1\r\n";
+        assert_eq!(
+            &c.restore_push(event).unwrap()[..],
+            b"*4\r\n$8\r\npmessage\r\n$1\r\n*\r\n$18\r\n__keyevent@0__:set\r\n$8\r\nrq:job:1\r\n"
+        );
+        assert_eq!(c.restore_push(b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$12\r\n{rq}rq:job:1\r\n"), None);
+    }
+}

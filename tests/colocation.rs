@@ -1,0 +1,401 @@
+//! Key colocation (docs/colocation.md) through heatshield in front of a real 3+3 cluster:
+//! a rule's keys share one slot, so the multi-key commands, transactions and scripts of
+//! frameworks written for one Redis run unchanged; the client sees only its own key
+//! names, in replies and pushes alike, compared byte for byte with a standalone Redis
+//! that has no rules at all.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::client::{Conn, Proto, V};
+use common::{Proxy, RedisCluster, RedisStandalone, Shared, cmd_text, config_file, key_slot};
+
+const RULES: &str = r#"
+[[colocate]]
+name = "rq"
+keys = ["rq:*"]
+tag = "rq"
+
+[[colocate]]
+name = "redis-lock"
+keys = ["lock:*", "lock-signal:*"]
+tag = "$1"
+
+[[colocate]]
+name = "fam"
+keys = ["fam:*:*"]
+tag = "fam-$1"
+"#;
+
+struct Env {
+    cluster: RedisCluster,
+    proxy: Proxy,
+    reference: RedisStandalone,
+    _dir: tempfile::TempDir,
+}
+
+static ENV: Shared<Env> = Shared::new();
+
+fn env() -> Arc<Env> {
+    ENV.get(|| {
+        let cluster = RedisCluster::start();
+        let (dir, path) = config_file(RULES);
+        let proxy = Proxy::start_cluster(&cluster, &["--config", &path]);
+        Env { cluster, proxy, reference: RedisStandalone::start(), _dir: dir }
+    })
+}
+
+/// The same commands through heatshield and to the reference, one connection each: the
+/// same reply bytes.
+fn same(env: &Env, proto: Proto, cmds: &[&[&str]]) -> Vec<String> {
+    let mut p = Conn::connect_proto(env.proxy.port(), proto);
+    let mut r = Conn::connect_proto(env.reference.port(), proto);
+    let mut out = Vec::new();
+    for c in cmds {
+        let (a, b) = (p.cmd_full(c), r.cmd_full(c));
+        let (a, b) = (String::from_utf8_lossy(&a.raw).into_owned(), String::from_utf8_lossy(&b.raw).into_owned());
+        assert_eq!(a, b, "{proto:?} {c:?}");
+        out.push(a);
+    }
+    out
+}
+
+/// The master that owns `key`'s slot, asked directly.
+fn stored(env: &Env, key: &str) -> String {
+    cmd_text(env.cluster.master_for_key(key.as_bytes()), &["GET", key])
+}
+
+#[test]
+fn a_rules_keys_share_a_slot_under_their_own_names() {
+    let env = env();
+    for proto in Proto::BOTH {
+        let t = proto.tag();
+        let (a, b, c) = (format!("rq:a{t}"), format!("rq:job:b{t}"), format!("fam:x:{t}"));
+        same(
+            &env,
+            proto,
+            &[
+                &["MSET", &a, "1", &b, "2"],
+                &["MGET", &a, &b],
+                &["RENAME", &a, &format!("rq:renamed{t}")],
+                &["EXISTS", &a, &format!("rq:renamed{t}"), &b],
+                &["SET", &c, "fam"],
+                &["COPY", &c, &format!("fam:x:copy{t}")],
+                &["DEL", &format!("rq:renamed{t}"), &b, &c, &format!("fam:x:copy{t}")],
+            ],
+        );
+    }
+    // stored under the rule's tag, first, on the tag's master
+    let mut p = Conn::connect(env.proxy.port());
+    assert_eq!(p.cmd(&["SET", "rq:stored", "v"]), V::ok());
+    assert_eq!(stored(&env, "{rq}rq:stored"), "v");
+    assert_eq!(p.cmd(&["SET", "lock-signal:o1", "s"]), V::ok());
+    assert_eq!(stored(&env, "{o1}lock-signal:o1"), "s");
+    assert_eq!(p.cmd(&["SET", "fam:q7:wait", "w"]), V::ok());
+    assert_eq!(stored(&env, "{fam-q7}fam:q7:wait"), "w");
+    // a key with a hash tag of its own, or that no rule matches, is left alone
+    assert_eq!(p.cmd(&["SET", "{own}rq:x", "1"]), V::ok());
+    assert_eq!(stored(&env, "{own}rq:x"), "1");
+    assert_eq!(p.cmd(&["SET", "plain:key", "1"]), V::ok());
+    assert_eq!(stored(&env, "plain:key"), "1");
+    // without the rule those keys are in different slots: the cluster refuses them
+    assert_ne!(key_slot(b"rq:a"), key_slot(b"rq:job:b"));
+    let direct = env.cluster.master_for_key(b"rq:a");
+    assert!(common::cmd(direct, &["MSET", "rq:a", "1", "rq:job:b", "2"]).is_err());
+}
+
+#[test]
+fn keys_scan_and_randomkey_show_the_clients_names() {
+    let env = env();
+    let mut p = Conn::connect(env.proxy.port());
+    let mut r = Conn::connect(env.reference.port());
+    let names: Vec<String> = (0..150).map(|i| format!("rq:list:{i}")).collect();
+    for c in [&mut p, &mut r] {
+        for n in &names {
+            assert_eq!(c.cmd(&["SET", n, "1"]), V::ok());
+        }
+        assert_eq!(c.cmd(&["SET", "{rq}notarule", "1"]), V::ok());
+    }
+    let sorted = |v: V| {
+        let mut s: Vec<String> = v.items().iter().map(V::text).collect();
+        s.sort();
+        s
+    };
+    for pattern in ["rq:list:*", "rq:list:1?", "*list:14*", "{rq}*"] {
+        assert_eq!(sorted(p.cmd(&["KEYS", pattern])), sorted(r.cmd(&["KEYS", pattern])), "KEYS {pattern}");
+        let scan = |c: &mut Conn| {
+            let (mut cursor, mut all) = ("0".to_string(), Vec::new());
+            loop {
+                let v = c.cmd(&["SCAN", &cursor, "MATCH", pattern, "COUNT", "50"]);
+                cursor = v.items()[0].text();
+                all.extend(v.items()[1].items().iter().map(V::text));
+                if cursor == "0" {
+                    break;
+                }
+            }
+            all.sort();
+            all.dedup();
+            all
+        };
+        assert_eq!(scan(&mut p), scan(&mut r), "SCAN MATCH {pattern}");
+    }
+    // an unfiltered SCAN and RANDOMKEY never show a stored name
+    let (mut cursor, mut seen) = ("0".to_string(), 0);
+    loop {
+        let v = p.cmd(&["SCAN", &cursor, "COUNT", "100"]);
+        cursor = v.items()[0].text();
+        for k in v.items()[1].items() {
+            assert!(!k.text().starts_with("{rq}rq:"), "{}", k.text());
+            seen += k.text().starts_with("rq:list:") as usize;
+        }
+        if cursor == "0" {
+            break;
+        }
+    }
+    assert_eq!(seen, names.len());
+    let mut rq = 0;
+    for _ in 0..300 {
+        let k = p.cmd(&["RANDOMKEY"]).text();
+        assert!(!k.starts_with("{rq}rq:"), "{k}");
+        rq += k.starts_with("rq:") as usize;
+    }
+    assert!(rq > 0, "RANDOMKEY never picked the rule's master");
+    for n in &names {
+        p.cmd(&["DEL", n]);
+        r.cmd(&["DEL", n]);
+    }
+}
+
+#[test]
+fn blocking_pops_and_streams_name_the_clients_keys() {
+    let env = env();
+    for proto in Proto::BOTH {
+        let t = proto.tag();
+        let (l, z, s) = (format!("rq:l{t}"), format!("rq:z{t}"), format!("rq:s{t}"));
+        same(
+            &env,
+            proto,
+            &[
+                &["DEL", &l, &z, &s],
+                &["RPUSH", &l, "a", "b", "c", "d", "e"],
+                &["BLPOP", "rq:empty", &l, "1"],
+                &["BRPOP", &l, "1"],
+                &["LMPOP", "2", "rq:empty", &l, "LEFT"],
+                &["BLMPOP", "1", "1", &l, "RIGHT", "COUNT", "5"],
+                &["ZADD", &z, "1", "m1", "2", "m2", "3", "m3", "4", "m4"],
+                &["BZPOPMIN", &z, "1"],
+                &["BZPOPMAX", &z, "1"],
+                &["ZMPOP", "1", &z, "MIN"],
+                &["BZMPOP", "1", "1", &z, "MAX"],
+                &["XADD", &s, "1-1", "f", "v"],
+                &["XREAD", "COUNT", "5", "STREAMS", &s, "0"],
+                &["XGROUP", "CREATE", &s, "g", "0"],
+                &["XREADGROUP", "GROUP", "g", "c", "STREAMS", &s, ">"],
+                &["DEL", &l, &z, &s],
+            ],
+        );
+    }
+}
+
+#[test]
+fn transactions_and_scripts_span_a_family() {
+    let env = env();
+    let body =
+        "redis.call('SET', KEYS[1] .. ':copy', redis.call('GET', KEYS[1])) return redis.call('MGET', KEYS[1], KEYS[2])";
+    for proto in Proto::BOTH {
+        let t = proto.tag();
+        let (a, b, q) = (format!("rq:tx:a{t}"), format!("rq:tx:b{t}"), format!("rq:tx:q{t}"));
+        same(
+            &env,
+            proto,
+            &[
+                &["MULTI"],
+                &["SET", &a, "1"],
+                &["INCRBY", &b, "5"],
+                &["LPUSH", &q, "job"],
+                &["MGET", &a, &b],
+                &["EXEC"],
+                &["WATCH", &a, &b],
+                &["MULTI"],
+                &["RPOPLPUSH", &q, &format!("rq:tx:done{t}")],
+                &["EXEC"],
+                &["EVAL", body, "2", &a, &b],
+                // the script built its name from KEYS[1]: the tag came along
+                &["GET", &format!("{a}:copy")],
+                &["DEL", &a, &b, &q, &format!("rq:tx:done{t}"), &format!("{a}:copy")],
+            ],
+        );
+    }
+}
+
+#[test]
+fn a_tracking_client_hears_of_its_keys_by_their_names() {
+    let env = env();
+    for (i, k) in ["rq:track", "lock:track"].iter().enumerate() {
+        let mut p = Conn::connect_proto(env.proxy.port(), Proto::Resp3);
+        let mut r = Conn::connect_proto(env.reference.port(), Proto::Resp3);
+        for c in [&mut p, &mut r] {
+            assert_eq!(c.cmd(&["SET", k, "old"]), V::ok());
+            assert_eq!(c.cmd(&["CLIENT", "TRACKING", "ON"]), V::ok());
+            assert_eq!(c.cmd(&["GET", k]), V::s("old"));
+        }
+        // a write of another client: the invalidation names the client's key
+        assert_eq!(common::cmd(env.proxy.port(), &["SET", k, "new"]), V::ok());
+        assert_eq!(common::cmd(env.reference.port(), &["SET", k, "new"]), V::ok());
+        let (a, b) = (p.read_full(), r.read_full());
+        assert_eq!(String::from_utf8_lossy(&a.raw), String::from_utf8_lossy(&b.raw), "{i}: another's write");
+        // its own write: the notice right after its reply, with its name
+        for c in [&mut p, &mut r] {
+            assert_eq!(c.cmd(&["GET", k]), V::s("new"));
+        }
+        let (a, b) = (p.cmd_full(&["SET", k, "mine"]), r.cmd_full(&["SET", k, "mine"]));
+        assert_eq!(a.raw, b.raw);
+        let (a, b) = (p.read_full(), r.read_full());
+        assert_eq!(String::from_utf8_lossy(&a.raw), String::from_utf8_lossy(&b.raw), "{i}: its own write");
+    }
+}
+
+#[test]
+fn rules_change_at_runtime() {
+    let env = env();
+    let mut p = Conn::connect(env.proxy.port());
+    let (a, b) = ("rt:a", "rt:bb");
+    assert_ne!(key_slot(a.as_bytes()), key_slot(b.as_bytes()));
+    let crossslot = V::Err("CROSSSLOT Keys in request don't hash to the same slot".into());
+    assert_eq!(p.cmd(&["RPOPLPUSH", a, b]), crossslot);
+    assert_eq!(p.cmd(&["PROXY", "COLOCATE", "SET", "runtime", "rt", "rt:*"]), V::ok());
+    let list = p.cmd(&["PROXY", "COLOCATE", "LIST"]);
+    let names: Vec<String> = list.items().iter().map(|r| r.get("name").unwrap().text()).collect();
+    assert_eq!(names, ["rq", "redis-lock", "fam", "runtime"]);
+    assert_eq!(p.cmd(&["RPUSH", a, "1"]), V::Int(1));
+    assert_eq!(p.cmd(&["RPOPLPUSH", a, b]), V::s("1"));
+    assert_eq!(common::cmd(env.cluster.master_for_key(b"rt"), &["LRANGE", "{rt}rt:bb", "0", "-1"]), V::strs(&["1"]));
+    // a bad rule is refused with its reason, and nothing changes
+    let e = p.cmd(&["PROXY", "COLOCATE", "SET", "bad", "$3", "x:*"]);
+    assert!(e.err().is_some_and(|e| e.starts_with("ERR invalid rule") && e.contains("$3")), "{e:?}");
+    assert_eq!(p.cmd(&["PROXY", "COLOCATE", "LIST"]).items().len(), 4);
+    assert_eq!(p.cmd(&["DEL", a, b]), V::Int(1));
+    assert_eq!(p.cmd(&["PROXY", "COLOCATE", "DEL", "runtime"]), V::Int(1));
+    assert_eq!(p.cmd(&["PROXY", "COLOCATE", "DEL", "runtime"]), V::Int(0));
+    assert_eq!(p.cmd(&["RPOPLPUSH", a, b]), crossslot);
+}
+
+#[test]
+fn acl_rules_and_rate_limits_see_the_clients_names() {
+    let env = env();
+    let mut admin = Conn::connect(env.proxy.port());
+    assert_eq!(admin.cmd(&["ACL", "SETUSER", "colo", "on", ">pw", "~rq:acl:*", "+@all"]), V::ok());
+    let mut u = Conn::connect(env.proxy.port());
+    assert_eq!(u.cmd(&["AUTH", "colo", "pw"]), V::ok());
+    assert_eq!(u.cmd(&["SET", "rq:acl:1", "v"]), V::ok());
+    assert_eq!(u.cmd(&["GET", "rq:acl:1"]), V::s("v"));
+    let noperm = V::Err("NOPERM this user has no permissions to access one of the keys used as arguments".into());
+    assert_eq!(u.cmd(&["GET", "rq:other"]), noperm);
+    // the stored name is the same key, checked by the client's name
+    assert_eq!(u.cmd(&["GET", "{rq}rq:acl:1"]), V::s("v"));
+    assert_eq!(u.cmd(&["GET", "{rq}rq:other"]), noperm);
+    // a rate limit on the client's names
+    let rule = ["PROXY", "RATELIMIT", "SET", "colo", "rq:rl:*", "1", "2", "per-key", "writes"];
+    assert_eq!(admin.cmd(&rule), V::ok());
+    let replies: Vec<V> = (0..4).map(|_| admin.cmd(&["SET", "rq:rl:k", "v"])).collect();
+    assert!(replies[..2].iter().all(V::is_ok), "{replies:?}");
+    assert!(replies[2].err().is_some_and(|e| e.starts_with("THROTTLED")), "{replies:?}");
+    assert_eq!(admin.cmd(&["PROXY", "RATELIMIT", "DEL", "colo"]), V::Int(1));
+    assert_eq!(admin.cmd(&["ACL", "DELUSER", "colo"]), V::Int(1));
+}
+
+/// Runs tests/python/`script` with the port and `args`; its one line of JSON.
+fn python(script: &str, port: u16, args: &[&str]) -> String {
+    let path = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("python3")
+        .arg(&path)
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .expect("run python3 (scripts/ensure-deps.sh installs rq and python-redis-lock)");
+    assert!(out.status.success(), "{script} on {port}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string()
+}
+
+/// rq: jobs enqueued on two queues, a burst worker runs them (its BLPOP over both queues
+/// names the queue it took a job from), results read back.
+#[test]
+fn rq_runs_its_jobs_through_a_colocation_rule() {
+    let env = env();
+    let ours = python("rq_check.py", env.proxy.port(), &[]);
+    assert_eq!(ours, python("rq_check.py", env.reference.port(), &[]), "heatshield vs one Redis");
+    assert!(ours.contains(r#""results": [5, 30, 2]"#), "{ours}");
+    // and without the rule rq fails on the cluster (its transactions span slots)
+    let plain = Proxy::start_cluster(&env.cluster, &[]);
+    let path = format!("{}/tests/python/rq_check.py", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("python3").arg(&path).arg(plain.port().to_string()).output().unwrap();
+    assert!(!out.status.success() || !String::from_utf8_lossy(&out.stdout).contains(r#""results": [5, 30, 2]"#));
+}
+
+/// python-redis-lock: acquire, extend, release, and a waiter woken by the release's
+/// signal (a BLPOP on `lock-signal:NAME`, which its script fills with `lock:NAME`).
+#[test]
+fn python_redis_lock_works_through_a_colocation_rule() {
+    let env = env();
+    let start = Instant::now();
+    let ours = python("lock_check.py", env.proxy.port(), &["hs"]);
+    assert_eq!(ours, python("lock_check.py", env.reference.port(), &["hs"]), "heatshield vs one Redis");
+    assert!(ours.contains(r#""waiter_woken_by_signal": true"#), "{ours}");
+    assert!(start.elapsed() < Duration::from_secs(60));
+}
+
+/// Keyspace notifications from the rule's master: the key in a `__keyspace@0__:` channel
+/// and in a `__keyevent@0__:` message is the client's, in both protocols.
+#[test]
+fn keyspace_notifications_name_the_clients_keys() {
+    let env = env();
+    for port in env.cluster.masters().into_iter().chain([env.reference.port()]) {
+        assert_eq!(common::cmd(port, &["CONFIG", "SET", "notify-keyspace-events", "KE$"]), V::ok());
+    }
+    for proto in Proto::BOTH {
+        let key = format!("rq:ks{}", proto.tag());
+        let mut subs: Vec<Conn> = [env.proxy.port(), env.reference.port()]
+            .iter()
+            .map(|&port| {
+                let mut s = Conn::connect_proto(port, proto);
+                s.send(&["PSUBSCRIBE", "__keyspace@0__:*"]);
+                s.send(&["SUBSCRIBE", "__keyevent@0__:set"]);
+                // both confirmed (other tests' notices may come between)
+                let mut confirmed = 0;
+                while confirmed < 2 {
+                    let f = String::from_utf8_lossy(&s.read_full().raw).into_owned();
+                    confirmed += f.contains("subscribe\r\n") as usize;
+                }
+                s
+            })
+            .collect();
+        assert_eq!(common::cmd(env.proxy.port(), &["SET", &key, "v"]), V::ok());
+        assert_eq!(common::cmd(env.reference.port(), &["SET", &key, "v"]), V::ok());
+        let mut got: Vec<Vec<String>> = subs
+            .iter_mut()
+            .map(|s| {
+                // (other tests write keys meanwhile: only this key's two notices count)
+                let mut two = Vec::new();
+                for _ in 0..10_000 {
+                    let f = String::from_utf8_lossy(&s.read_full().raw).into_owned();
+                    if f.contains(&format!("{key}\r\n")) && f.contains("message") {
+                        two.push(f);
+                    }
+                    if two.len() == 2 {
+                        break;
+                    }
+                }
+                two.sort();
+                two
+            })
+            .collect();
+        let reference = got.pop().unwrap();
+        assert_eq!(got[0], reference, "{proto:?}");
+        assert!(reference[0].contains(&key), "{reference:?}");
+    }
+    for port in env.cluster.masters().into_iter().chain([env.reference.port()]) {
+        common::cmd(port, &["CONFIG", "SET", "notify-keyspace-events", ""]);
+    }
+}
