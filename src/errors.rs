@@ -283,6 +283,24 @@ pub fn with_undeclared_key_hint(reply: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// What [`UNDECLARED_KEY_HINT`] adds for a script whose keys a colocation rule moved
+/// (`rule`, the tag they got) or whose `ARGV` holds names a rule covers (`argv`: each
+/// argument's place, name and rule).
+pub fn undeclared_key_rule_hint(rule: Option<(&str, &str)>, argv: &[(usize, String, String)]) -> String {
+    let mut s = String::new();
+    if let Some((rule, tag)) = rule {
+        s.push_str(&format!(
+            " (heatshield: its keys are under colocation rule {rule:?}, stored with the hash tag {{{tag}}}; a name the script builds otherwise than from KEYS lacks the tag and lives in another slot: docs/colocation.md)"
+        ));
+    }
+    for (i, name, rule) in argv {
+        s.push_str(&format!(
+            " (heatshield: ARGV[{i}] {name:?} is a key name of colocation rule {rule:?}: pass it in KEYS)"
+        ));
+    }
+    s
+}
+
 /// EXEC refused before it ran (Redis discards the transaction).
 pub fn exec_aborted_because(why: &str) -> String {
     format!("EXECABORT Transaction discarded because of: {why}")

@@ -20,6 +20,8 @@
 //!   modes (their gates and teardown written once), the ordering rule, the registry of
 //!   connected clients;
 //! - [`config`]: the TOML configuration, its validation, the live settings;
+//! - [`migrate`]: `heatshield colocate-migrate`: a colocation rule's existing keys moved
+//!   to their colocated names, resumably;
 //! - [`proxy`]: the state every session shares, and the record of each answered command;
 //! - [`learn`]: the command table learned from the masters (`COMMAND`), kept current;
 //! - [`path`]: the request path: admission (`policy`), where parts go (`route`), a
@@ -43,6 +45,7 @@ pub mod glob;
 pub mod learn;
 pub mod mailbox;
 pub mod metrics;
+pub mod migrate;
 pub mod modes;
 pub mod path;
 pub mod protocol;

@@ -17,16 +17,16 @@ use heatshield::upstream::cluster::Cluster;
 #[command(version, about)]
 struct Cli {
     /// Configuration file (TOML); see conf/heatshield.toml.
-    #[arg(long, short = 'c')]
+    #[arg(long, short = 'c', global = true)]
     config: Option<PathBuf>,
     /// Address to listen on (overrides server.listen).
     #[arg(long)]
     listen: Option<String>,
     /// Redis Cluster seed nodes, HOST:PORT[,HOST:PORT...] (overrides [backend]).
-    #[arg(long, conflicts_with = "standalone")]
+    #[arg(long, conflicts_with = "standalone", global = true)]
     cluster: Option<String>,
     /// One standalone Redis server, HOST:PORT (overrides [backend]).
-    #[arg(long)]
+    #[arg(long, global = true)]
     standalone: Option<String>,
     /// Worker threads, 0 = one per core but one, at least one (overrides server.threads).
     #[arg(long)]
@@ -43,6 +43,25 @@ struct Cli {
     /// Listen beside a heatshield already on the address (sets server.takeover).
     #[arg(long)]
     takeover: bool,
+    #[command(subcommand)]
+    command: Option<Tool>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Tool {
+    /// Move the keys a colocation rule covers that were written before it to their
+    /// colocated names (docs/colocation.md); run it while the application is stopped.
+    ColocateMigrate {
+        /// The rule's name, as in the configuration's [[colocate]] tables.
+        #[arg(long)]
+        rule: String,
+        /// Count the keys to move and list conflicts; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Stop after moving this many keys (0: all); run again to go on.
+        #[arg(long, default_value_t = 0)]
+        max_keys: u64,
+    },
 }
 
 fn main() {
@@ -67,6 +86,9 @@ fn main() {
         println!("configuration ok");
         return;
     }
+    if let Some(Tool::ColocateMigrate { rule, dry_run, max_keys }) = cli.command {
+        std::process::exit(colocate_migrate(config, rule, dry_run, max_keys));
+    }
     // The control runtime runs start-up, topology refreshes and signal handling; clients
     // are served by the worker threads (see heatshield::worker).
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -90,6 +112,86 @@ fn init_logging(format: &str) {
     } else {
         b.init();
     }
+}
+
+/// `heatshield colocate-migrate`: runs [`heatshield::migrate`] with a progress bar (on a
+/// terminal) and prints what it did; exit code 0 when every key moved, 1 on conflicts or
+/// an error.
+fn colocate_migrate(config: Config, rule: String, dry_run: bool, max_keys: u64) -> i32 {
+    let opts = match backend_options(&config) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("heatshield: {e}");
+            return 1;
+        }
+    };
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return 1 };
+    let rules = heatshield::services::colocate::compile(&config.colocate).unwrap_or_default();
+    let cluster = Cluster::new(config.backing(), opts.clone(), 1, 1);
+    let bar = indicatif::ProgressBar::hidden();
+    let shown = bar.clone();
+    let progress = Box::new(move |done: u64, of: u64| {
+        if shown.length().is_none() {
+            shown.set_length(of);
+            shown.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            shown.set_style(
+                indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} keys {per_sec} eta {eta}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+        }
+        shown.set_position(done);
+    });
+    let o = heatshield::migrate::Options { rule: rule.clone(), dry_run, max_keys, progress };
+    let result = rt.block_on(heatshield::migrate::run(cluster, opts, rules, o));
+    bar.finish_and_clear();
+    match result {
+        Ok(out) => {
+            let verb = if dry_run { "would move" } else { "moved" };
+            println!(
+                "rule {rule}: {} keys under their plain names; {verb} {}; finished {} copied earlier; {} gone meanwhile; {} conflicts",
+                out.found,
+                if dry_run { out.found - out.conflicts.len() as u64 - out.finished } else { out.moved },
+                out.finished,
+                out.gone,
+                out.conflicts.len()
+            );
+            for (old, new) in out.conflicts.iter().take(20) {
+                println!(
+                    "conflict: {} -> {} exists with other contents; both left alone",
+                    String::from_utf8_lossy(old),
+                    String::from_utf8_lossy(new)
+                );
+            }
+            i32::from(!out.conflicts.is_empty())
+        }
+        Err(e) => {
+            eprintln!("heatshield colocate-migrate: {e} (nothing is lost: run it again to go on)");
+            1
+        }
+    }
+}
+
+/// The options of heatshield's connections to the nodes, from the configuration.
+fn backend_options(config: &Config) -> Result<BackendOptions, String> {
+    let mut opts = BackendOptions {
+        connect_timeout: config.connect_timeout(),
+        command_timeout: config.command_timeout(),
+        username: config.backend.username.clone(),
+        password: config.backend.password.clone(),
+        resp3: false,
+        latency_sample_every: config.metrics.latency_sample_every,
+        tracking: None,
+        dedicated: false,
+        dedicated_max: config.backend.dedicated_max_per_node,
+        dedicated_idle: config.backend.dedicated_idle_per_node,
+        tls: None,
+    };
+    if let Some(files) = config.backend.tls_files() {
+        let c = heatshield::tls::Connector::new(files)
+            .map_err(|e| format!("backend TLS: cannot load the certificates: {e}"))?;
+        opts.tls = Some(Arc::new(c));
+    }
+    Ok(opts)
 }
 
 async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides) -> i32 {

@@ -24,6 +24,11 @@ keys = ["lock:*", "lock-signal:*"]
 tag = "$1"
 
 [[colocate]]
+name = "celery"
+keys = ["_kombu.*", "unacked*", "celery*", "q1*", "q2*"]
+tag = "celery"
+
+[[colocate]]
 name = "fam"
 keys = ["fam:*:*"]
 tag = "fam-$1"
@@ -268,14 +273,14 @@ fn rules_change_at_runtime() {
     assert_eq!(p.cmd(&["PROXY", "COLOCATE", "SET", "runtime", "rt", "rt:*"]), V::ok());
     let list = p.cmd(&["PROXY", "COLOCATE", "LIST"]);
     let names: Vec<String> = list.items().iter().map(|r| r.get("name").unwrap().text()).collect();
-    assert_eq!(names, ["rq", "redis-lock", "fam", "runtime"]);
+    assert_eq!(names, ["rq", "redis-lock", "celery", "fam", "runtime"]);
     assert_eq!(p.cmd(&["RPUSH", a, "1"]), V::Int(1));
     assert_eq!(p.cmd(&["RPOPLPUSH", a, b]), V::s("1"));
     assert_eq!(common::cmd(env.cluster.master_for_key(b"rt"), &["LRANGE", "{rt}rt:bb", "0", "-1"]), V::strs(&["1"]));
     // a bad rule is refused with its reason, and nothing changes
     let e = p.cmd(&["PROXY", "COLOCATE", "SET", "bad", "$3", "x:*"]);
     assert!(e.err().is_some_and(|e| e.starts_with("ERR invalid rule") && e.contains("$3")), "{e:?}");
-    assert_eq!(p.cmd(&["PROXY", "COLOCATE", "LIST"]).items().len(), 4);
+    assert_eq!(p.cmd(&["PROXY", "COLOCATE", "LIST"]).items().len(), 5);
     assert_eq!(p.cmd(&["DEL", a, b]), V::Int(1));
     assert_eq!(p.cmd(&["PROXY", "COLOCATE", "DEL", "runtime"]), V::Int(1));
     assert_eq!(p.cmd(&["PROXY", "COLOCATE", "DEL", "runtime"]), V::Int(0));
@@ -398,4 +403,145 @@ fn keyspace_notifications_name_the_clients_keys() {
     for port in env.cluster.masters().into_iter().chain([env.reference.port()]) {
         common::cmd(port, &["CONFIG", "SET", "notify-keyspace-events", ""]);
     }
+}
+
+/// celery: a worker consuming two queues (its BRPOP over both, and every priority's list,
+/// names the list it took a task from), a task sent to each, results read back through
+/// the Redis result backend.
+#[test]
+fn celery_runs_tasks_from_two_queues_through_a_colocation_rule() {
+    let env = env();
+    let ours = python("celery_check.py", env.proxy.port(), &[]);
+    assert_eq!(ours, python("celery_check.py", env.reference.port(), &[]), "heatshield vs one Redis");
+    assert!(ours.contains(r#""results": [5, 30, 2]"#), "{ours}");
+}
+
+/// `heatshield colocate-migrate`: runs the binary with `args` after `--config FILE
+/// --cluster SEEDS colocate-migrate`; (exit code, stdout).
+fn migrate(env: &Env, config: &str, args: &[&str]) -> (i32, String) {
+    let seeds = env.cluster.seeds();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_heatshield"))
+        .args(["--config", config, "--cluster", &seeds, "colocate-migrate"])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// Keys matching `pattern` under their plain names, on any master.
+fn plain_keys(env: &Env, pattern: &str) -> usize {
+    env.cluster
+        .masters()
+        .iter()
+        .map(|&m| cmd_text(m, &["KEYS", pattern]).lines().filter(|l| !l.is_empty()).count())
+        .sum()
+}
+
+/// 10,000 keys written before their rule: the dry run changes nothing, a run stopped
+/// after 4,000 keys, one killed mid-way and one to the end move them all, with their
+/// values and expiry times; a key copied by a run that stopped before the delete is
+/// finished, and a colocated name that exists with other contents is a conflict.
+#[test]
+fn colocate_migrate_moves_existing_keys_resumably() {
+    let env = env();
+    let (_dir, config) = config_file("[[colocate]]\nname = \"mig\"\nkeys = [\"mig:*\"]\ntag = \"mig\"\n");
+    let mut p = Conn::connect(env.proxy.port());
+    // written through heatshield before the rule: under their plain names
+    let n = 10_000;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let cmds: Vec<Vec<Vec<u8>>> = chunk
+            .iter()
+            .map(|i| {
+                let (k, v) = (format!("mig:{i}"), format!("value-{i}"));
+                let mut c = vec![b"SET".to_vec(), k.into_bytes(), v.into_bytes()];
+                if i % 3 == 0 {
+                    c.extend([b"EX".to_vec(), b"3600".to_vec()]);
+                }
+                c
+            })
+            .collect();
+        assert!(p.pipeline(&cmds).iter().all(V::is_ok));
+    }
+    assert_eq!(plain_keys(&env, "mig:*"), n);
+    // a key a run copied and did not delete yet, and a conflicting one
+    let half = env.cluster.master_for_key(b"mig:half");
+    assert_eq!(p.cmd(&["SET", "mig:half", "h"]), V::ok());
+    let dump = common::cmd(half, &["DUMP", "mig:half"]);
+    let tagged = env.cluster.master_for_key(b"mig");
+    assert_eq!(common::cmd(tagged, &[&b"RESTORE"[..], b"{mig}mig:half", b"0", dump.bytes()]), V::ok());
+    assert_eq!(p.cmd(&["SET", "mig:clash", "mine"]), V::ok());
+    assert_eq!(common::cmd(tagged, &["SET", "{mig}mig:clash", "theirs"]), V::ok());
+
+    let (code, out) = migrate(&env, &config, &["--rule", "mig", "--dry-run"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(&format!("{} keys under their plain names; would move {n}; finished 1", n + 2)), "{out}");
+    assert!(out.contains("conflict: mig:clash -> {mig}mig:clash"), "{out}");
+    assert_eq!(plain_keys(&env, "mig:*"), n + 2, "a dry run moved keys");
+
+    let (_, out) = migrate(&env, &config, &["--rule", "mig", "--max-keys", "4000"]);
+    assert!(out.contains("moved 4000") || out.contains("moved 3999"), "{out}");
+    assert_eq!(plain_keys(&env, "mig:*"), n + 2 - 4000);
+    // killed mid-way: nothing lost, whatever it had done
+    let seeds = env.cluster.seeds();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_heatshield"))
+        .args(["--config", &config, "--cluster", &seeds, "colocate-migrate", "--rule", "mig"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let _ = child.kill();
+    let _ = child.wait();
+    let (code, out) = migrate(&env, &config, &["--rule", "mig"]);
+    assert_eq!(code, 1, "the conflict stays: {out}");
+    assert!(out.contains("1 conflicts"), "{out}");
+    assert_eq!(plain_keys(&env, "mig:*"), 1, "only the conflicting key keeps its plain name");
+    // through heatshield with the rule: every key, its value and its expiry
+    assert_eq!(p.cmd(&["PROXY", "COLOCATE", "SET", "mig", "mig", "mig:*"]), V::ok());
+    let mut seen = 0;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let cmds: Vec<Vec<Vec<u8>>> = chunk
+            .iter()
+            .flat_map(|i| {
+                [
+                    common::client::args(&["GET", &format!("mig:{i}")]),
+                    common::client::args(&["TTL", &format!("mig:{i}")]),
+                ]
+            })
+            .collect();
+        let got = p.pipeline(&cmds);
+        for (j, i) in chunk.iter().enumerate() {
+            assert_eq!(got[2 * j], V::s(format!("value-{i}")), "mig:{i}");
+            let ttl = got[2 * j + 1].int();
+            assert!(if i % 3 == 0 { (3500..=3600).contains(&ttl) } else { ttl == -1 }, "mig:{i} ttl {ttl}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, n);
+    assert_eq!(p.cmd(&["GET", "mig:half"]), V::s("h"));
+    assert_eq!(p.cmd(&["GET", "mig:clash"]), V::s("theirs"));
+    assert_eq!(common::cmd(env.cluster.master_for_key(b"mig:clash"), &["GET", "mig:clash"]), V::s("mine"));
+    // tidy up (the rule stays only for this test's keys)
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let cmds: Vec<Vec<Vec<u8>>> =
+            chunk.iter().map(|i| common::client::args(&["DEL", &format!("mig:{i}")])).collect();
+        p.pipeline(&cmds);
+    }
+    assert_eq!(p.cmd(&["PROXY", "COLOCATE", "DEL", "mig"]), V::Int(1));
+}
+
+/// A script that builds a key name from ARGV reaches the name without the rule's tag:
+/// Redis's refusal comes with the rule's name, and the ARGV that is a key name.
+#[test]
+fn a_script_building_names_from_argv_is_told_which_rule() {
+    let env = env();
+    let mut p = Conn::connect(env.proxy.port());
+    let body = "return redis.call('GET', ARGV[1])";
+    let e = p.cmd(&["EVAL", body, "1", "rq:declared", "rq:built-from-argv"]);
+    let e = e.err().unwrap_or_default().to_string();
+    assert!(e.contains("colocation rule \"rq\""), "{e}");
+    assert!(e.contains("ARGV[1] \"rq:built-from-argv\""), "{e}");
 }

@@ -266,6 +266,19 @@ pub enum NamesInReply {
     Streams,
 }
 
+/// Whether a request whose first argument is `name` may be of a command whose reply
+/// names keys ([`NamesInReply`]), without a lookup (any case).
+#[inline]
+pub fn may_name_keys(name: &[u8]) -> bool {
+    if !(4..=10).contains(&name.len()) || !matches!(name[0] | 0x20, b'k' | b's' | b'r' | b'b' | b'l' | b'z' | b'x') {
+        return false;
+    }
+    let mut up = [0u8; 10];
+    up[..name.len()].copy_from_slice(name);
+    up.make_ascii_uppercase();
+    std::str::from_utf8(&up[..name.len()]).is_ok_and(|n| NamesInReply::of(n) != NamesInReply::None)
+}
+
 impl NamesInReply {
     pub fn of(name: &str) -> NamesInReply {
         match name {

@@ -94,10 +94,13 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
 
     // 3. rate limits: all keys charged, or none; a rule's pattern and a key's budget
     // are the client's name (crate::services::colocate)
-    let rules = proxy.colocate.active().then(|| proxy.colocate.rules());
     let key = |k: u32| {
         let n = req.arg(k as usize);
-        rules.as_ref().and_then(|r| r.client_name(n)).unwrap_or(n)
+        // (a stored name starts with its tag)
+        match n.first() == Some(&b'{') && proxy.colocate.active() {
+            true => proxy.colocate.rules().client_name(n).unwrap_or(n),
+            false => n,
+        }
     };
     let charged = match &found {
         Lookup::Some(cached) => {

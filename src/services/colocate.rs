@@ -16,7 +16,7 @@
 //! change. With no rules, one relaxed load a request.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
@@ -50,6 +50,19 @@ pub struct RuleConfig {
 struct Pattern {
     /// The pattern split at its `*`s (a `?` in a segment matches any one byte).
     segs: Vec<Vec<u8>>,
+    /// What every key it matches starts with (up to its first `*` or `?`).
+    prefix: Vec<u8>,
+    /// Its first 8 bytes as one word, and the mask of those it has (a quick look).
+    head: (u64, u64),
+}
+
+/// The first 8 bytes of `b` (zeros after its end) as one word.
+#[inline]
+fn head8(b: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    let n = b.len().min(8);
+    w[..n].copy_from_slice(&b[..n]);
+    u64::from_le_bytes(w)
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -109,7 +122,11 @@ pub fn compile(specs: &[RuleConfig]) -> Result<Rules, Vec<String>> {
                 problems.push(format!("{at}: pattern {k:?} has more than {MAX_STARS} *"));
                 continue;
             }
-            pats.push(Pattern { segs });
+            let prefix: Vec<u8> = segs[0].iter().take_while(|&&c| c != b'?').copied().collect();
+            let n = prefix.len().min(8);
+            let mask = if n == 8 { u64::MAX } else { (1u64 << (8 * n)) - 1 };
+            let head = (head8(&prefix), mask);
+            pats.push(Pattern { segs, prefix, head });
         }
         let tag = parse_tag(&s.tag);
         let stars =
@@ -239,6 +256,44 @@ impl Rules {
         None
     }
 
+    /// Whether some argument of `req` may be a key a rule colocates (a quick look at
+    /// each one's beginning: a yes may be wrong, a no is not).
+    #[inline]
+    pub fn may_touch(&self, req: &Request) -> bool {
+        let n = req.argc();
+        let mut i = 1;
+        while i < n {
+            let a = req.arg(i);
+            if let Some(&f) = a.first() {
+                let cand = self.by_first[f as usize];
+                if cand != 0 && self.starts_a_key(cand, a) {
+                    return true;
+                }
+            }
+            i += 1;
+        }
+        false
+    }
+
+    /// Whether `a` starts with the prefix of a pattern of a rule in `cand` (8 bytes at
+    /// once: most prefixes are shorter, and a memcmp call costs more).
+    fn starts_a_key(&self, mut cand: u64, a: &[u8]) -> bool {
+        let head = match a.get(..8) {
+            Some(h) => u64::from_le_bytes(h.try_into().unwrap_or_default()),
+            None => head8(a),
+        };
+        while cand != 0 {
+            let i = cand.trailing_zeros() as usize;
+            cand &= cand - 1;
+            for p in &self.list[i].pats {
+                if head & p.head.1 == p.head.0 && (p.prefix.len() <= 8 || a.starts_with(&p.prefix)) {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
     /// The name `key` is stored under, if a rule colocates it.
     pub fn stored_name(&self, key: &[u8]) -> Option<Vec<u8>> {
         if has_hash_tag(key) {
@@ -251,6 +306,14 @@ impl Rules {
         v.push(b'}');
         v.extend_from_slice(key);
         Some(v)
+    }
+
+    /// The rule that colocates `key`, if one does (the first that matches it).
+    pub fn rule_of(&self, key: &[u8]) -> Option<&Rule> {
+        if has_hash_tag(key) || self.tag(key).is_none() {
+            return None;
+        }
+        self.list.iter().find(|r| r.pats.iter().any(|p| p.captures(key).is_some()))
     }
 
     /// A digest of the rules (their names, patterns and tags, in order): equal on every
@@ -292,6 +355,8 @@ impl Rules {
 pub struct Colocate {
     rules: ArcSwap<Rules>,
     active: AtomicBool,
+    /// Counts the changes of the rules (a session keeps the rules it saw last).
+    generation: AtomicU64,
 }
 
 impl Colocate {
@@ -314,33 +379,20 @@ impl Colocate {
     pub fn replace(&self, rules: Rules) {
         let on = !rules.list.is_empty();
         self.rules.store(Arc::new(rules));
+        self.generation.fetch_add(1, Ordering::Release);
         self.active.store(on, Ordering::Relaxed);
+    }
+
+    /// Changes so far (see [`Colocate::rules`]).
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// `req` with its keys under their stored names, if a rule colocates one of them.
     /// Lock commands keep theirs (their names are heatshield's).
     pub fn rewrite(&self, cmd: &Command, req: &Request) -> Option<Request> {
-        if matches!(cmd.route, Route::Lock(_)) {
-            return None;
-        }
-        let keys = keys_of(cmd, req).ok()?;
-        let rules = self.rules.load();
-        let mut new: SmallVec<[(u32, Vec<u8>); 4]> = SmallVec::new();
-        for &k in &keys {
-            if let Some(n) = rules.stored_name(req.arg(k as usize)) {
-                new.push((k, n));
-            }
-        }
-        if new.is_empty() {
-            return None;
-        }
-        let args: Vec<&[u8]> = (0..req.argc())
-            .map(|i| match new.iter().find(|(k, _)| *k as usize == i) {
-                Some((_, n)) => &n[..],
-                None => req.arg(i),
-            })
-            .collect();
-        Some(Request::from_args(&args))
+        rewrite(&self.rules.load(), cmd, req)
     }
 
     /// `req` with its keys under the client's names again (what ACL rules are written for).
@@ -373,28 +425,7 @@ impl Colocate {
     /// `*`, and heatshield filters the reply by the client's pattern (a stored name is the
     /// tag first: the client's pattern cannot find it).
     pub fn on_the_way_in(&self, cmd: &Command, req: Request) -> (Request, Option<Box<ReplyFix>>) {
-        let req = self.rewrite(cmd, &req).unwrap_or(req);
-        if cmd.names == NamesInReply::None {
-            return (req, None);
-        }
-        let at = match cmd.names {
-            NamesInReply::List if req.argc() == 2 => Some(1),
-            NamesInReply::Scan => (2..req.argc().saturating_sub(1))
-                .step_by(2)
-                .find(|&i| req.arg(i).eq_ignore_ascii_case(b"MATCH"))
-                .map(|i| i + 1),
-            _ => None,
-        };
-        let Some(at) = at else { return (req, Some(Box::new(ReplyFix { kind: cmd.names, filter: None }))) };
-        let filter = req.arg(at).to_vec();
-        let req = match self.rules.load().pattern_may_match(&filter) && req.arg(at) != b"*" {
-            true => {
-                let args: Vec<&[u8]> = (0..req.argc()).map(|i| if i == at { &b"*"[..] } else { req.arg(i) }).collect();
-                Request::from_args(&args)
-            }
-            false => req,
-        };
-        (req, Some(Box::new(ReplyFix { kind: cmd.names, filter: Some(filter) })))
+        on_the_way_in(&self.rules.load(), cmd, req)
     }
 
     /// A reply of a command that returns key names ([`NamesInReply`]) with the client's
@@ -477,6 +508,61 @@ impl Colocate {
         }
         None
     }
+}
+
+/// `req` with its keys under their stored names, if a rule colocates one of them. Lock
+/// commands keep theirs (their names are heatshield's).
+pub fn rewrite(rules: &Rules, cmd: &Command, req: &Request) -> Option<Request> {
+    if matches!(cmd.route, Route::Lock(_)) {
+        return None;
+    }
+    let keys = keys_of(cmd, req).ok()?;
+    let mut new: SmallVec<[(u32, Vec<u8>); 4]> = SmallVec::new();
+    for &k in &keys {
+        if let Some(n) = rules.stored_name(req.arg(k as usize)) {
+            new.push((k, n));
+        }
+    }
+    if new.is_empty() {
+        return None;
+    }
+    let args: Vec<&[u8]> = (0..req.argc())
+        .map(|i| match new.iter().find(|(k, _)| *k as usize == i) {
+            Some((_, n)) => &n[..],
+            None => req.arg(i),
+        })
+        .collect();
+    Some(Request::from_args(&args))
+}
+
+/// What a request of `cmd` needs on its way in and out: `req` with its keys under their
+/// stored names (if a rule colocates one), and how its reply shows the client's names. A
+/// KEYS or SCAN pattern that a colocated key's client name may match becomes `*`, and
+/// heatshield filters the reply by the client's pattern (a stored name is the tag first:
+/// the client's pattern cannot find it).
+pub fn on_the_way_in(rules: &Rules, cmd: &Command, req: Request) -> (Request, Option<Box<ReplyFix>>) {
+    let req = rewrite(rules, cmd, &req).unwrap_or(req);
+    if cmd.names == NamesInReply::None {
+        return (req, None);
+    }
+    let at = match cmd.names {
+        NamesInReply::List if req.argc() == 2 => Some(1),
+        NamesInReply::Scan => (2..req.argc().saturating_sub(1))
+            .step_by(2)
+            .find(|&i| req.arg(i).eq_ignore_ascii_case(b"MATCH"))
+            .map(|i| i + 1),
+        _ => None,
+    };
+    let Some(at) = at else { return (req, Some(Box::new(ReplyFix { kind: cmd.names, filter: None }))) };
+    let filter = req.arg(at).to_vec();
+    let req = match rules.pattern_may_match(&filter) && req.arg(at) != b"*" {
+        true => {
+            let args: Vec<&[u8]> = (0..req.argc()).map(|i| if i == at { &b"*"[..] } else { req.arg(i) }).collect();
+            Request::from_args(&args)
+        }
+        false => req,
+    };
+    (req, Some(Box::new(ReplyFix { kind: cmd.names, filter: Some(filter) })))
 }
 
 /// How a request's reply shows the client's key names ([`Colocate::restore_reply`]).
@@ -694,11 +780,29 @@ mod tests {
     }
 
     #[test]
+    fn a_quick_look_finds_every_request_a_rule_may_touch() {
+        let r = rules();
+        let req = |a: &[&str]| Request::from_args(a);
+        assert!(r.may_touch(&req(&["GET", "rq:job:1"])));
+        assert!(r.may_touch(&req(&["MSET", "a", "1", "lock:x", "2"])));
+        assert!(r.may_touch(&req(&["EVAL", "body", "1", "bull:q:wait"])));
+        assert!(!r.may_touch(&req(&["GET", "key:000001"])));
+        assert!(!r.may_touch(&req(&["GET", "r"])));
+        assert!(!r.may_touch(&req(&["PING"])));
+        for n in ["KEYS", "scan", "RandomKey", "blpop", "BZMPOP", "xreadgroup", "LMPOP"] {
+            assert!(crate::command::may_name_keys(n.as_bytes()), "{n}");
+        }
+        for n in ["GET", "SET", "KEY", "SCANX", "XADD", "BLMOVE", "ZADD"] {
+            assert!(!crate::command::may_name_keys(n.as_bytes()), "{n}");
+        }
+    }
+
+    #[test]
     fn captures_take_as_little_as_they_can() {
-        let p = Pattern { segs: vec![b"a".to_vec(), b":".to_vec(), b"".to_vec()] };
+        let p = Pattern { segs: vec![b"a".to_vec(), b":".to_vec(), b"".to_vec()], prefix: b"a".to_vec(), head: (0, 0) };
         assert_eq!(p.captures(b"ax:y:z").unwrap().to_vec(), vec![(1, 2), (3, 6)]);
         assert!(p.captures(b"ax").is_none());
-        let q = Pattern { segs: vec![b"x?".to_vec(), b"end".to_vec()] };
+        let q = Pattern { segs: vec![b"x?".to_vec(), b"end".to_vec()], prefix: b"x".to_vec(), head: (0, 0) };
         assert_eq!(q.captures(b"xyMIDend").unwrap().to_vec(), vec![(2, 5)]);
         assert!(q.captures(b"xend").is_none());
     }

@@ -103,6 +103,11 @@ struct Session {
     retrying: SmallVec<[u64; 4]>,
     /// Backend replies held while an earlier request is being retried, in arrival order.
     parked: Vec<BackendReply>,
+    /// The colocation rules last seen, by generation (`crate::services::colocate`).
+    colocate: Option<(u64, Arc<crate::services::colocate::Rules>)>,
+    /// The requests whose replies name keys a colocation rule may have renamed, by
+    /// place, in order: shown with the client's names when written (`output.rs`).
+    fixes: Vec<(u64, Box<crate::services::colocate::ReplyFix>)>,
     /// A TRYAGAIN or NOSCRIPT held until the requests sent behind it have their replies.
     unrun: Option<Unrun>,
     /// Pushes (invalidations, messages) that follow the reply of a tracking client's write
@@ -396,6 +401,8 @@ impl Session {
             retrying: SmallVec::new(),
             parked: Vec::new(),
             unrun: None,
+            colocate: None,
+            fixes: Vec::new(),
             calm: true,
             after_write: Vec::new(),
             last_tracked_write: None,
@@ -630,6 +637,9 @@ impl Session {
                 0
             };
             let mut batch = std::mem::take(&mut self.batch);
+            if self.proxy.colocate.active() {
+                self.colocate_batch(&mut batch);
+            }
             for (i, req) in batch.drain(..).enumerate() {
                 if !self.reading {
                     break; // after QUIT: the rest is never run
@@ -672,32 +682,43 @@ impl Session {
     /// and dispatched where it lies, so the request and its entry are not copied again).
     /// Behind a request that waits for the ordering rule it waits too.
     fn dispatch(&mut self, req: Request) {
-        let meta = match self.proxy.colocate.active() {
-            false => Meta::new(0, self.read_at, Some(req)),
-            true => self.colocated(req),
-        };
-        self.held.requests += meta.req.as_ref().map_or(0, |r| r.raw().len());
+        self.held.requests += req.raw().len();
         let deferred = self.deferred.is_some();
         self.queue.entries.push_back(Entry {
             reply: if deferred { Reply::Later } else { Reply::Ready(Bytes::new()) },
             last: false,
             silent: false,
-            meta,
+            meta: Meta::new(0, self.read_at, Some(req)),
         });
         if !deferred {
             self.dispatch_at(self.queue.entries.len() - 1);
         }
     }
 
-    /// While colocation rules are in force: the request with its keys under their stored
-    /// names, and how its reply shows the client's (`crate::services::colocate`).
-    #[cold]
-    fn colocated(&self, req: Request) -> Meta {
-        let Ok(cmd) = self.proxy.commands.lookup(&req) else { return Meta::new(0, self.read_at, Some(req)) };
-        let (req, fix) = self.proxy.colocate.on_the_way_in(cmd, req);
-        let mut meta = Meta::new(0, self.read_at, Some(req));
-        meta.fix = fix;
-        meta
+    /// While colocation rules are in force, the requests of a batch about to be
+    /// dispatched take their keys' stored names, and their replies will show the client's
+    /// (`crate::services::colocate`). A request none of whose arguments can start a rule's
+    /// key, of a command whose reply names no keys, stays as it is without a lookup.
+    #[inline(never)]
+    fn colocate_batch(&mut self, batch: &mut [Request]) {
+        let generation = self.proxy.colocate.generation();
+        if self.colocate.as_ref().is_none_or(|(g, _)| *g != generation) {
+            self.colocate = Some((generation, self.proxy.colocate.rules()));
+        }
+        let Some((_, rules)) = &self.colocate else { return };
+        // the place the batch's first request takes
+        let base = self.queue.head + self.queue.entries.len() as u64;
+        for (i, req) in batch.iter_mut().enumerate() {
+            if !rules.may_touch(req) && !crate::command::may_name_keys(req.arg(0)) {
+                continue;
+            }
+            let Ok(cmd) = self.proxy.commands.lookup(req) else { continue };
+            let (new, fix) = crate::services::colocate::on_the_way_in(rules, cmd, req.clone());
+            *req = new;
+            if let Some(fix) = fix {
+                self.fixes.push((base + i as u64, fix));
+            }
+        }
     }
 
     /// Dispatches the request of entry `i`; false if it must wait ([`Outcome::Later`]).

@@ -96,18 +96,14 @@ impl Session {
             && matches!(e.reply, Reply::Ready(_))
         {
             let at = *now.get_or_insert_with(Instant::now);
-            let Reply::Ready(mut b) =
-                std::mem::replace(&mut e.reply, Reply::Sent { summary: ReplySummary::of(&[]), at })
+            let Reply::Ready(b) = std::mem::replace(&mut e.reply, Reply::Sent { summary: ReplySummary::of(&[]), at })
             else {
                 break;
             };
-            if let Some(fix) = &e.meta.fix
-                && let Some(nb) = self.proxy.colocate.restore_reply(fix, &b)
-            {
-                // the key names as the client knows them (crate::services::colocate)
-                self.held.replies = self.held.replies - b.len() + nb.len();
-                b = nb;
-            }
+            let b = match self.fixes.is_empty() {
+                true => b,
+                false => fix_names(&self.proxy, &mut self.fixes, &mut self.held.replies, q.head + q.sent as u64, b),
+            };
             e.reply = Reply::Sent { summary: ReplySummary::of(&b), at };
             if e.silent {
                 self.held.replies -= b.len();
@@ -202,5 +198,34 @@ impl Session {
         // dropped where they are, not moved out first
         self.queue.entries.drain(..n);
         self.queue.head += n as u64;
+    }
+}
+
+/// The reply of request `seq` with the client's key names, if it is one of `fixes`
+/// (crate::services::colocate); `replies` (the bytes held) follows its length.
+#[cold]
+fn fix_names(
+    proxy: &Proxy,
+    fixes: &mut Vec<(u64, Box<crate::services::colocate::ReplyFix>)>,
+    replies: &mut usize,
+    seq: u64,
+    b: Bytes,
+) -> Bytes {
+    // (the earlier ones' places are gone: answered otherwise)
+    let done = fixes.iter().take_while(|(s, _)| *s < seq).count();
+    fixes.drain(..done);
+    match fixes.first() {
+        Some((s, fix)) if *s == seq => {
+            let out = match proxy.colocate.restore_reply(fix, &b) {
+                Some(nb) => {
+                    *replies = *replies - b.len() + nb.len();
+                    nb
+                }
+                None => b,
+            };
+            fixes.remove(0);
+            out
+        }
+        _ => b,
     }
 }

@@ -51,9 +51,6 @@ pub(super) struct Meta {
     pub(super) wait_ms: u32,
     /// The command may write (see `Ctx::writes`).
     pub(super) writes: bool,
-    /// Its reply names keys a colocation rule may have renamed: shown with the client's
-    /// names when it is written (`crate::services::colocate`).
-    pub(super) fix: Option<Box<crate::services::colocate::ReplyFix>>,
 }
 
 impl Meta {
@@ -69,7 +66,6 @@ impl Meta {
             node: None,
             wait_ms: 0,
             writes: false,
-            fix: None,
         }
     }
 

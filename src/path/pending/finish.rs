@@ -103,6 +103,11 @@ pub(super) fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
         Finish::Script(_) => {
             let reply = p.parts[0].reply.take().unwrap_or_default();
             match errors::with_undeclared_key_hint(&reply) {
+                Some(mut hinted) if proxy.colocate.active() => {
+                    let more = colocation_hint(proxy, ctx.req);
+                    hinted.splice(hinted.len() - 2..hinted.len() - 2, more.into_bytes());
+                    Bytes::from(hinted)
+                }
                 Some(hinted) => Bytes::from(hinted),
                 None => reply,
             }
@@ -164,4 +169,29 @@ pub(super) fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
             }
         }
     }
+}
+
+/// For a script Redis refused an undeclared key: the colocation rule its declared keys
+/// are under, and the `ARGV` arguments that are key names a rule covers (what a script
+/// building names from them reaches is the name without the tag).
+#[cold]
+fn colocation_hint(proxy: &Proxy, req: &Request) -> String {
+    let rules = proxy.colocate.rules();
+    let Ok(cmd) = proxy.commands.lookup(req) else { return String::new() };
+    let keys = keys_of(cmd, req).unwrap_or_default();
+    let declared = keys.iter().find_map(|&k| {
+        let name = rules.client_name(req.arg(k as usize))?;
+        let rule = rules.rule_of(name)?;
+        let stored = req.arg(k as usize);
+        let tag = &stored[1..stored.len() - name.len() - 1];
+        Some((rule.spec.name.clone(), String::from_utf8_lossy(tag).into_owned()))
+    });
+    let first_argv = keys.iter().max().map_or(3, |&k| k as usize + 1);
+    let argv: Vec<(usize, String, String)> = (first_argv..req.argc())
+        .filter_map(|i| {
+            let rule = rules.rule_of(req.arg(i))?;
+            Some((i + 1 - first_argv, String::from_utf8_lossy(req.arg(i)).into_owned(), rule.spec.name.clone()))
+        })
+        .collect();
+    errors::undeclared_key_rule_hint(declared.as_ref().map(|(r, t)| (r.as_str(), t.as_str())), &argv)
 }
