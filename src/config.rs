@@ -31,8 +31,8 @@ pub struct Config {
 /// themselves (serde), so that no list of keys is kept by hand: `PROXY CONFIG GET` shows
 /// these, and a test holds them against `conf/heatshield.toml` and the README's table.
 /// Values are text: lists joined with ",", an unset value as "". The rate-limit rules
-/// (`ratelimit.rules`, an array of tables) are listed by key only, with no value: `PROXY
-/// RATELIMIT LIST` shows them.
+/// (`ratelimit.rules`, an array of tables) and the colocation rules (`colocate`) are listed
+/// by key only, with no value: `PROXY RATELIMIT LIST` and `PROXY COLOCATE LIST` show them.
 pub fn entries(c: &Config) -> Vec<(String, Option<String>)> {
     fn text(v: &serde_json::Value) -> String {
         match v {
@@ -53,6 +53,11 @@ pub fn entries(c: &Config) -> Vec<(String, Option<String>)> {
     // the structs are plain data: serializing them cannot fail
     let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(c) else { return out };
     for (section, table) in sections {
+        // an array of tables at the top (`[[colocate]]`): listed by name, as the rules are
+        if let serde_json::Value::Array(_) = table {
+            out.push((section, None));
+            continue;
+        }
         let serde_json::Value::Object(keys) = table else { continue };
         for (key, v) in keys {
             let tables = matches!(&v, serde_json::Value::Array(a) if a.iter().all(|x| x.is_object()) && key == "rules");

@@ -196,29 +196,13 @@ fn backend_options(config: &Config) -> Result<BackendOptions, String> {
 
 async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides) -> i32 {
     let config_file = config_path.as_ref().map(|p| p.display().to_string());
-    let opts = BackendOptions {
-        connect_timeout: config.connect_timeout(),
-        command_timeout: config.command_timeout(),
-        username: config.backend.username.clone(),
-        password: config.backend.password.clone(),
-        resp3: false,
-        latency_sample_every: config.metrics.latency_sample_every,
-        tracking: None,
-        dedicated: false,
-        dedicated_max: config.backend.dedicated_max_per_node,
-        dedicated_idle: config.backend.dedicated_idle_per_node,
-        tls: None,
-    };
-    let mut opts = opts;
-    if let Some(files) = config.backend.tls_files() {
-        match heatshield::tls::Connector::new(files) {
-            Ok(c) => opts.tls = Some(Arc::new(c)),
-            Err(e) => {
-                error!(error = %e, "backend TLS: cannot load the certificates");
-                return 1;
-            }
+    let opts = match backend_options(&config) {
+        Ok(o) => o,
+        Err(e) => {
+            error!("{e}");
+            return 1;
         }
-    }
+    };
     let acceptor = match config.tls.files().map(heatshield::tls::Acceptor::new) {
         Some(Ok(a)) => Some(Arc::new(a)),
         Some(Err(e)) => {

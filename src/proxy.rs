@@ -224,10 +224,15 @@ impl Proxy {
                 .as_deref()
                 .map(|n| String::from_utf8_lossy(n).into_owned())
                 .unwrap_or_default();
+            // the client's key names (crate::services::colocate)
+            let restored = match self.colocate.active() {
+                true => self.commands.lookup(req).ok().and_then(|c| self.colocate.restore_request(c, req)),
+                false => None,
+            };
             self.slowlog.record(
                 self.live.slowlog_max_len.load(Ordering::Relaxed),
                 took,
-                req,
+                restored.as_ref().unwrap_or(req),
                 &client.info.addr,
                 &name,
                 node.unwrap_or(""),
@@ -237,11 +242,11 @@ impl Proxy {
         let big = self.live.bigkey_bytes.load(Ordering::Relaxed);
         let size = req.raw().len() as u64;
         if self.hotkeys.active() {
-            let key = (first_key > 0).then(|| req.arg(first_key as usize));
-            self.hotkeys.observe(key, size + reply.len as u64, took);
+            let key = (first_key > 0).then(|| self.colocate.client_name(req.arg(first_key as usize)));
+            self.hotkeys.observe(key.as_deref(), size + reply.len as u64, took);
         }
         if first_key > 0 && (size >= big || reply.len as u64 >= big) {
-            let key = req.arg_bytes(first_key as usize);
+            let key = bytes::Bytes::copy_from_slice(&self.colocate.client_name(req.arg(first_key as usize)));
             let name = self.command_name(cmd);
             let max = self.config.admin.bigkeys_max_len;
             if size >= big {

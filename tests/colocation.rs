@@ -545,3 +545,23 @@ fn a_script_building_names_from_argv_is_told_which_rule() {
     assert!(e.contains("colocation rule \"rq\""), "{e}");
     assert!(e.contains("ARGV[1] \"rq:built-from-argv\""), "{e}");
 }
+
+/// The slow log and the big-key log show the client's names.
+#[test]
+fn the_slow_log_and_big_keys_show_the_clients_names() {
+    let env = env();
+    let mut c = Conn::connect(env.proxy.port());
+    assert!(c.cmd(&["PROXY", "CONFIG", "SET", "admin.slowlog_slower_than_us", "0"]).is_ok());
+    assert_eq!(c.cmd(&["GET", "rq:slowlog"]), V::Nil);
+    assert!(c.cmd(&["PROXY", "CONFIG", "SET", "admin.slowlog_slower_than_us", "1000000"]).is_ok());
+    let log = c.cmd(&["PROXY", "SLOWLOG", "GET", "-1"]);
+    assert!(log.items().iter().any(|e| e.items()[3] == V::strs(&["GET", "rq:slowlog"])), "{log:?}");
+    let value = "x".repeat(100_000);
+    assert!(c.cmd(&["SET", "rq:bigkey", &value]).is_ok());
+    let list = c.cmd(&["PROXY", "BIGKEYS", "1000"]);
+    let keys: Vec<String> =
+        list.items().iter().flat_map(|e| e.pairs()).filter(|(k, _)| k.text() == "key").map(|(_, v)| v.text()).collect();
+    assert!(keys.iter().any(|k| k == "rq:bigkey"), "{keys:?}");
+    assert!(!keys.iter().any(|k| k.starts_with("{rq}")), "{keys:?}");
+    assert_eq!(c.cmd(&["DEL", "rq:bigkey"]), V::Int(1));
+}

@@ -413,6 +413,9 @@ impl Colocate {
 
     /// The client's name for a stored key name (the name itself if no rule made it).
     pub fn client_name<'a>(&self, stored: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        if stored.first() != Some(&b'{') || !self.active() {
+            return std::borrow::Cow::Borrowed(stored);
+        }
         match self.rules.load().client_name(stored) {
             Some(k) => std::borrow::Cow::Borrowed(k),
             None => std::borrow::Cow::Borrowed(stored),
