@@ -23,6 +23,11 @@ use common::{Proxy, RedisCluster, RedisStandalone, Shared, cmd, config_file, exc
 const CONFIG: &str = r#"
 [cache]
 pin = ["vk:c:*", "{vkc}*"]
+
+[[colocate]]
+name = "vq"
+keys = ["vq:*"]
+tag = "vq"
 "#;
 
 struct Env {
@@ -535,4 +540,27 @@ fn a_server_upgraded_in_place_teaches_heatshield_its_new_commands() {
     assert!(info.contains("valkey 9.1") && info.contains("hgetex"), "{info}");
     // and what it learned is routed: a write that the cache and the server agree on
     assert_eq!(c.cmd(&["HPERSIST", "up:h", "FIELDS", "1", "f"]), V::Arr(vec![V::Int(1)]));
+}
+
+/// Key colocation with commands only Valkey has (their keys learned from the masters'
+/// key specs): a transaction and a script over a rule's keys in different slots run on one
+/// master, under the rule's tag, and the keys come back under the client's names.
+#[test]
+fn colocation_rewrites_the_keys_of_valkeys_own_commands() {
+    let env = env();
+    let _q = shared_traffic();
+    let mut c = Conn::connect(env.proxy.port());
+    let (h, s) = ("vq:hash", "vq:string:x");
+    assert_ne!(common::key_slot(h.as_bytes()), common::key_slot(s.as_bytes()));
+    assert_eq!(c.cmd(&["MULTI"]), V::ok());
+    assert_eq!(c.cmd(&["HSETEX", h, "EXAT", "4102444800", "FIELDS", "1", "f", "v"]), V::s("QUEUED"));
+    assert_eq!(c.cmd(&["SET", s, "v"]), V::s("QUEUED"));
+    assert_eq!(c.cmd(&["DELIFEQ", s, "v"]), V::s("QUEUED"));
+    assert_eq!(c.cmd(&["EXEC"]), V::Arr(vec![V::Int(1), V::ok(), V::Int(1)]));
+    assert_eq!(c.cmd(&["HGETEX", h, "PERSIST", "FIELDS", "1", "f"]), V::strs(&["v"]));
+    // stored under the tag, on the tag's master
+    let master = env.cluster.master_for_key(b"vq");
+    assert_eq!(cmd(master, &["HGET", "{vq}vq:hash", "f"]), V::s("v"));
+    assert_eq!(c.cmd(&["KEYS", "vq:*"]), V::strs(&[h]));
+    assert_eq!(c.cmd(&["DEL", h]), V::Int(1));
 }

@@ -389,12 +389,6 @@ impl Colocate {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// `req` with its keys under their stored names, if a rule colocates one of them.
-    /// Lock commands keep theirs (their names are heatshield's).
-    pub fn rewrite(&self, cmd: &Command, req: &Request) -> Option<Request> {
-        rewrite(&self.rules.load(), cmd, req)
-    }
-
     /// `req` with its keys under the client's names again (what ACL rules are written for).
     pub fn restore_request(&self, cmd: &Command, req: &Request) -> Option<Request> {
         let keys = keys_of(cmd, req).ok()?;
