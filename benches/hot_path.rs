@@ -269,7 +269,7 @@ fn hot_key_cache(c: &mut Criterion) {
     use std::time::{Duration, Instant};
 
     let t = CommandTable::new();
-    let cache = Arc::new(HotCache::new(&CacheConfig::default(), &t));
+    let cache = Arc::new(HotCache::new(&CacheConfig::default(), &t, Default::default()));
     let keys: Vec<Vec<u8>> = (0..100_000).map(|i| format!("item:{i}").into_bytes()).collect();
     let mut i = 0;
     c.bench_function("cache/sample_read_1_in_8", |b| {
@@ -279,7 +279,7 @@ fn hot_key_cache(c: &mut Criterion) {
         })
     });
     // the part every unsampled read pays
-    let rare = HotCache::new(&CacheConfig { sample_every: 1_000_000, ..Default::default() }, &t);
+    let rare = HotCache::new(&CacheConfig { sample_every: 1_000_000, ..Default::default() }, &t, Default::default());
     c.bench_function("cache/sample_read_unsampled", |b| {
         b.iter(|| {
             i = (i + 1) % keys.len();

@@ -64,7 +64,7 @@ pub struct Proxy {
     /// Script bodies seen, so EVALSHA runs on any master.
     pub scripts: crate::services::scripts::Scripts,
     /// Key colocation rules (`[[colocate]]`, `PROXY COLOCATE`).
-    pub colocate: crate::services::colocate::Colocate,
+    pub colocate: Arc<crate::services::colocate::Colocate>,
     /// Every client connected now (CLIENT LIST, KILL, UNBLOCK).
     pub clients: crate::conn::Registry,
     /// Subscriptions and their shared backend connections.
@@ -132,7 +132,11 @@ impl Proxy {
         );
         // one extra id for requests that match no command
         let ids = commands.count() + 1;
-        let cache = Arc::new(crate::services::cache::HotCache::new(&config.cache, &commands));
+        // (validated with the configuration)
+        let colocate = Arc::new(crate::services::colocate::Colocate::new(
+            crate::services::colocate::compile(&config.colocate).unwrap_or_default(),
+        ));
+        let cache = Arc::new(crate::services::cache::HotCache::new(&config.cache, &commands, colocate.clone()));
         let users = crate::services::acl::Users::from_config(
             &config.server.users,
             config.server.password.as_deref(),
@@ -146,16 +150,16 @@ impl Proxy {
             cache,
             locks: Arc::default(),
             pubsub: Arc::new(crate::services::pubsub::Hub::new(cluster.clone(), config.limits.max_subscriptions)),
-            client_side: Arc::new(crate::services::cache::clients::ClientSide::new(config.limits.tracking_max_keys)),
+            client_side: Arc::new(crate::services::cache::clients::ClientSide::new(
+                config.limits.tracking_max_keys,
+                colocate.clone(),
+            )),
             databases: std::sync::atomic::AtomicU32::new(1),
             // (validated with the configuration)
             users,
             auth_limiter: crate::services::acl::AuthLimiter::new(config.server.auth_failures_per_minute),
             scripts: Default::default(),
-            // (validated with the configuration)
-            colocate: crate::services::colocate::Colocate::new(
-                crate::services::colocate::compile(&config.colocate).unwrap_or_default(),
-            ),
+            colocate,
             clients: Default::default(),
             live: crate::config::Live::new(&config),
             ratelimit,

@@ -32,6 +32,9 @@ tag = "celery"
 name = "fam"
 keys = ["fam:*:*"]
 tag = "fam-$1"
+
+[cache]
+pin = ["rq:pin:*"]
 "#;
 
 struct Env {
@@ -146,20 +149,23 @@ fn keys_scan_and_randomkey_show_the_clients_names() {
         };
         assert_eq!(scan(&mut p), scan(&mut r), "SCAN MATCH {pattern}");
     }
-    // an unfiltered SCAN and RANDOMKEY never show a stored name
-    let (mut cursor, mut seen) = ("0".to_string(), 0);
+    // an unfiltered SCAN and RANDOMKEY never show a stored name (a SCAN may return a
+    // name twice, as Redis's may while a table grows: other tests write meanwhile)
+    let (mut cursor, mut seen) = ("0".to_string(), std::collections::HashSet::new());
     loop {
         let v = p.cmd(&["SCAN", &cursor, "COUNT", "100"]);
         cursor = v.items()[0].text();
         for k in v.items()[1].items() {
             assert!(!k.text().starts_with("{rq}rq:"), "{}", k.text());
-            seen += k.text().starts_with("rq:list:") as usize;
+            if k.text().starts_with("rq:list:") {
+                seen.insert(k.text());
+            }
         }
         if cursor == "0" {
             break;
         }
     }
-    assert_eq!(seen, names.len());
+    assert_eq!(seen.len(), names.len());
     let mut rq = 0;
     for _ in 0..300 {
         let k = p.cmd(&["RANDOMKEY"]).text();
@@ -270,17 +276,21 @@ fn rules_change_at_runtime() {
     assert_ne!(key_slot(a.as_bytes()), key_slot(b.as_bytes()));
     let crossslot = V::Err("CROSSSLOT Keys in request don't hash to the same slot".into());
     assert_eq!(p.cmd(&["RPOPLPUSH", a, b]), crossslot);
+    // other tests of this file add rules of their own to the shared proxy at any time:
+    // look only at the configured ones and this test's own
+    let names = |p: &mut Conn| -> Vec<String> {
+        let list = p.cmd(&["PROXY", "COLOCATE", "LIST"]);
+        list.items().iter().map(|r| r.get("name").unwrap().text()).filter(|n| n != "mig").collect()
+    };
     assert_eq!(p.cmd(&["PROXY", "COLOCATE", "SET", "runtime", "rt", "rt:*"]), V::ok());
-    let list = p.cmd(&["PROXY", "COLOCATE", "LIST"]);
-    let names: Vec<String> = list.items().iter().map(|r| r.get("name").unwrap().text()).collect();
-    assert_eq!(names, ["rq", "redis-lock", "celery", "fam", "runtime"]);
+    assert_eq!(names(&mut p), ["rq", "redis-lock", "celery", "fam", "runtime"]);
     assert_eq!(p.cmd(&["RPUSH", a, "1"]), V::Int(1));
     assert_eq!(p.cmd(&["RPOPLPUSH", a, b]), V::s("1"));
     assert_eq!(common::cmd(env.cluster.master_for_key(b"rt"), &["LRANGE", "{rt}rt:bb", "0", "-1"]), V::strs(&["1"]));
     // a bad rule is refused with its reason, and nothing changes
     let e = p.cmd(&["PROXY", "COLOCATE", "SET", "bad", "$3", "x:*"]);
     assert!(e.err().is_some_and(|e| e.starts_with("ERR invalid rule") && e.contains("$3")), "{e:?}");
-    assert_eq!(p.cmd(&["PROXY", "COLOCATE", "LIST"]).items().len(), 5);
+    assert_eq!(names(&mut p), ["rq", "redis-lock", "celery", "fam", "runtime"]);
     assert_eq!(p.cmd(&["DEL", a, b]), V::Int(1));
     assert_eq!(p.cmd(&["PROXY", "COLOCATE", "DEL", "runtime"]), V::Int(1));
     assert_eq!(p.cmd(&["PROXY", "COLOCATE", "DEL", "runtime"]), V::Int(0));
@@ -361,10 +371,20 @@ fn keyspace_notifications_name_the_clients_keys() {
     }
     for proto in Proto::BOTH {
         let key = format!("rq:ks{}", proto.tag());
-        let mut subs: Vec<Conn> = [env.proxy.port(), env.reference.port()]
+        let subs: Vec<(Conn, Vec<String>)> = [env.proxy.port(), env.reference.port()]
             .iter()
             .map(|&port| {
                 let mut s = Conn::connect_proto(port, proto);
+                // the key's own channel, and a pattern of its family's (only this test
+                // writes such keys: nothing comes between their confirmations)
+                let own = format!("__keyspace@0__:{key}");
+                let mut confirmations = Vec::new();
+                for c in [&["SUBSCRIBE", &own][..], &["PSUBSCRIBE", "__keyspace@0__:rq:ks*"], &["UNSUBSCRIBE", &own]]
+                    .into_iter()
+                    .chain([&["SUBSCRIBE", &own][..]])
+                {
+                    confirmations.push(String::from_utf8_lossy(&s.cmd_full(c).raw).into_owned());
+                }
                 s.send(&["PSUBSCRIBE", "__keyspace@0__:*"]);
                 s.send(&["SUBSCRIBE", "__keyevent@0__:set"]);
                 // both confirmed (other tests' notices may come between)
@@ -373,27 +393,31 @@ fn keyspace_notifications_name_the_clients_keys() {
                     let f = String::from_utf8_lossy(&s.read_full().raw).into_owned();
                     confirmed += f.contains("subscribe\r\n") as usize;
                 }
-                s
+                (s, confirmations)
             })
             .collect();
+        assert_eq!(subs[0].1, subs[1].1, "{proto:?}: the confirmations of a key's channel");
+        assert!(subs[1].1[0].contains(&format!(":{key}\r\n")), "{:?}", subs[1].1);
+        let mut subs: Vec<Conn> = subs.into_iter().map(|(s, _)| s).collect();
         assert_eq!(common::cmd(env.proxy.port(), &["SET", &key, "v"]), V::ok());
         assert_eq!(common::cmd(env.reference.port(), &["SET", &key, "v"]), V::ok());
         let mut got: Vec<Vec<String>> = subs
             .iter_mut()
             .map(|s| {
-                // (other tests write keys meanwhile: only this key's two notices count)
-                let mut two = Vec::new();
+                // (other tests write keys meanwhile: only this key's four notices count:
+                // its channel, the two patterns, and the keyevent channel)
+                let mut four = Vec::new();
                 for _ in 0..10_000 {
                     let f = String::from_utf8_lossy(&s.read_full().raw).into_owned();
                     if f.contains(&format!("{key}\r\n")) && f.contains("message") {
-                        two.push(f);
+                        four.push(f);
                     }
-                    if two.len() == 2 {
+                    if four.len() == 4 {
                         break;
                     }
                 }
-                two.sort();
-                two
+                four.sort();
+                four
             })
             .collect();
         let reference = got.pop().unwrap();
@@ -403,6 +427,79 @@ fn keyspace_notifications_name_the_clients_keys() {
     for port in env.cluster.masters().into_iter().chain([env.reference.port()]) {
         common::cmd(port, &["CONFIG", "SET", "notify-keyspace-events", ""]);
     }
+}
+
+/// Inside a transaction, the names in EXEC's array are the client's; so are the keys
+/// SORT's BY and GET patterns make, the keys an error quotes, BCAST tracking prefixes,
+/// and the hot-key cache's pin patterns.
+#[test]
+fn transactions_sort_errors_bcast_and_pins_see_the_clients_names() {
+    let env = env();
+    for proto in Proto::BOTH {
+        let t = proto.tag();
+        let (l, s, z) = (format!("rq:tx:l{t}"), format!("rq:tx:s{t}"), format!("rq:tx:z{t}"));
+        same(
+            &env,
+            proto,
+            &[
+                &["RPUSH", &l, "a", "b", "c"],
+                &["XADD", &s, "1-1", "f", "v"],
+                &["ZADD", &z, "1", "m"],
+                &["MULTI"],
+                &["LMPOP", "1", &l, "LEFT"],
+                &["BLPOP", &l, "0"],
+                &["XREAD", "STREAMS", &s, "0"],
+                &["BZPOPMIN", &z, "0"],
+                &["XREADGROUP", "GROUP", "g", "c", "STREAMS", &s, ">"],
+                &["GET", &l],
+                &["EXEC"],
+                &["XPENDING", &s, "g"],
+                &["XGROUP", "CREATECONSUMER", &s, "g", "c"],
+                &["DEL", &l, &s, &z],
+            ],
+        );
+        // SORT ... STORE: the destination is the family's too (SORT's BY and GET, which
+        // Redis 7.0 refuses in cluster mode whatever the pattern, are tested on Valkey 9.1)
+        let sl = format!("rq:sort{t}");
+        same(
+            &env,
+            proto,
+            &[
+                &["RPUSH", &sl, "3", "1", "2"],
+                &["SORT", &sl, "DESC", "STORE", &format!("rq:sorted{t}")],
+                &["LRANGE", &format!("rq:sorted{t}"), "0", "-1"],
+                &["DEL", &sl, &format!("rq:sorted{t}")],
+            ],
+        );
+    }
+    // BCAST tracking with a prefix of a family: told of the family's keys by their names
+    let mut p = Conn::connect_proto(env.proxy.port(), Proto::Resp3);
+    let mut r = Conn::connect_proto(env.reference.port(), Proto::Resp3);
+    for c in [&mut p, &mut r] {
+        assert_eq!(c.cmd(&["CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "rq:bcast:"]), V::ok());
+    }
+    assert_eq!(common::cmd(env.proxy.port(), &["SET", "rq:bcast:1", "v"]), V::ok());
+    assert_eq!(common::cmd(env.reference.port(), &["SET", "rq:bcast:1", "v"]), V::ok());
+    // (heatshield may first tell it to drop everything: the invalidation connections
+    // turn BCAST on when the first client tracks, and what was written before is unknown)
+    let flushed = ">2\r\n$10\r\ninvalidate\r\n_\r\n";
+    let a = std::iter::repeat_with(|| String::from_utf8_lossy(&p.read_full().raw).into_owned())
+        .find(|f| f != flushed)
+        .unwrap();
+    assert_eq!(a, String::from_utf8_lossy(&r.read_full().raw), "a BCAST prefix");
+    assert_eq!(common::cmd(env.proxy.port(), &["DEL", "rq:bcast:1"]), V::Int(1));
+    // a pinned family key is cached (cache.pin = ["rq:pin:*"]) though stored as {rq}rq:pin:1
+    let mut c = Conn::connect(env.proxy.port());
+    assert_eq!(c.cmd(&["SET", "rq:pin:1", "blob"]), V::ok());
+    assert_eq!(c.cmd(&["GET", "rq:pin:1"]), V::s("blob")); // fills
+    let hits = |c: &mut Conn| c.cmd(&["PROXY", "CACHE", "STATS"]).get("hits").unwrap().int();
+    let before = hits(&mut c);
+    for _ in 0..10 {
+        assert_eq!(c.cmd(&["GET", "rq:pin:1"]), V::s("blob"));
+    }
+    assert!(hits(&mut c) >= before + 10, "a pinned family key was not served from the cache");
+    assert_eq!(c.cmd(&["DEL", "rq:pin:1"]), V::Int(1));
+    assert_eq!(c.cmd(&["GET", "rq:pin:1"]), V::Nil);
 }
 
 /// celery: a worker consuming two queues (its BRPOP over both, and every priority's list,

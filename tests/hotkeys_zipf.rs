@@ -51,7 +51,7 @@ fn key(rank: usize) -> String {
 /// One replay: two windows of the workload, then (precision, recall, truly hot, detected).
 fn replay(seed: u64, cdf: &[f64], keys: &[String]) -> (f64, f64, usize, usize) {
     let cfg = CacheConfig { hot_threshold: THRESHOLD, ..Default::default() };
-    let cache = HotCache::new(&cfg, &CommandTable::new());
+    let cache = HotCache::new(&cfg, &CommandTable::new(), Default::default());
     let mut rng = Rng(seed);
     for _ in 0..2 {
         for _ in 0..READS_PER_WINDOW {

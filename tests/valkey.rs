@@ -563,4 +563,19 @@ fn colocation_rewrites_the_keys_of_valkeys_own_commands() {
     assert_eq!(cmd(master, &["HGET", "{vq}vq:hash", "f"]), V::s("v"));
     assert_eq!(c.cmd(&["KEYS", "vq:*"]), V::strs(&[h]));
     assert_eq!(c.cmd(&["DEL", h]), V::Int(1));
+    // SORT's BY and GET patterns: Valkey 8+ allows them in cluster mode when the pattern's
+    // tag is the sorted key's slot; the rule's keys, weights and objects alike, have it
+    let l = "vq:sort";
+    assert_eq!(c.cmd(&["RPUSH", l, "1", "2", "3"]), V::Int(3));
+    assert_eq!(c.cmd(&["MSET", "vq:w_1", "30", "vq:w_2", "10", "vq:w_3", "20", "vq:o_2", "two"]), V::ok());
+    assert_eq!(c.cmd(&["HSET", "vq:h_3", "name", "three"]), V::Int(1));
+    let sorted = c.cmd(&["SORT", l, "BY", "vq:w_*", "GET", "#", "GET", "vq:o_*", "GET", "vq:h_*->name"]);
+    let want = ["2", "two", "", "3", "", "three", "1", "", ""];
+    let want: Vec<V> = want.iter().map(|&w| if w.is_empty() { V::Nil } else { V::s(w) }).collect();
+    assert_eq!(sorted, V::Arr(want));
+    assert_eq!(c.cmd(&["SORT_RO", l, "BY", "vq:w_*", "DESC", "LIMIT", "0", "1"]), V::strs(&["1"]));
+    // the same pattern without the rule's tag, as the cluster sees it: refused
+    let e = cmd(master, &["SORT", "{vq}vq:sort", "BY", "vq:w_*"]);
+    assert!(e.err().is_some_and(|e| e.contains("BY option of SORT denied in Cluster mode")), "{e:?}");
+    assert_eq!(c.cmd(&["DEL", l, "vq:w_1", "vq:w_2", "vq:w_3", "vq:o_2", "vq:h_3"]), V::Int(6));
 }

@@ -264,16 +264,21 @@ pub enum NamesInReply {
     First,
     /// XREAD's streams by name (an array of pairs in RESP2, a map in RESP3).
     Streams,
+    /// (P)SUBSCRIBE and (P)UNSUBSCRIBE: their arguments and confirmations name channels,
+    /// and a keyspace channel names a key (`__keyspace@0__:key`).
+    Channels,
 }
 
 /// Whether a request whose first argument is `name` may be of a command whose reply
 /// names keys ([`NamesInReply`]), without a lookup (any case).
 #[inline]
 pub fn may_name_keys(name: &[u8]) -> bool {
-    if !(4..=10).contains(&name.len()) || !matches!(name[0] | 0x20, b'k' | b's' | b'r' | b'b' | b'l' | b'z' | b'x') {
+    if !(4..=12).contains(&name.len())
+        || !matches!(name[0] | 0x20, b'k' | b's' | b'r' | b'b' | b'l' | b'z' | b'x' | b'p' | b'u')
+    {
         return false;
     }
-    let mut up = [0u8; 10];
+    let mut up = [0u8; 12];
     up[..name.len()].copy_from_slice(name);
     up.make_ascii_uppercase();
     std::str::from_utf8(&up[..name.len()]).is_ok_and(|n| NamesInReply::of(n) != NamesInReply::None)
@@ -289,6 +294,7 @@ impl NamesInReply {
                 NamesInReply::First
             }
             "XREAD" | "XREADGROUP" => NamesInReply::Streams,
+            "SUBSCRIBE" | "PSUBSCRIBE" | "UNSUBSCRIBE" | "PUNSUBSCRIBE" => NamesInReply::Channels,
             _ => NamesInReply::None,
         }
     }

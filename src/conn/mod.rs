@@ -248,7 +248,7 @@ mod tests {
     /// node yet: nothing is connected) and the tracking clients' registry.
     fn services() -> (Hub, ClientSide) {
         let cluster = Cluster::new(Backing::Cluster { seeds: vec![] }, options(), 1, 1);
-        (Hub::new(cluster, 10), ClientSide::new(10))
+        (Hub::new(cluster, 10), ClientSide::new(10, Default::default()))
     }
 
     #[test]

@@ -336,6 +336,59 @@ impl Rules {
         })
     }
 
+    /// The tag of every key that starts with `lit`, if one rule with a fixed tag takes
+    /// them all (a pattern of it is a prefix of `lit` then `*`, and no rule before it may
+    /// take any of them). Such keys' names can be made from a pattern (SORT's `BY`, a
+    /// keyspace channel pattern): the tag goes first.
+    pub fn fixed_tag_for_prefix(&self, lit: &[u8]) -> Option<&[u8]> {
+        if lit.contains(&b'{') {
+            return None;
+        }
+        for r in &self.list {
+            let covers = r.pats.iter().any(|p| {
+                p.segs.len() == 2 && p.segs[1].is_empty() && !p.segs[0].contains(&b'?') && lit.starts_with(&p.segs[0])
+            });
+            if covers {
+                return match r.tag.as_slice() {
+                    [TagPart::Text(t)] => Some(t),
+                    _ => None,
+                };
+            }
+            if r.pats.iter().any(|p| lit.starts_with(&p.prefix) || p.prefix.starts_with(lit)) {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// A glob of key names (a keyspace channel pattern's key part) as a glob of their
+    /// stored names, if one rule with a fixed tag takes every key it can match.
+    pub fn stored_pattern(&self, glob: &[u8]) -> Option<Vec<u8>> {
+        let plain = glob.iter().position(|c| matches!(c, b'*' | b'?' | b'[' | b'\\')).unwrap_or(glob.len());
+        let tag = self.fixed_tag_for_prefix(&glob[..plain])?;
+        let mut v = Vec::with_capacity(glob.len() + tag.len() + 4);
+        v.push(b'{');
+        for &c in tag {
+            if matches!(c, b'*' | b'?' | b'[' | b']' | b'\\') {
+                v.push(b'\\');
+            }
+            v.push(c);
+        }
+        v.push(b'}');
+        v.extend_from_slice(glob);
+        Some(v)
+    }
+
+    /// The client's glob for a stored one ([`Rules::stored_pattern`]), if a rule made it.
+    pub fn client_pattern<'a>(&self, stored: &'a [u8]) -> Option<&'a [u8]> {
+        if stored.first() != Some(&b'{') {
+            return None;
+        }
+        let close = memchr::memchr(b'}', stored)?;
+        let glob = &stored[close + 1..];
+        (self.stored_pattern(glob).as_deref() == Some(stored)).then_some(glob)
+    }
+
     /// The client's name for a stored name, if it is one a rule made.
     pub fn client_name<'a>(&self, stored: &'a [u8]) -> Option<&'a [u8]> {
         if stored.first() != Some(&b'{') {
@@ -430,81 +483,136 @@ impl Colocate {
     /// nothing changes (or the reply is not of the expected shape).
     pub fn restore_reply(&self, fix: &ReplyFix, reply: &[u8]) -> Option<Bytes> {
         let rules = self.rules.load();
-        let mut w = Walk { buf: reply, pos: 0, out: BytesMut::new(), copied: 0, changed: false, rules: &rules };
-        match fix.kind {
-            NamesInReply::None => return None,
-            NamesInReply::One => w.name()?,
-            NamesInReply::List => return names(&rules, reply, false, fix.filter.as_deref()),
-            NamesInReply::Scan => return names(&rules, reply, true, fix.filter.as_deref()),
-            NamesInReply::First => {
-                if w.aggregate()? > 0 {
-                    w.name()?;
-                }
-            }
-            NamesInReply::Streams => {
-                // RESP2: [[name, entries], ...]; RESP3: {name: entries, ...}
-                let map = reply.first() == Some(&b'%');
-                let n = w.aggregate()?;
-                for _ in 0..n {
-                    if !map {
-                        w.aggregate()?;
-                    }
-                    w.name()?;
-                    w.skip()?;
-                }
-            }
-        }
-        w.finish()
+        restore_reply(&rules, fix, reply)
+    }
+
+    /// An error reply quoting a stored name (`NOGROUP No such key '...'`) with the
+    /// client's name. `None` if it quotes none.
+    pub fn restore_error(&self, err: &[u8]) -> Option<Bytes> {
+        restore_error(&self.rules.load(), err)
     }
 
     /// A push or pub/sub message with the client's names: an `invalidate` push's keys; a
     /// keyspace notification's key (in the channel of `__keyspace@N__:key`, in the
-    /// message of `__keyevent@N__:event`). `None` if nothing changes.
+    /// message of `__keyevent@N__:event`); a keyspace channel or pattern in a
+    /// subscription's confirmation or message. `None` if nothing changes.
     pub fn restore_push(&self, push: &[u8]) -> Option<Bytes> {
-        let rules = self.rules.load();
-        let mut w = Walk { buf: push, pos: 0, out: BytesMut::new(), copied: 0, changed: false, rules: &rules };
-        let n = w.aggregate()?;
-        let kind = w.peek_bulk()?;
-        if kind.eq_ignore_ascii_case(b"invalidate") && n == 2 {
-            w.skip()?;
-            // nil: everything was flushed
-            if let Some(k) = w.aggregate_or_nil()? {
-                for _ in 0..k {
-                    w.name()?;
-                }
-            }
-            return w.finish();
-        }
-        let pattern = kind.eq_ignore_ascii_case(b"pmessage");
-        if !(kind.eq_ignore_ascii_case(b"message") || pattern) {
-            return None;
-        }
-        w.skip()?;
-        if pattern {
-            w.skip()?;
-        }
-        let channel = w.peek_bulk()?;
-        if channel.starts_with(b"__keyspace@") {
-            w.suffix_name(b"__:")?;
-            return w.finish();
-        }
-        if channel.starts_with(b"__keyevent@") {
-            w.skip()?;
-            w.name()?;
-            return w.finish();
-        }
-        // the invalidations of a RESP2 client tracking with REDIRECT
-        if channel == b"__redis__:invalidate" {
-            w.skip()?;
-            if let Some(k) = w.aggregate_or_nil()? {
-                for _ in 0..k {
-                    w.name()?;
-                }
-            }
-            return w.finish();
-        }
-        None
+        restore_push(&self.rules.load(), push)
     }
+}
+
+/// [`Colocate::restore_reply`] with `rules`.
+fn restore_reply(rules: &Rules, fix: &ReplyFix, reply: &[u8]) -> Option<Bytes> {
+    let mut w = Walk { buf: reply, pos: 0, out: BytesMut::new(), copied: 0, changed: false, rules };
+    if !fix.tx.is_empty() {
+        // EXEC: [reply, ...] (nil when a watched key changed)
+        let n = w.aggregate()?;
+        for i in 0..n {
+            let start = w.pos;
+            w.skip()?;
+            let elem = &reply[start..w.pos];
+            let new = match fix.tx.iter().find(|(j, _)| *j as usize == i) {
+                Some((_, f)) => restore_reply(rules, f, elem),
+                None => restore_error(rules, elem),
+            };
+            if let Some(nb) = new {
+                w.replace_raw(start, &nb);
+            }
+        }
+        return w.finish();
+    }
+    if let Some(nb) = restore_error(rules, reply) {
+        return Some(nb);
+    }
+    match fix.kind {
+        NamesInReply::None => return None,
+        NamesInReply::Channels => {
+            // one confirmation per channel, one after the other
+            while w.pos < reply.len() {
+                let start = w.pos;
+                w.skip()?;
+                if let Some(nb) = restore_push(rules, &reply[start..w.pos]) {
+                    w.replace_raw(start, &nb);
+                }
+            }
+        }
+        NamesInReply::One => w.name()?,
+        NamesInReply::List => return names(rules, reply, false, fix.filter.as_deref()),
+        NamesInReply::Scan => return names(rules, reply, true, fix.filter.as_deref()),
+        NamesInReply::First => {
+            if w.aggregate()? > 0 {
+                w.name()?;
+            }
+        }
+        NamesInReply::Streams => {
+            // RESP2: [[name, entries], ...]; RESP3: {name: entries, ...}
+            let map = reply.first() == Some(&b'%');
+            let n = w.aggregate()?;
+            for _ in 0..n {
+                if !map {
+                    w.aggregate()?;
+                }
+                w.name()?;
+                w.skip()?;
+            }
+        }
+    }
+    w.finish()
+}
+
+/// [`Colocate::restore_push`] with `rules`.
+fn restore_push(rules: &Rules, push: &[u8]) -> Option<Bytes> {
+    let mut w = Walk { buf: push, pos: 0, out: BytesMut::new(), copied: 0, changed: false, rules };
+    let n = w.aggregate()?;
+    let kind = w.peek_bulk()?;
+    if kind.eq_ignore_ascii_case(b"invalidate") && n == 2 {
+        w.skip()?;
+        // nil: everything was flushed
+        if let Some(k) = w.aggregate_or_nil()? {
+            for _ in 0..k {
+                w.name()?;
+            }
+        }
+        return w.finish();
+    }
+    let confirmation = |k: &[u8]| {
+        [&b"subscribe"[..], b"unsubscribe", b"psubscribe", b"punsubscribe"].iter().any(|c| k.eq_ignore_ascii_case(c))
+    };
+    if n == 3 && confirmation(kind) {
+        w.skip()?;
+        let pattern = kind[0] | 0x20 == b'p';
+        w.keyspace(pattern)?;
+        return w.finish();
+    }
+    let pattern = kind.eq_ignore_ascii_case(b"pmessage");
+    if !(kind.eq_ignore_ascii_case(b"message") || pattern) {
+        return None;
+    }
+    w.skip()?;
+    if pattern {
+        w.keyspace(true)?;
+    }
+    let channel = w.peek_bulk()?;
+    if channel.starts_with(b"__keyspace@") {
+        w.suffix_name(b"__:")?;
+        return w.finish();
+    }
+    if channel.starts_with(b"__keyevent@") {
+        w.skip()?;
+        w.name()?;
+        return w.finish();
+    }
+    // the invalidations of a RESP2 client tracking with REDIRECT
+    if channel == b"__redis__:invalidate" {
+        w.skip()?;
+        if let Some(k) = w.aggregate_or_nil()? {
+            for _ in 0..k {
+                w.name()?;
+            }
+        }
+        return w.finish();
+    }
+    None
 }
 
 /// `req` with its keys under their stored names, if a rule colocates one of them. Lock
@@ -540,7 +648,16 @@ pub fn rewrite(rules: &Rules, cmd: &Command, req: &Request) -> Option<Request> {
 pub fn on_the_way_in(rules: &Rules, cmd: &Command, req: Request) -> (Request, Option<Box<ReplyFix>>) {
     let req = rewrite(rules, cmd, &req).unwrap_or(req);
     if cmd.names == NamesInReply::None {
+        let req = match matches!(cmd.name.as_str(), "SORT" | "SORT_RO") {
+            true => sort_patterns(rules, &req).unwrap_or(req),
+            false => req,
+        };
         return (req, None);
+    }
+    if cmd.names == NamesInReply::Channels {
+        let pattern = cmd.name.starts_with('P');
+        let req = channels(rules, &req, pattern).unwrap_or(req);
+        return (req, Some(Box::new(ReplyFix::new(cmd.names, None))));
     }
     let at = match cmd.names {
         NamesInReply::List if req.argc() == 2 => Some(1),
@@ -550,7 +667,7 @@ pub fn on_the_way_in(rules: &Rules, cmd: &Command, req: Request) -> (Request, Op
             .map(|i| i + 1),
         _ => None,
     };
-    let Some(at) = at else { return (req, Some(Box::new(ReplyFix { kind: cmd.names, filter: None }))) };
+    let Some(at) = at else { return (req, Some(Box::new(ReplyFix::new(cmd.names, None)))) };
     let filter = req.arg(at).to_vec();
     let req = match rules.pattern_may_match(&filter) && req.arg(at) != b"*" {
         true => {
@@ -559,7 +676,110 @@ pub fn on_the_way_in(rules: &Rules, cmd: &Command, req: Request) -> (Request, Op
         }
         false => req,
     };
-    (req, Some(Box::new(ReplyFix { kind: cmd.names, filter: Some(filter) })))
+    (req, Some(Box::new(ReplyFix::new(cmd.names, Some(filter)))))
+}
+
+/// SORT's `BY` and `GET` patterns under their stored names: a pattern whose every key
+/// (`*` replaced by an element) a rule with a fixed tag colocates gets the tag first, so
+/// the keys it makes are the stored ones (and Redis Cluster, seeing the tag, allows
+/// `BY`/`GET` when it is the sorted key's slot). `None` if none changes.
+fn sort_patterns(rules: &Rules, req: &Request) -> Option<Request> {
+    let mut new: SmallVec<[(usize, Vec<u8>); 2]> = SmallVec::new();
+    let mut i = 2;
+    while i + 1 < req.argc() {
+        let a = req.arg(i);
+        if a.eq_ignore_ascii_case(b"LIMIT") {
+            i += 3;
+            continue;
+        }
+        if a.eq_ignore_ascii_case(b"BY") || a.eq_ignore_ascii_case(b"GET") {
+            let p = req.arg(i + 1);
+            // (no `*`: BY sorts nothing, GET of a fixed name gives nil; `#`: the element)
+            if let Some(star) = memchr::memchr(b'*', p)
+                && !has_hash_tag(p)
+                && let Some(tag) = rules.fixed_tag_for_prefix(&p[..star])
+            {
+                new.push((i + 1, [&b"{"[..], tag, b"}", p].concat()));
+            }
+            i += 2;
+            continue;
+        }
+        i += 1;
+    }
+    if new.is_empty() {
+        return None;
+    }
+    let args: Vec<&[u8]> = (0..req.argc())
+        .map(|i| match new.iter().find(|(k, _)| *k == i) {
+            Some((_, n)) => &n[..],
+            None => req.arg(i),
+        })
+        .collect();
+    Some(Request::from_args(&args))
+}
+
+/// Where a keyspace channel's key (or key pattern) starts: after `__keyspace@N__:`.
+fn keyspace_key(channel: &[u8]) -> Option<usize> {
+    if !channel.starts_with(b"__keyspace@") {
+        return None;
+    }
+    memchr::memmem::find(channel, b"__:").map(|at| at + 3)
+}
+
+/// (P)SUBSCRIBE / (P)UNSUBSCRIBE's keyspace channels under their stored names: a channel
+/// naming a key a rule colocates, or (`pattern`) a pattern all of whose keys a rule with a
+/// fixed tag colocates. `None` if none changes.
+fn channels(rules: &Rules, req: &Request, pattern: bool) -> Option<Request> {
+    let mut new: SmallVec<[(usize, Vec<u8>); 2]> = SmallVec::new();
+    for i in 1..req.argc() {
+        let c = req.arg(i);
+        let Some(at) = keyspace_key(c) else { continue };
+        let (head, key) = c.split_at(at);
+        let stored = match pattern {
+            false => rules.stored_name(key),
+            true => rules.stored_pattern(key),
+        };
+        if let Some(k) = stored {
+            new.push((i, [head, &k].concat()));
+        }
+    }
+    if new.is_empty() {
+        return None;
+    }
+    let args: Vec<&[u8]> = (0..req.argc())
+        .map(|i| match new.iter().find(|(k, _)| *k == i) {
+            Some((_, n)) => &n[..],
+            None => req.arg(i),
+        })
+        .collect();
+    Some(Request::from_args(&args))
+}
+
+/// An error quoting stored names (`'{tag}key'`, as in `NOGROUP No such key 'k' ...`)
+/// with the client's names. `None` if it quotes none.
+fn restore_error(rules: &Rules, err: &[u8]) -> Option<Bytes> {
+    if err.first() != Some(&b'-') || memchr::memmem::find(err, b"'{").is_none() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(err.len());
+    let mut rest = err;
+    let mut changed = false;
+    while let Some(open) = memchr::memmem::find(rest, b"'{") {
+        out.extend_from_slice(&rest[..open + 1]);
+        rest = &rest[open + 1..];
+        let Some(close) = memchr::memchr(b'\'', rest) else { break };
+        let quoted = &rest[..close];
+        match rules.client_name(quoted) {
+            Some(k) => {
+                out.extend_from_slice(k);
+                changed = true;
+            }
+            None => out.extend_from_slice(quoted),
+        }
+        rest = &rest[close..];
+    }
+    out.extend_from_slice(rest);
+    changed.then(|| Bytes::from(out))
 }
 
 /// How a request's reply shows the client's key names ([`Colocate::restore_reply`]).
@@ -568,6 +788,20 @@ pub struct ReplyFix {
     pub kind: NamesInReply,
     /// KEYS's or SCAN's pattern as the client sent it.
     pub filter: Option<Vec<u8>>,
+    /// EXEC: the fixes of the transaction's commands, by their place in its reply.
+    pub tx: Vec<(u32, ReplyFix)>,
+}
+
+impl ReplyFix {
+    pub fn new(kind: NamesInReply, filter: Option<Vec<u8>>) -> ReplyFix {
+        ReplyFix { kind, filter, tx: Vec::new() }
+    }
+
+    /// EXEC's reply, whose elements `tx` (by place) are fixed as their commands' replies
+    /// would be (an error quoting a stored name is fixed wherever it is).
+    pub fn exec(tx: Vec<(u32, ReplyFix)>) -> ReplyFix {
+        ReplyFix { kind: NamesInReply::None, filter: None, tx }
+    }
 }
 
 /// KEYS's array of names, or SCAN's `[cursor, [names]]`, with the client's names, only
@@ -715,6 +949,33 @@ impl<'a> Walk<'a> {
         Some(())
     }
 
+    /// A channel (or, `pattern`, a channel pattern): a keyspace one naming a stored key
+    /// (or glob) takes the client's.
+    fn keyspace(&mut self, pattern: bool) -> Option<()> {
+        let start = self.pos;
+        let Some(data) = self.peek_bulk() else { return self.skip() };
+        self.skip()?;
+        let Some(at) = keyspace_key(data) else { return Some(()) };
+        let (head, key) = data.split_at(at);
+        let client = match pattern {
+            false => self.rules.client_name(key),
+            true => self.rules.client_pattern(key),
+        };
+        if let Some(k) = client {
+            let n = [head, k].concat();
+            self.replace(start, &n);
+        }
+        Some(())
+    }
+
+    /// The element at `start..pos` becomes `with`, as it is (a whole element).
+    fn replace_raw(&mut self, start: usize, with: &[u8]) {
+        self.out.extend_from_slice(&self.buf[self.copied..start]);
+        self.out.extend_from_slice(with);
+        self.copied = self.pos;
+        self.changed = true;
+    }
+
     /// The element at `start..pos` becomes the bulk string `with`.
     fn replace(&mut self, start: usize, with: &[u8]) {
         self.out.extend_from_slice(&self.buf[self.copied..start]);
@@ -786,10 +1047,10 @@ mod tests {
         assert!(!r.may_touch(&req(&["GET", "key:000001"])));
         assert!(!r.may_touch(&req(&["GET", "r"])));
         assert!(!r.may_touch(&req(&["PING"])));
-        for n in ["KEYS", "scan", "RandomKey", "blpop", "BZMPOP", "xreadgroup", "LMPOP"] {
+        for n in ["KEYS", "scan", "RandomKey", "blpop", "BZMPOP", "xreadgroup", "LMPOP", "punsubscribe", "SUBSCRIBE"] {
             assert!(crate::command::may_name_keys(n.as_bytes()), "{n}");
         }
-        for n in ["GET", "SET", "KEY", "SCANX", "XADD", "BLMOVE", "ZADD"] {
+        for n in ["GET", "SET", "KEY", "SCANX", "XADD", "BLMOVE", "ZADD", "PUBLISH", "UNLINK", "SSUBSCRIBE"] {
             assert!(!crate::command::may_name_keys(n.as_bytes()), "{n}");
         }
     }
@@ -817,7 +1078,7 @@ mod tests {
     }
 
     fn fix(kind: NamesInReply) -> ReplyFix {
-        ReplyFix { kind, filter: None }
+        ReplyFix::new(kind, None)
     }
 
     #[test]
@@ -829,9 +1090,9 @@ mod tests {
         assert!(r.pattern_may_match(b"*"));
         assert!(!r.pattern_may_match(b"session:*"));
         let list = b"*3\r\n$12\r\n{rq}rq:job:1\r\n$8\r\nrq:other\r\n$11\r\n{rq}session\r\n";
-        let f = ReplyFix { kind: NamesInReply::List, filter: Some(b"rq:*".to_vec()) };
+        let f = ReplyFix::new(NamesInReply::List, Some(b"rq:*".to_vec()));
         assert_eq!(&c.restore_reply(&f, list).unwrap()[..], b"*2\r\n$8\r\nrq:job:1\r\n$8\r\nrq:other\r\n");
-        let f = ReplyFix { kind: NamesInReply::Scan, filter: Some(b"*:job:*".to_vec()) };
+        let f = ReplyFix::new(NamesInReply::Scan, Some(b"*:job:*".to_vec()));
         let scan = b"*2\r\n$1\r\n0\r\n*2\r\n$12\r\n{rq}rq:job:1\r\n$8\r\nrq:other\r\n";
         assert_eq!(&c.restore_reply(&f, scan).unwrap()[..], b"*2\r\n$1\r\n0\r\n*1\r\n$8\r\nrq:job:1\r\n");
         // the request: a pattern a rule's keys may match is sent as *
@@ -890,5 +1151,67 @@ mod tests {
             b"*4\r\n$8\r\npmessage\r\n$1\r\n*\r\n$18\r\n__keyevent@0__:set\r\n$8\r\nrq:job:1\r\n"
         );
         assert_eq!(c.restore_push(b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$12\r\n{rq}rq:job:1\r\n"), None);
+    }
+
+    #[test]
+    fn patterns_get_a_fixed_tag_when_one_rule_takes_all_their_keys() {
+        let r = rules();
+        assert_eq!(r.fixed_tag_for_prefix(b"rq:w_"), Some(&b"rq"[..]));
+        assert_eq!(r.fixed_tag_for_prefix(b"rq:"), Some(&b"rq"[..]));
+        // not all of its keys, or not one tag
+        assert_eq!(r.fixed_tag_for_prefix(b"rq"), None);
+        assert_eq!(r.fixed_tag_for_prefix(b"lock:"), None);
+        assert_eq!(r.fixed_tag_for_prefix(b"bull:q:"), None);
+        assert_eq!(r.fixed_tag_for_prefix(b"rq:{x}"), None);
+        assert_eq!(r.stored_pattern(b"rq:job:*").as_deref(), Some(&b"{rq}rq:job:*"[..]));
+        assert_eq!(r.stored_pattern(b"rq*"), None);
+        assert_eq!(r.client_pattern(b"{rq}rq:job:*"), Some(&b"rq:job:*"[..]));
+        assert_eq!(r.client_pattern(b"{x}rq:job:*"), None);
+        // an earlier rule that may take some of the keys: no single tag
+        let two = compile(&[rule("a", &["rq:a*"], "a"), rule("rq", &["rq:*"], "rq")]).unwrap();
+        assert_eq!(two.fixed_tag_for_prefix(b"rq:"), None);
+        assert_eq!(two.fixed_tag_for_prefix(b"rq:b"), Some(&b"rq"[..]));
+        // SORT's BY and GET
+        let sort =
+            Request::from_args(&["SORT", "rq:l", "BY", "rq:w_*", "LIMIT", "0", "5", "GET", "#", "GET", "rq:o_*->f"]);
+        let got = sort_patterns(&r, &sort).unwrap();
+        assert_eq!(got.arg(3), b"{rq}rq:w_*");
+        assert_eq!(got.arg(8), b"#");
+        assert_eq!(got.arg(10), b"{rq}rq:o_*->f");
+        assert!(sort_patterns(&r, &Request::from_args(&["SORT", "rq:l", "BY", "nosort"])).is_none());
+        // keyspace channels
+        let sub = Request::from_args(&["SUBSCRIBE", "__keyspace@0__:rq:x", "news"]);
+        assert_eq!(channels(&r, &sub, false).unwrap().arg(1), b"__keyspace@0__:{rq}rq:x");
+        let psub = Request::from_args(&["PSUBSCRIBE", "__keyspace@*__:rq:*", "__keyspace@0__:*"]);
+        let got = channels(&r, &psub, true).unwrap();
+        assert_eq!((got.arg(1), got.arg(2)), (&b"__keyspace@*__:{rq}rq:*"[..], &b"__keyspace@0__:*"[..]));
+    }
+
+    #[test]
+    fn confirmations_exec_and_errors_show_the_clients_names() {
+        let c = Colocate::new(rules());
+        let conf = b"*3\r\n$9\r\nsubscribe\r\n$23\r\n__keyspace@0__:{rq}rq:x\r\n:1\r\n*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:2\r\n";
+        assert_eq!(
+            &c.restore_reply(&fix(NamesInReply::Channels), conf).unwrap()[..],
+            &b"*3\r\n$9\r\nsubscribe\r\n$19\r\n__keyspace@0__:rq:x\r\n:1\r\n*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:2\r\n"[..]
+        );
+        let pmsg = b">4\r\n$8\r\npmessage\r\n$23\r\n__keyspace@0__:{rq}rq:*\r\n$23\r\n__keyspace@0__:{rq}rq:x\r\n$3\r\nset\r\n";
+        assert_eq!(
+            &c.restore_push(pmsg).unwrap()[..],
+            &b">4\r\n$8\r\npmessage\r\n$19\r\n__keyspace@0__:rq:*\r\n$19\r\n__keyspace@0__:rq:x\r\n$3\r\nset\r\n"[..]
+        );
+        // EXEC: [KEYS's reply, an error quoting a key, RANDOMKEY's]
+        let exec = ReplyFix::exec(vec![(0, fix(NamesInReply::List)), (2, fix(NamesInReply::One))]);
+        let reply = b"*3\r\n*1\r\n$8\r\n{rq}rq:a\r\n-NOGROUP No such key '{rq}rq:s' or consumer group 'g'\r\n$8\r\n{rq}rq:b\r\n";
+        assert_eq!(
+            &c.restore_reply(&exec, reply).unwrap()[..],
+            &b"*3\r\n*1\r\n$4\r\nrq:a\r\n-NOGROUP No such key 'rq:s' or consumer group 'g'\r\n$4\r\nrq:b\r\n"[..]
+        );
+        assert_eq!(c.restore_reply(&exec, b"*-1\r\n"), None);
+        assert_eq!(c.restore_error(b"-NOGROUP No such key '{x}y' or consumer group 'g'\r\n"), None);
+        assert_eq!(
+            &c.restore_error(b"-NOGROUP No such consumer group 'g' for key name '{rq}rq:s'\r\n").unwrap()[..],
+            &b"-NOGROUP No such consumer group 'g' for key name 'rq:s'\r\n"[..]
+        );
     }
 }

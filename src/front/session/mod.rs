@@ -108,6 +108,9 @@ struct Session {
     /// The requests whose replies name keys a colocation rule may have renamed, by
     /// place, in order: shown with the client's names when written (`output.rs`).
     fixes: Vec<(u64, Box<crate::services::colocate::ReplyFix>)>,
+    /// The fixes of the commands queued in the open transaction, by their place in it:
+    /// EXEC's reply takes them.
+    tx_fixes: Vec<(u32, crate::services::colocate::ReplyFix)>,
     /// A TRYAGAIN or NOSCRIPT held until the requests sent behind it have their replies.
     unrun: Option<Unrun>,
     /// Pushes (invalidations, messages) that follow the reply of a tracking client's write
@@ -403,6 +406,7 @@ impl Session {
             unrun: None,
             colocate: None,
             fixes: Vec::new(),
+            tx_fixes: Vec::new(),
             calm: true,
             after_write: Vec::new(),
             last_tracked_write: None,
@@ -721,6 +725,33 @@ impl Session {
         }
     }
 
+    /// Colocation inside a transaction: a queued command's reply fix moves to the
+    /// transaction (by its place there), and EXEC's reply takes them all. `before`: the
+    /// transaction's commands before request `seq` was dispatched, if one was open.
+    #[cold]
+    fn tx_names(&mut self, seq: u64, before: Option<usize>) {
+        let after = match &self.client.modes.multi {
+            crate::conn::Mode::Multi(q) => Some(q.client_count()),
+            crate::conn::Mode::Normal => None,
+        };
+        match (before, after) {
+            (Some(b), Some(a)) if a > b => {
+                if let Some(at) = self.fixes.iter().position(|(s, _)| *s == seq) {
+                    let (_, fix) = self.fixes.remove(at);
+                    self.tx_fixes.push((b as u32, *fix));
+                }
+            }
+            // EXEC (or DISCARD, RESET, EXECABORT: their replies hold no names)
+            (Some(_), None) if !self.tx_fixes.is_empty() => {
+                let fix = crate::services::colocate::ReplyFix::exec(std::mem::take(&mut self.tx_fixes));
+                let at = self.fixes.partition_point(|(s, _)| *s < seq);
+                self.fixes.insert(at, (seq, Box::new(fix)));
+            }
+            (None, _) => self.tx_fixes.clear(),
+            _ => {}
+        }
+    }
+
     /// Dispatches the request of entry `i`; false if it must wait ([`Outcome::Later`]).
     #[inline(always)]
     fn dispatch_at(&mut self, i: usize) -> bool {
@@ -729,6 +760,14 @@ impl Session {
         let Some(req) = meta.req.as_ref() else { return true };
         let read_at = meta.started;
         let skip = self.client.reply == ReplyMode::Skip;
+        // (colocation: a transaction's place before the request, if it may matter)
+        let queued = match self.fixes.is_empty() && self.tx_fixes.is_empty() {
+            true => None,
+            false => Some(match &self.client.modes.multi {
+                crate::conn::Mode::Multi(q) => Some(q.client_count()),
+                crate::conn::Mode::Normal => None,
+            }),
+        };
         let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, read_at);
         let outcome = crate::front::dispatch::dispatch(&self.proxy, &mut ctx);
         if let Outcome::Later = outcome {
@@ -784,6 +823,9 @@ impl Session {
         }
         let cmd = meta.cmd;
         self.publish(cmd);
+        if let Some(before) = queued {
+            self.tx_names(seq, before);
+        }
         true
     }
 

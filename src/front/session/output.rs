@@ -104,6 +104,11 @@ impl Session {
                 true => b,
                 false => fix_names(&self.proxy, &mut self.fixes, &mut self.held.replies, q.head + q.sent as u64, b),
             };
+            // an error quoting a key (NOGROUP ... 'key'), while colocation rules are in force
+            let b = match self.colocate.is_some() && b.first() == Some(&b'-') {
+                true => fix_error(&self.proxy, &mut self.held.replies, b),
+                false => b,
+            };
             e.reply = Reply::Sent { summary: ReplySummary::of(&b), at };
             if e.silent {
                 self.held.replies -= b.len();
@@ -198,6 +203,19 @@ impl Session {
         // dropped where they are, not moved out first
         self.queue.entries.drain(..n);
         self.queue.head += n as u64;
+    }
+}
+
+/// An error reply with the client's names for the stored ones it quotes
+/// (crate::services::colocate); `replies` (the bytes held) follows its length.
+#[cold]
+fn fix_error(proxy: &Proxy, replies: &mut usize, b: Bytes) -> Bytes {
+    match proxy.colocate.restore_error(&b) {
+        Some(nb) => {
+            *replies = *replies - b.len() + nb.len();
+            nb
+        }
+        None => b,
     }
 }
 

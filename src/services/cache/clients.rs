@@ -20,6 +20,7 @@
 //! drop everything (`invalidate` with a null key list, as after FLUSHALL).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
@@ -29,6 +30,7 @@ use tokio::sync::watch;
 
 use crate::mailbox::{Delivery, ReplyTx};
 use crate::protocol::request::{write_array_header, write_bulk};
+use crate::services::colocate::Colocate;
 
 /// How a client tracks (CLIENT TRACKING on ...).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -121,11 +123,24 @@ pub struct ClientSide {
     max_keys: usize,
     /// Masters whose invalidation connection reports every key now (BCAST on).
     reporting: AtomicUsize,
+    /// Colocation rules: a BCAST prefix is matched against a key's client name.
+    names: Arc<Colocate>,
+}
+
+/// Whether `key` (a stored name) starts with one of BCAST's `prefixes` (none: every key),
+/// under its own name or its client's (crate::services::colocate).
+fn prefixed(prefixes: &[Bytes], key: &[u8], names: &Colocate) -> bool {
+    if prefixes.is_empty() || prefixes.iter().any(|p| key.starts_with(p)) {
+        return true;
+    }
+    let client = names.client_name(key);
+    client.len() != key.len() && prefixes.iter().any(|p| client.starts_with(p))
 }
 
 impl ClientSide {
-    pub fn new(max_keys: usize) -> ClientSide {
+    pub fn new(max_keys: usize, names: Arc<Colocate>) -> ClientSide {
         ClientSide {
+            names,
             table: Mutex::new(Table::default()),
             active: AtomicUsize::new(0),
             wanted: watch::Sender::new(false),
@@ -243,7 +258,7 @@ impl ClientSide {
         let mut mine: Vec<&[u8]> = Vec::new();
         for &key in keys {
             let tracked = t.untrack(key, writer);
-            let prefixed = bcast.as_ref().is_some_and(|p| p.is_empty() || p.iter().any(|p| key.starts_with(p)));
+            let prefixed = bcast.as_ref().is_some_and(|p| prefixed(p, key, &self.names));
             if (tracked || prefixed) && !noloop {
                 mine.push(key);
             }
@@ -283,7 +298,7 @@ impl ClientSide {
             }
             for (id, c) in &t.clients {
                 if let Some(prefixes) = &c.bcast
-                    && (prefixes.is_empty() || prefixes.iter().any(|p| key.starts_with(p)))
+                    && prefixed(prefixes, key, &self.names)
                 {
                     out.entry(*id).or_default().push(key);
                 }
@@ -358,7 +373,7 @@ mod tests {
 
     #[test]
     fn a_key_is_told_once_and_forgotten() {
-        let cs = ClientSide::new(100);
+        let cs = ClientSide::new(100, Arc::default());
         let (tx, mut rx) = crate::mailbox::reply_channel();
         cs.enable(7, tx, true, true, &TrackingOptions::default());
         cs.read(7, [&b"a"[..], b"b"].into_iter());

@@ -303,6 +303,8 @@ pub struct HotCache {
     get_id: usize,
     pins: Vec<Vec<u8>>,
     never: Vec<Vec<u8>>,
+    /// Colocation rules: `pin` and `never` match a key's client name too.
+    names: Arc<crate::services::colocate::Colocate>,
     detector: Mutex<Detector>,
     hot: ArcSwap<HotSet>,
     hot_count: AtomicUsize,
@@ -320,7 +322,7 @@ pub struct HotCache {
 
 impl HotCache {
     /// Builds the cache (the configuration was validated). Fills need [`tracking::start`].
-    pub fn new(cfg: &CacheConfig, table: &CommandTable) -> HotCache {
+    pub fn new(cfg: &CacheConfig, table: &CommandTable, names: Arc<crate::services::colocate::Colocate>) -> HotCache {
         let mut cacheable = vec![false; table.count() + 1];
         for name in &cfg.commands {
             if let Ok(c) = self::cacheable(table, name) {
@@ -341,6 +343,7 @@ impl HotCache {
             get_id: table.get(b"GET").map(|c| c.id).unwrap_or(usize::MAX),
             pins: cfg.pin.iter().map(|p| p.as_bytes().to_vec()).collect(),
             never: cfg.never.iter().map(|p| p.as_bytes().to_vec()).collect(),
+            names,
             detector: Mutex::new(Detector::new(DetectorConfig {
                 sample_every: cfg.sample_every.max(1),
                 threshold: cfg.hot_threshold,
@@ -397,9 +400,17 @@ impl HotCache {
         if let Some(h) = self.hot.load().get(key) {
             return h.cacheable;
         }
-        !self.pins.is_empty()
-            && self.pins.iter().any(|p| crate::glob::matches(p, key, false))
-            && !self.never.iter().any(|p| crate::glob::matches(p, key, false))
+        !self.pins.is_empty() && self.matches(&self.pins, key) && !self.matches(&self.never, key)
+    }
+
+    /// Whether one of `globs` matches `key`, or its client name if colocation rules
+    /// stored it under another (crate::services::colocate).
+    fn matches(&self, globs: &[Vec<u8>], key: &[u8]) -> bool {
+        if globs.iter().any(|p| crate::glob::matches(p, key, false)) {
+            return true;
+        }
+        let client = self.names.client_name(key);
+        client.len() != key.len() && globs.iter().any(|p| crate::glob::matches(p, &client, false))
     }
 
     fn stripe(&self, key: &[u8]) -> &AtomicU64 {
@@ -644,7 +655,7 @@ impl HotCache {
             let set: HotSet = d
                 .hot()
                 .map(|(k, st)| {
-                    let cacheable = !self.never.iter().any(|p| crate::glob::matches(p, k, false));
+                    let cacheable = !self.matches(&self.never, k);
                     (Bytes::copy_from_slice(k), HotInfo { rate: st.rate, cacheable })
                 })
                 .collect();
