@@ -29,6 +29,11 @@ keys = ["_kombu.*", "unacked*", "celery*", "q1*", "q2*"]
 tag = "celery"
 
 [[colocate]]
+name = "bullmq"
+keys = ["bull:*:*"]
+tag = "bull:$1"
+
+[[colocate]]
 name = "fam"
 keys = ["fam:*:*"]
 tag = "fam-$1"
@@ -283,14 +288,14 @@ fn rules_change_at_runtime() {
         list.items().iter().map(|r| r.get("name").unwrap().text()).filter(|n| n != "mig").collect()
     };
     assert_eq!(p.cmd(&["PROXY", "COLOCATE", "SET", "runtime", "rt", "rt:*"]), V::ok());
-    assert_eq!(names(&mut p), ["rq", "redis-lock", "celery", "fam", "runtime"]);
+    assert_eq!(names(&mut p), ["rq", "redis-lock", "celery", "bullmq", "fam", "runtime"]);
     assert_eq!(p.cmd(&["RPUSH", a, "1"]), V::Int(1));
     assert_eq!(p.cmd(&["RPOPLPUSH", a, b]), V::s("1"));
     assert_eq!(common::cmd(env.cluster.master_for_key(b"rt"), &["LRANGE", "{rt}rt:bb", "0", "-1"]), V::strs(&["1"]));
     // a bad rule is refused with its reason, and nothing changes
     let e = p.cmd(&["PROXY", "COLOCATE", "SET", "bad", "$3", "x:*"]);
     assert!(e.err().is_some_and(|e| e.starts_with("ERR invalid rule") && e.contains("$3")), "{e:?}");
-    assert_eq!(names(&mut p), ["rq", "redis-lock", "celery", "fam", "runtime"]);
+    assert_eq!(names(&mut p), ["rq", "redis-lock", "celery", "bullmq", "fam", "runtime"]);
     assert_eq!(p.cmd(&["DEL", a, b]), V::Int(1));
     assert_eq!(p.cmd(&["PROXY", "COLOCATE", "DEL", "runtime"]), V::Int(1));
     assert_eq!(p.cmd(&["PROXY", "COLOCATE", "DEL", "runtime"]), V::Int(0));
@@ -332,6 +337,52 @@ fn python(script: &str, port: u16, args: &[&str]) -> String {
         .expect("run python3 (scripts/ensure-deps.sh installs rq and python-redis-lock)");
     assert!(out.status.success(), "{script} on {port}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string()
+}
+
+/// Runs `tests/node/SCRIPT PORT ARGS...` (90 s at most): its exit status and output.
+fn node(script: &str, port: u16, args: &[&str]) -> (bool, String) {
+    common::fixtures::node_clients_installed();
+    let mut child = std::process::Command::new("node")
+        .arg(format!("{}/{script}", common::fixtures::NODE_DIR))
+        .arg(port.to_string())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run node (scripts/ensure-deps.sh installs it)");
+    let started = Instant::now();
+    while child.try_wait().expect("wait for node").is_none() {
+        if started.elapsed() > Duration::from_secs(90) {
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().expect("node output");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// bullmq with its default prefix: its scripts build a job's key from the prefix they
+/// are passed in ARGV, which no rewrite of a command's keys reaches; the shim heatshield
+/// puts in front of a script whose keys a rule colocates renames those too. A queue, a
+/// worker, queue events, a delayed, a prioritized and a retried job, and a flow.
+#[test]
+fn bullmq_with_its_default_prefix_runs_through_a_colocation_rule() {
+    let env = env();
+    let (ok, ours) = node("bullmq_default.js", env.proxy.port(), &["colo"]);
+    assert!(ok, "{ours}");
+    let (ok, theirs) = node("bullmq_default.js", env.reference.port(), &["colo"]);
+    assert!(ok, "{theirs}");
+    assert_eq!(ours, theirs, "heatshield vs one Redis");
+    assert!(ours.contains("completed events 7") && ours.contains("return values 2 4 6 8"), "{ours}");
+    // nothing was left under a plain name (obliterate removed what it knew of)
+    for port in env.cluster.masters() {
+        assert_eq!(common::cmd(port, &["KEYS", "bull:colo:*"]), V::Arr(vec![]), "on {port}");
+    }
+    // without the rule, bullmq fails on the cluster
+    let p = Proxy::start_cluster(&env.cluster, &[]);
+    let (ok, plain) = node("bullmq_default.js", p.port(), &["colo-plain"]);
+    assert!(!ok && plain.contains("CROSSSLOT"), "{plain}");
 }
 
 /// rq: jobs enqueued on two queues, a burst worker runs them (its BLPOP over both queues
@@ -633,14 +684,97 @@ fn colocate_migrate_moves_existing_keys_resumably() {
 /// A script that builds a key name from ARGV reaches the name without the rule's tag:
 /// Redis's refusal comes with the rule's name, and the ARGV that is a key name.
 #[test]
-fn a_script_building_names_from_argv_is_told_which_rule() {
+fn a_script_building_names_from_argv_is_shimmed_or_told_which_rule() {
     let env = env();
+    // a name the script makes from ARGV is stored as heatshield stores it; the script's
+    // SHA1, in SCRIPT LOAD's reply and in an error, is the client's
+    let body = "redis.call('SET', ARGV[1], ARGV[2]); return redis.call('GET', ARGV[1])";
+    let failing = "return redis.call('NOSUCHCOMMAND', KEYS[1])";
+    let sha = sha1_hex(body);
+    same(
+        &env,
+        Proto::Resp2,
+        &[
+            &["EVAL", body, "1", "rq:declared", "rq:built-from-argv", "v1"],
+            &["GET", "rq:built-from-argv"],
+            &["SCRIPT", "LOAD", body],
+            &["EVALSHA", &sha, "1", "rq:declared", "rq:built-from-argv", "v2"],
+            &["EVALSHA_RO", &sha1_hex("return redis.call('GET', ARGV[1])"), "1", "rq:declared", "rq:x"],
+            &["SCRIPT", "EXISTS", &sha, &sha1_hex(failing)],
+            &["EVAL", failing, "1", "rq:declared"],
+            &["MGET", "rq:declared", "rq:built-from-argv"],
+            &["DEL", "rq:built-from-argv"],
+        ],
+    );
+    assert_eq!(common::cmd(env.cluster.master_for_key(b"rq"), &["EXISTS", "{rq}rq:built-from-argv"]), V::Int(0));
+    // a name no rule covers lives in another slot: Redis refuses it, and heatshield says
+    // which rule the declared keys are under
     let mut p = Conn::connect(env.proxy.port());
-    let body = "return redis.call('GET', ARGV[1])";
-    let e = p.cmd(&["EVAL", body, "1", "rq:declared", "rq:built-from-argv"]);
+    let rq = env.cluster.master_for_key(b"rq");
+    let other = (0..).map(|i| format!("plain:{i}")).find(|k| env.cluster.master_for_key(k.as_bytes()) != rq).unwrap();
+    let e = p.cmd(&["EVAL", "return redis.call('GET', ARGV[1])", "1", "rq:declared", &other]);
     let e = e.err().unwrap_or_default().to_string();
     assert!(e.contains("colocation rule \"rq\""), "{e}");
-    assert!(e.contains("ARGV[1] \"rq:built-from-argv\""), "{e}");
+}
+
+/// The shim's Lua, run by a real Redis, names keys exactly as heatshield does: the same
+/// rule wins, the same tag, and the same names left alone.
+#[test]
+fn the_shims_lua_names_keys_as_heatshield_does() {
+    use heatshield::services::colocate::{RuleConfig, compile};
+    let env = env();
+    let rule = |name: &str, keys: &[&str], tag: &str| RuleConfig {
+        name: name.into(),
+        keys: keys.iter().map(|k| k.to_string()).collect(),
+        tag: tag.into(),
+    };
+    let rules = compile(&[
+        rule("fixed", &["rq:*", "q.%-x*"], "rq"),
+        rule("first", &["lock:*", "lock-signal:*"], "$1"),
+        rule("second", &["bull:*:*"], "b-$2-$1"),
+        rule("any", &["?a*b*"], "ab$1"),
+        rule("tail", &["*.tmp"], "t"),
+    ])
+    .unwrap();
+    let names = [
+        "rq:1",
+        "rq:",
+        "rq",
+        "q.%-xyz",
+        "q.%-",
+        "lock:a",
+        "lock:",
+        "lock-signal:a:b",
+        "lock:a}b",
+        "bull:q:1",
+        "bull:q:1:lock",
+        "bull:q",
+        "xaYbZ",
+        "ab",
+        "aab",
+        "x.tmp",
+        ".tmp",
+        "{t}rq:1",
+        "rq:{x}",
+        "rq:{}y",
+        "é:rq",
+        "rq:é",
+        "lock:[x]",
+        "bull::",
+        "a\\b",
+        "plain",
+    ];
+    let body = rules.shim(b"local out = {} for i, a in ipairs(ARGV) do out[i] = __hs_n(a) or '' end return out");
+    let mut r = Conn::connect(env.reference.port());
+    let mut args: Vec<&[u8]> = vec![b"EVAL", &body, b"0"];
+    args.extend(names.iter().map(|n| n.as_bytes()));
+    let got = r.cmd(&args);
+    let want: Vec<V> = names.iter().map(|n| V::Str(rules.stored_name(n.as_bytes()).unwrap_or_default())).collect();
+    assert_eq!(got, V::Arr(want), "{names:?}");
+}
+
+fn sha1_hex(s: &str) -> String {
+    sha1_smol::Sha1::from(s).digest().to_string()
 }
 
 /// The slow log and the big-key log show the client's names.

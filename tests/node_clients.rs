@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,29 +18,9 @@ use common::ClusterEnv;
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node");
 
-fn node_clients_installed() {
-    let have = |bin: &str| Command::new(bin).arg("--version").output().is_ok_and(|o| o.status.success());
-    assert!(have("node") && have("npm"), "node and npm are required for this test: run scripts/ensure-deps.sh");
-    if Path::new(DIR).join("node_modules/bullmq/package.json").exists() {
-        return;
-    }
-    let out = Command::new("npm")
-        // (not `npm ci`: it refuses a lock file without every platform's optional
-        // packages, which some registries leave out; the versions are pinned anyway)
-        .args(["install", "--no-audit", "--no-fund", "--ignore-scripts", "--prefix", DIR])
-        .output()
-        .expect("run npm install");
-    assert!(
-        out.status.success(),
-        "npm install in tests/node failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn ioredis_node_redis_and_bullmq_work_through_heatshield() {
-    node_clients_installed();
+    common::fixtures::node_clients_installed();
     let env = ClusterEnv::start(None);
     let mut child = Command::new("node")
         .arg(format!("{DIR}/clients.js"))

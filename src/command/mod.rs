@@ -267,6 +267,9 @@ pub enum NamesInReply {
     /// (P)SUBSCRIBE and (P)UNSUBSCRIBE: their arguments and confirmations name channels,
     /// and a keyspace channel names a key (`__keyspace@0__:key`).
     Channels,
+    /// EVAL, EVALSHA (and their read-only forms), SCRIPT LOAD: a script's body may make
+    /// key names of its own; a SHA1 in the reply names the script.
+    Script,
 }
 
 /// Whether a request whose first argument is `name` may be of a command whose reply
@@ -274,7 +277,7 @@ pub enum NamesInReply {
 #[inline]
 pub fn may_name_keys(name: &[u8]) -> bool {
     if !(4..=12).contains(&name.len())
-        || !matches!(name[0] | 0x20, b'k' | b's' | b'r' | b'b' | b'l' | b'z' | b'x' | b'p' | b'u')
+        || !matches!(name[0] | 0x20, b'k' | b's' | b'r' | b'b' | b'l' | b'z' | b'x' | b'p' | b'u' | b'e')
     {
         return false;
     }
@@ -295,6 +298,7 @@ impl NamesInReply {
             }
             "XREAD" | "XREADGROUP" => NamesInReply::Streams,
             "SUBSCRIBE" | "PSUBSCRIBE" | "UNSUBSCRIBE" | "PUNSUBSCRIBE" => NamesInReply::Channels,
+            "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" | "SCRIPT" | "SCRIPT|LOAD" => NamesInReply::Script,
             _ => NamesInReply::None,
         }
     }

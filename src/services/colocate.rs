@@ -83,11 +83,13 @@ pub struct Rule {
 pub struct Rules {
     pub list: Vec<Rule>,
     by_first: Box<[u64; 256]>,
+    /// The Lua put before a script's body ([`Rules::shim`]).
+    prologue: String,
 }
 
 impl Default for Rules {
     fn default() -> Self {
-        Rules { list: Vec::new(), by_first: Box::new([0; 256]) }
+        Rules { list: Vec::new(), by_first: Box::new([0; 256]), prologue: String::new() }
     }
 }
 
@@ -153,7 +155,93 @@ pub fn compile(specs: &[RuleConfig]) -> Result<Rules, Vec<String>> {
             }
         }
     }
-    Ok(Rules { list, by_first })
+    let prologue = prologue(&list);
+    Ok(Rules { list, by_first, prologue })
+}
+
+/// `b` as a Lua string literal (letters and digits as they are, every other byte as
+/// `\ddd`).
+fn lua_str(b: &[u8]) -> String {
+    let mut out = String::with_capacity(b.len() * 2 + 2);
+    out.push('"');
+    for &c in b {
+        match c.is_ascii_alphanumeric() {
+            true => out.push(c as char),
+            false => out.push_str(&format!("\\{c:03}")),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The Lua that makes a script see and use names as the client does ([`Rules::shim`]):
+/// one line (the script's line numbers stay), in front of the body. It shadows `KEYS`
+/// with the client's names of the declared keys, and `redis` with a table whose `call`
+/// and `pcall` rename an argument the server names a key (`COMMAND GETKEYS`, asked only
+/// when an argument is a name a rule colocates) as heatshield does, by the same rules in
+/// the same order. So every name means the same key whether the client or a script uses
+/// it, and values (a set of job keys) hold the client's names, as on one Redis.
+fn prologue(list: &[Rule]) -> String {
+    // __hs_n(k): the stored name of k, or nil
+    let mut n = String::from(
+        "local __hs_r = redis; local function __hs_n(k) if type(k) ~= 'string' then return nil end; \
+         local o = string.find(k, '{', 1, true); if o then local c = string.find(k, '}', o + 1, true); \
+         if c and c > o + 1 then return nil end end; local m; ",
+    );
+    for r in list {
+        for p in &r.pats {
+            // ^seg(.-)seg(.-)...seg$, a `?` any one byte
+            let mut pat = Vec::from(&b"^"[..]);
+            for (i, seg) in p.segs.iter().enumerate() {
+                if i > 0 {
+                    pat.extend_from_slice(b"(.-)");
+                }
+                for &c in seg {
+                    match c {
+                        b'?' => pat.push(b'.'),
+                        c if c.is_ascii_alphanumeric() => pat.push(c),
+                        c => pat.extend_from_slice(&[b'%', c]),
+                    }
+                }
+            }
+            pat.push(b'$');
+            let tag: Vec<String> = r
+                .tag
+                .iter()
+                .map(|t| match t {
+                    TagPart::Text(t) => lua_str(t),
+                    TagPart::Star(i) => format!("(m[{}] or '')", i + 2),
+                })
+                .collect();
+            n.push_str(&format!(
+                "m = {{string.find(k, {})}}; if m[1] then local t = {}; \
+                 if t == '' or string.find(t, '}}', 1, true) then return nil end; return '{{' .. t .. '}}' .. k end; ",
+                lua_str(&pat),
+                tag.join(" .. ")
+            ));
+        }
+    }
+    n.push_str("return nil end; ");
+    // KEYS as the client named them: the script sees what it would on one Redis (a name it
+    // makes from KEYS[1] is the one the client would use, and renamed alike)
+    n.push_str(
+        "local __hs_keys = {}; for i = 1, #KEYS do local k = KEYS[i]; __hs_keys[i] = k; \
+         if string.sub(k, 1, 1) == '{' then local e = string.find(k, '}', 2, true); \
+         if e and e > 2 then local c = string.sub(k, e + 1); if __hs_n(c) == k then __hs_keys[i] = c end end end end; \
+         local KEYS = __hs_keys; ",
+    );
+    // __hs_a(c, ...): the arguments with the keys among them renamed
+    n.push_str(
+        "local function __hs_a(c, ...) local n = select('#', ...); local a = {...}; local hit = false; \
+         for i = 1, n do if __hs_n(a[i]) then hit = true; break end end; if not hit then return ... end; \
+         local ks = __hs_r.pcall('COMMAND', 'GETKEYS', c, ...); \
+         if type(ks) ~= 'table' or ks.err then return ... end; local j = 1; \
+         for i = 1, n do if ks[j] ~= nil and a[i] == ks[j] then a[i] = __hs_n(a[i]) or a[i]; j = j + 1 end end; \
+         return unpack(a, 1, n) end; \
+         local redis = setmetatable({call = function(c, ...) return __hs_r.call(c, __hs_a(c, ...)) end, \
+         pcall = function(c, ...) return __hs_r.pcall(c, __hs_a(c, ...)) end}, {__index = __hs_r}); ",
+    );
+    n
 }
 
 fn parse_tag(tag: &str) -> Vec<TagPart> {
@@ -389,6 +477,33 @@ impl Rules {
         (self.stored_pattern(glob).as_deref() == Some(stored)).then_some(glob)
     }
 
+    /// A script body that, run on Redis, gives the key names it makes itself (from
+    /// `ARGV`, from values) their stored names, as heatshield gives the declared ones: the
+    /// prologue on the body's first line (after a `#!` line, which must stay first).
+    pub fn shim(&self, body: &[u8]) -> Vec<u8> {
+        let (head, rest) = match body.starts_with(b"#!") {
+            true => match memchr::memchr(b'\n', body) {
+                Some(nl) => body.split_at(nl + 1),
+                None => (body, &b""[..]),
+            },
+            false => (&b""[..], body),
+        };
+        [head, self.prologue.as_bytes(), rest].concat()
+    }
+
+    /// The body [`Rules::shim`] was given, if `body` is a shimmed one.
+    pub fn unshim(&self, body: &[u8]) -> Option<Vec<u8>> {
+        let p = self.prologue.as_bytes();
+        if p.is_empty() {
+            return None;
+        }
+        let at = match body.starts_with(b"#!") {
+            true => memchr::memchr(b'\n', body)? + 1,
+            false => 0,
+        };
+        body[at..].starts_with(p).then(|| [&body[..at], &body[at + p.len()..]].concat())
+    }
+
     /// The client's name for a stored name, if it is one a rule made.
     pub fn client_name<'a>(&self, stored: &'a [u8]) -> Option<&'a [u8]> {
         if stored.first() != Some(&b'{') {
@@ -410,6 +525,45 @@ pub struct Colocate {
     active: AtomicBool,
     /// Counts the changes of the rules (a session keeps the rules it saw last).
     generation: AtomicU64,
+    /// Scripts sent with the shim ([`Rules::shim`]): the client's SHA1 to the one Redis has.
+    pub shas: Shas,
+}
+
+/// Script SHA1s, the client's to the shimmed body's (bounded: the least recently used go
+/// first; an `EVALSHA` whose script is forgotten is sent as it is, and Redis answers
+/// `NOSCRIPT`, after which a client sends the body again).
+pub struct Shas(moka::sync::Cache<[u8; 20], [u8; 20]>);
+
+/// Scripts whose shimmed SHA1 is remembered, at most.
+const MAX_SHAS: u64 = 65_536;
+
+impl Default for Shas {
+    fn default() -> Self {
+        Shas(moka::sync::Cache::new(MAX_SHAS))
+    }
+}
+
+/// A 40-digit hex SHA1 (either case) as its 20 bytes.
+fn unhex(hex: &[u8]) -> Option<[u8; 20]> {
+    if hex.len() != 40 {
+        return None;
+    }
+    let mut out = [0u8; 20];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let d = |c: u8| (c as char).to_digit(16);
+        out[i] = (d(pair[0])? * 16 + d(pair[1])?) as u8;
+    }
+    Some(out)
+}
+
+/// 20 bytes as 40 lower-case hex digits, as Redis writes a script's SHA1.
+fn hex(b: &[u8; 20]) -> [u8; 40] {
+    let mut out = [0u8; 40];
+    for (i, x) in b.iter().enumerate() {
+        out[2 * i] = b"0123456789abcdef"[(x >> 4) as usize];
+        out[2 * i + 1] = b"0123456789abcdef"[(x & 15) as usize];
+    }
+    out
 }
 
 impl Colocate {
@@ -432,6 +586,8 @@ impl Colocate {
     pub fn replace(&self, rules: Rules) {
         let on = !rules.list.is_empty();
         self.rules.store(Arc::new(rules));
+        // shimmed with the old rules: sent as they are again until their bodies come by
+        self.shas.0.invalidate_all();
         self.generation.fetch_add(1, Ordering::Release);
         self.active.store(on, Ordering::Relaxed);
     }
@@ -446,13 +602,20 @@ impl Colocate {
     pub fn restore_request(&self, cmd: &Command, req: &Request) -> Option<Request> {
         let keys = keys_of(cmd, req).ok()?;
         let rules = self.rules.load();
-        if !keys.iter().any(|&k| rules.client_name(req.arg(k as usize)).is_some()) {
+        // a shimmed script's body (EVAL's, SCRIPT LOAD's) as the client sent it
+        let body = match cmd.name.as_str() {
+            "EVAL" | "EVAL_RO" if req.argc() > 1 => rules.unshim(req.arg(1)).map(|b| (1, b)),
+            "SCRIPT|LOAD" if req.argc() == 3 => rules.unshim(req.arg(2)).map(|b| (2, b)),
+            _ => None,
+        };
+        if body.is_none() && !keys.iter().any(|&k| rules.client_name(req.arg(k as usize)).is_some()) {
             return None;
         }
         let args: Vec<&[u8]> = (0..req.argc())
-            .map(|i| match keys.contains(&(i as u32)) {
-                true => rules.client_name(req.arg(i)).unwrap_or(req.arg(i)),
-                false => req.arg(i),
+            .map(|i| match (keys.contains(&(i as u32)), &body) {
+                (_, Some((at, b))) if *at == i => &b[..],
+                (true, _) => rules.client_name(req.arg(i)).unwrap_or(req.arg(i)),
+                (false, _) => req.arg(i),
             })
             .collect();
         Some(Request::from_args(&args))
@@ -475,7 +638,7 @@ impl Colocate {
     /// `*`, and heatshield filters the reply by the client's pattern (a stored name is the
     /// tag first: the client's pattern cannot find it).
     pub fn on_the_way_in(&self, cmd: &Command, req: Request) -> (Request, Option<Box<ReplyFix>>) {
-        on_the_way_in(&self.rules.load(), cmd, req)
+        on_the_way_in(&self.rules.load(), &self.shas, cmd, req)
     }
 
     /// A reply of a command that returns key names ([`NamesInReply`]) with the client's
@@ -521,11 +684,20 @@ fn restore_reply(rules: &Rules, fix: &ReplyFix, reply: &[u8]) -> Option<Bytes> {
         }
         return w.finish();
     }
+    if fix.kind == NamesInReply::Script {
+        // the shimmed script's SHA1 (SCRIPT LOAD's reply, an error's `script: ...`) is the
+        // client's
+        let pair = fix.filter.as_deref()?;
+        let (sent, orig) = pair.split_at(40);
+        let start = memchr::memmem::find(reply, sent)?;
+        let out = [&reply[..start], orig, &reply[start + 40..]].concat();
+        return Some(restore_error(rules, &out).unwrap_or_else(|| out.into()));
+    }
     if let Some(nb) = restore_error(rules, reply) {
         return Some(nb);
     }
     match fix.kind {
-        NamesInReply::None => return None,
+        NamesInReply::None | NamesInReply::Script => return None,
         NamesInReply::Channels => {
             // one confirmation per channel, one after the other
             while w.pos < reply.len() {
@@ -645,7 +817,10 @@ pub fn rewrite(rules: &Rules, cmd: &Command, req: &Request) -> Option<Request> {
 /// KEYS or SCAN pattern that a colocated key's client name may match becomes `*`, and
 /// heatshield filters the reply by the client's pattern (a stored name is the tag first:
 /// the client's pattern cannot find it).
-pub fn on_the_way_in(rules: &Rules, cmd: &Command, req: Request) -> (Request, Option<Box<ReplyFix>>) {
+pub fn on_the_way_in(rules: &Rules, shas: &Shas, cmd: &Command, req: Request) -> (Request, Option<Box<ReplyFix>>) {
+    if cmd.names == NamesInReply::Script {
+        return script(rules, shas, cmd, req);
+    }
     let req = rewrite(rules, cmd, &req).unwrap_or(req);
     if cmd.names == NamesInReply::None {
         let req = match matches!(cmd.name.as_str(), "SORT" | "SORT_RO") {
@@ -677,6 +852,50 @@ pub fn on_the_way_in(rules: &Rules, cmd: &Command, req: Request) -> (Request, Op
         false => req,
     };
     (req, Some(Box::new(ReplyFix::new(cmd.names, Some(filter)))))
+}
+
+/// A script on its way in: its declared keys under their stored names and, when one
+/// of them is a rule's, its body shimmed ([`Rules::shim`]) so the names it makes itself
+/// are stored alike. `EVALSHA` of a script shimmed or loaded before is sent as the
+/// shimmed one's SHA1 (met with `NOSCRIPT` on a master that lacks it, it is sent as
+/// `EVAL` of the shimmed body: [`loaded`]); an error names the client's SHA1.
+fn script(rules: &Rules, shas: &Shas, cmd: &Command, req: Request) -> (Request, Option<Box<ReplyFix>>) {
+    let keyed = rewrite(rules, cmd, &req);
+    let (at, shim) = match cmd.name.as_str() {
+        "EVAL" | "EVAL_RO" if keyed.is_some() => (1, true),
+        "EVALSHA" | "EVALSHA_RO" if keyed.is_some() => (1, false),
+        _ => return (keyed.unwrap_or(req), None),
+    };
+    let req = keyed.unwrap_or(req);
+    let (orig, sent, arg) = match shim {
+        true => {
+            let body = rules.shim(req.arg(at));
+            let orig = sha1_smol::Sha1::from(req.arg(at)).digest().bytes();
+            let sent = sha1_smol::Sha1::from(&body).digest().bytes();
+            shas.0.insert(orig, sent);
+            (orig, sent, body)
+        }
+        false => {
+            let Some(orig) = unhex(req.arg(at)) else { return (req, None) };
+            let Some(sent) = shas.0.get(&orig) else { return (req, None) };
+            (orig, sent, hex(&sent).to_vec())
+        }
+    };
+    let args: Vec<&[u8]> = (0..req.argc()).map(|i| if i == at { &arg[..] } else { req.arg(i) }).collect();
+    let mut pair = hex(&sent).to_vec();
+    pair.extend_from_slice(&hex(&orig));
+    (Request::from_args(&args), Some(Box::new(ReplyFix::new(NamesInReply::Script, Some(pair)))))
+}
+
+/// `SCRIPT LOAD body` goes as it is (the client may run it with keys no rule takes, and
+/// `SCRIPT SHOW` shows it); the shimmed body a call with a rule's keys needs is made now,
+/// its SHA1 remembered: returned, for heatshield to keep with the scripts it can send
+/// again (crate::services::scripts).
+pub fn loaded(rules: &Rules, shas: &Shas, body: &[u8]) -> Vec<u8> {
+    let shim = rules.shim(body);
+    let orig = sha1_smol::Sha1::from(body).digest().bytes();
+    shas.0.insert(orig, sha1_smol::Sha1::from(&shim).digest().bytes());
+    shim
 }
 
 /// SORT's `BY` and `GET` patterns under their stored names: a pattern whose every key

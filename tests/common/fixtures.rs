@@ -95,3 +95,29 @@ pub fn shared_traffic() -> RwLockReadGuard<'static, ()> {
 pub fn exclusive_traffic() -> RwLockWriteGuard<'static, ()> {
     QUIET.write().unwrap_or_else(|e| e.into_inner())
 }
+
+/// tests/node, where the Node.js clients' pinned versions (package.json,
+/// package-lock.json) are installed.
+pub const NODE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node");
+
+/// `node` and `npm` are there (scripts/ensure-deps.sh installs them), and the Node.js
+/// clients are installed into tests/node/node_modules (on first use).
+pub fn node_clients_installed() {
+    let have = |bin: &str| std::process::Command::new(bin).arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(have("node") && have("npm"), "node and npm are required for this test: run scripts/ensure-deps.sh");
+    if std::path::Path::new(NODE_DIR).join("node_modules/bullmq/package.json").exists() {
+        return;
+    }
+    let out = std::process::Command::new("npm")
+        // (not `npm ci`: it refuses a lock file without every platform's optional
+        // packages, which some registries leave out; the versions are pinned anyway)
+        .args(["install", "--no-audit", "--no-fund", "--ignore-scripts", "--prefix", NODE_DIR])
+        .output()
+        .expect("run npm install");
+    assert!(
+        out.status.success(),
+        "npm install in tests/node failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -717,7 +717,19 @@ impl Session {
                 continue;
             }
             let Ok(cmd) = self.proxy.commands.lookup(req) else { continue };
-            let (new, fix) = crate::services::colocate::on_the_way_in(rules, cmd, req.clone());
+            let shas = &self.proxy.colocate.shas;
+            if cmd.names == crate::command::NamesInReply::Script {
+                // the body as the client knows it (its SHA1 is the client's): SCRIPT EXISTS
+                // and a NOSCRIPT met by a call that needs no shim find it
+                self.proxy.scripts.note(&cmd.name, req);
+                // a loaded script: its shimmed body, for an EVALSHA with a rule's keys
+                if cmd.name == "SCRIPT|LOAD" && req.argc() == 3 {
+                    let shim = crate::services::colocate::loaded(rules, shas, req.arg(2));
+                    let load = Request::from_args(&[&b"SCRIPT"[..], b"LOAD", &shim]);
+                    self.proxy.scripts.note(&cmd.name, &load);
+                }
+            }
+            let (new, fix) = crate::services::colocate::on_the_way_in(rules, shas, cmd, req.clone());
             *req = new;
             if let Some(fix) = fix {
                 self.fixes.push((base + i as u64, fix));
