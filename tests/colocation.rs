@@ -475,7 +475,40 @@ fn keyspace_notifications_name_the_clients_keys() {
         assert_eq!(got[0], reference, "{proto:?}");
         assert!(reference[0].contains(&key), "{reference:?}");
     }
-    for port in env.cluster.masters().into_iter().chain([env.reference.port()]) {
+    // every master's notices: a family per master (a lock's name is its tag)
+    let masters = env.cluster.masters();
+    let locks: Vec<String> = masters
+        .iter()
+        .map(|&m| {
+            let tag = (0..).map(|i| format!("ks{i}")).find(|t| env.cluster.master_for_key(t.as_bytes()) == m).unwrap();
+            format!("lock:{tag}")
+        })
+        .collect();
+    let heard: Vec<Vec<String>> = [env.proxy.port(), env.reference.port()]
+        .iter()
+        .map(|&port| {
+            let mut s = Conn::connect_proto(port, Proto::Resp3);
+            s.cmd(&["PSUBSCRIBE", "__keyspace@0__:*"]);
+            for l in &locks {
+                assert_eq!(common::cmd(port, &["SET", l, "v"]), V::ok());
+            }
+            let mut heard = Vec::new();
+            for _ in 0..10_000 {
+                let f = String::from_utf8_lossy(&s.read_full().raw).into_owned();
+                if let Some(l) = locks.iter().find(|l| f.contains(&format!("__keyspace@0__:{l}\r\n"))) {
+                    heard.push(l.clone());
+                }
+                if heard.len() == locks.len() {
+                    break;
+                }
+            }
+            heard.sort();
+            heard
+        })
+        .collect();
+    assert_eq!(heard[0], heard[1], "the notices of every master's keys");
+    assert_eq!(heard[0].len(), masters.len());
+    for port in masters.into_iter().chain([env.reference.port()]) {
         common::cmd(port, &["CONFIG", "SET", "notify-keyspace-events", ""]);
     }
 }
@@ -551,6 +584,13 @@ fn transactions_sort_errors_bcast_and_pins_see_the_clients_names() {
     assert!(hits(&mut c) >= before + 10, "a pinned family key was not served from the cache");
     assert_eq!(c.cmd(&["DEL", "rq:pin:1"]), V::Int(1));
     assert_eq!(c.cmd(&["GET", "rq:pin:1"]), V::Nil);
+    // CLUSTER GETKEYSINSLOT of the family's slot: the client's names
+    assert_eq!(c.cmd(&["SET", "rq:inslot", "v"]), V::ok());
+    let slot = key_slot(b"rq").to_string();
+    let inslot = c.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot, "100000"]);
+    assert!(inslot.items().contains(&V::s("rq:inslot")), "{inslot:?}");
+    assert!(!inslot.items().iter().any(|k| k.text().starts_with("{rq}rq:")), "{inslot:?}");
+    assert_eq!(c.cmd(&["DEL", "rq:inslot"]), V::Int(1));
 }
 
 /// celery: a worker consuming two queues (its BRPOP over both, and every priority's list,

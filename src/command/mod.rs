@@ -277,7 +277,7 @@ pub enum NamesInReply {
 #[inline]
 pub fn may_name_keys(name: &[u8]) -> bool {
     if !(4..=12).contains(&name.len())
-        || !matches!(name[0] | 0x20, b'k' | b's' | b'r' | b'b' | b'l' | b'z' | b'x' | b'p' | b'u' | b'e')
+        || !matches!(name[0] | 0x20, b'k' | b's' | b'r' | b'b' | b'l' | b'z' | b'x' | b'p' | b'u' | b'e' | b'c')
     {
         return false;
     }
@@ -291,7 +291,8 @@ impl NamesInReply {
     pub fn of(name: &str) -> NamesInReply {
         match name {
             "RANDOMKEY" => NamesInReply::One,
-            "KEYS" => NamesInReply::List,
+            // (CLUSTER: for a lookup by its first argument; its other subcommands name none)
+            "KEYS" | "CLUSTER|GETKEYSINSLOT" | "CLUSTER" => NamesInReply::List,
             "SCAN" => NamesInReply::Scan,
             "BLPOP" | "BRPOP" | "BZPOPMIN" | "BZPOPMAX" | "BLMPOP" | "BZMPOP" | "LMPOP" | "ZMPOP" => {
                 NamesInReply::First
