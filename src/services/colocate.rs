@@ -174,6 +174,120 @@ fn lua_str(b: &[u8]) -> String {
     out
 }
 
+/// Commands whose only key is their first argument, in every form (Redis's key specs:
+/// one key at index 1, nothing found by keyword): inside a shimmed script their first
+/// argument is renamed without a `COMMAND GETKEYS` (checked against the command table by
+/// a test).
+pub const ONE_KEY_FIRST: &[&str] = &[
+    "append",
+    "bitcount",
+    "bitpos",
+    "decr",
+    "decrby",
+    "dump",
+    "expire",
+    "expireat",
+    "expiretime",
+    "get",
+    "getbit",
+    "getdel",
+    "getex",
+    "getrange",
+    "getset",
+    "hdel",
+    "hexists",
+    "hget",
+    "hgetall",
+    "hincrby",
+    "hincrbyfloat",
+    "hkeys",
+    "hlen",
+    "hmget",
+    "hmset",
+    "hrandfield",
+    "hscan",
+    "hset",
+    "hsetnx",
+    "hstrlen",
+    "hvals",
+    "incr",
+    "incrby",
+    "incrbyfloat",
+    "lindex",
+    "linsert",
+    "llen",
+    "lpop",
+    "lpos",
+    "lpush",
+    "lpushx",
+    "lrange",
+    "lrem",
+    "lset",
+    "ltrim",
+    "persist",
+    "pexpire",
+    "pexpireat",
+    "pexpiretime",
+    "pfadd",
+    "psetex",
+    "pttl",
+    "restore",
+    "rpop",
+    "rpush",
+    "rpushx",
+    "sadd",
+    "scard",
+    "set",
+    "setbit",
+    "setex",
+    "setnx",
+    "setrange",
+    "sismember",
+    "smembers",
+    "smismember",
+    "spop",
+    "srandmember",
+    "srem",
+    "sscan",
+    "strlen",
+    "ttl",
+    "type",
+    "xack",
+    "xadd",
+    "xautoclaim",
+    "xclaim",
+    "xdel",
+    "xlen",
+    "xpending",
+    "xrange",
+    "xrevrange",
+    "xsetid",
+    "xtrim",
+    "zadd",
+    "zcard",
+    "zcount",
+    "zincrby",
+    "zlexcount",
+    "zmscore",
+    "zpopmax",
+    "zpopmin",
+    "zrandmember",
+    "zrange",
+    "zrangebylex",
+    "zrangebyscore",
+    "zrank",
+    "zrem",
+    "zremrangebylex",
+    "zremrangebyrank",
+    "zremrangebyscore",
+    "zrevrange",
+    "zrevrangebylex",
+    "zrevrangebyscore",
+    "zrevrank",
+    "zscan",
+    "zscore",
+];
+
 /// The Lua that makes a script see and use names as the client does ([`Rules::shim`]):
 /// one line (the script's line numbers stay), in front of the body. It shadows `KEYS`
 /// with the client's names of the declared keys, and `redis` with a table whose `call`
@@ -182,43 +296,73 @@ fn lua_str(b: &[u8]) -> String {
 /// the same order. So every name means the same key whether the client or a script uses
 /// it, and values (a set of job keys) hold the client's names, as on one Redis.
 fn prologue(list: &[Rule]) -> String {
-    // __hs_n(k): the stored name of k, or nil
+    // __hs_n(k): the stored name of k, or nil. An argument no pattern can start as is
+    // passed over first (one plain search of its first byte), as most are.
+    let pats = || list.iter().flat_map(|r| r.pats.iter().map(move |p| (r, p)));
+    let any_first = pats().any(|(_, p)| p.segs[0].first().is_none_or(|&c| c == b'?'));
+    let mut firsts: Vec<u8> = pats().filter_map(|(_, p)| p.segs[0].first().copied()).collect();
+    firsts.sort();
+    firsts.dedup();
+    // (the library's functions as locals: a global's lookup costs more in a loop)
     let mut n = String::from(
-        "local __hs_r = redis; local function __hs_n(k) if type(k) ~= 'string' then return nil end; \
-         local o = string.find(k, '{', 1, true); if o then local c = string.find(k, '}', o + 1, true); \
-         if c and c > o + 1 then return nil end end; local m; ",
+        "local __hs_r, __hs_find, __hs_sub, __hs_byte, __hs_type, __hs_select, __hs_unpack, __hs_lower = \
+         redis, string.find, string.sub, string.byte, type, select, unpack, string.lower; ",
     );
-    for r in list {
-        for p in &r.pats {
-            // ^seg(.-)seg(.-)...seg$, a `?` any one byte
-            let mut pat = Vec::from(&b"^"[..]);
-            for (i, seg) in p.segs.iter().enumerate() {
-                if i > 0 {
-                    pat.extend_from_slice(b"(.-)");
-                }
-                for &c in seg {
-                    match c {
-                        b'?' => pat.push(b'.'),
-                        c if c.is_ascii_alphanumeric() => pat.push(c),
-                        c => pat.extend_from_slice(&[b'%', c]),
-                    }
+    // commands whose one key is their first argument, whatever follows: renamed without
+    // asking the server which arguments are keys
+    n.push_str(&format!("local __hs_one = ' {} '; ", ONE_KEY_FIRST.join(" ")));
+    if !any_first {
+        let bytes: Vec<String> = firsts.iter().map(|b| format!("[{b}] = true")).collect();
+        n.push_str(&format!("local __hs_first = {{{}}}; ", bytes.join(", ")));
+    }
+    n.push_str(
+        "local function __hs_tagged(k) local o = __hs_find(k, '{', 1, true); \
+         if o then local c = __hs_find(k, '}', o + 1, true); return c ~= nil and c > o + 1 end; return false end; ",
+    );
+    n.push_str("local function __hs_n(k) if __hs_type(k) ~= 'string' then return nil end; ");
+    if !any_first {
+        n.push_str("if not __hs_first[__hs_byte(k) or 0] then return nil end; ");
+    }
+    n.push_str("local s, e, c1, c2, c3, c4, c5, c6, c7, c8; ");
+    for (r, p) in pats() {
+        // ^seg(.-)seg(.-)...seg$, a `?` any one byte
+        let mut pat = Vec::from(&b"^"[..]);
+        for (i, seg) in p.segs.iter().enumerate() {
+            if i > 0 {
+                pat.extend_from_slice(b"(.-)");
+            }
+            for &c in seg {
+                match c {
+                    b'?' => pat.push(b'.'),
+                    c if c.is_ascii_alphanumeric() => pat.push(c),
+                    c => pat.extend_from_slice(&[b'%', c]),
                 }
             }
-            pat.push(b'$');
-            let tag: Vec<String> = r
-                .tag
-                .iter()
-                .map(|t| match t {
-                    TagPart::Text(t) => lua_str(t),
-                    TagPart::Star(i) => format!("(m[{}] or '')", i + 2),
-                })
-                .collect();
-            n.push_str(&format!(
-                "m = {{string.find(k, {})}}; if m[1] then local t = {}; \
-                 if t == '' or string.find(t, '}}', 1, true) then return nil end; return '{{' .. t .. '}}' .. k end; ",
-                lua_str(&pat),
-                tag.join(" .. ")
-            ));
+        }
+        pat.push(b'$');
+        let caps: String = (1..p.segs.len()).map(|i| format!(", c{i}")).collect();
+        // a name with a hash tag of its own is left alone (looked for once a pattern matched)
+        n.push_str(&format!(
+            "s, e{caps} = __hs_find(k, {}); if s then if __hs_tagged(k) then return nil end; ",
+            lua_str(&pat)
+        ));
+        match r.tag.as_slice() {
+            // a fixed tag: checked when the rule was made
+            [TagPart::Text(t)] => n.push_str(&format!("return {} .. k end; ", lua_str(&[b"{", &t[..], b"}"].concat()))),
+            parts => {
+                let tag: Vec<String> = parts
+                    .iter()
+                    .map(|t| match t {
+                        TagPart::Text(t) => lua_str(t),
+                        TagPart::Star(i) => format!("(c{i} or '')"),
+                    })
+                    .collect();
+                n.push_str(&format!(
+                    "local t = {}; if t == '' or __hs_find(t, '}}', 1, true) then return nil end; \
+                     return '{{' .. t .. '}}' .. k end; ",
+                    tag.join(" .. ")
+                ));
+            }
         }
     }
     n.push_str("return nil end; ");
@@ -226,18 +370,22 @@ fn prologue(list: &[Rule]) -> String {
     // makes from KEYS[1] is the one the client would use, and renamed alike)
     n.push_str(
         "local __hs_keys = {}; for i = 1, #KEYS do local k = KEYS[i]; __hs_keys[i] = k; \
-         if string.sub(k, 1, 1) == '{' then local e = string.find(k, '}', 2, true); \
-         if e and e > 2 then local c = string.sub(k, e + 1); if __hs_n(c) == k then __hs_keys[i] = c end end end end; \
+         if __hs_byte(k) == 123 then local e = __hs_find(k, '}', 2, true); \
+         if e and e > 2 then local c = __hs_sub(k, e + 1); if __hs_n(c) == k then __hs_keys[i] = c end end end end; \
          local KEYS = __hs_keys; ",
     );
-    // __hs_a(c, ...): the arguments with the keys among them renamed
+    // __hs_a(c, ...): the arguments with the keys among them renamed (a table made only
+    // when one may be)
     n.push_str(
-        "local function __hs_a(c, ...) local n = select('#', ...); local a = {...}; local hit = false; \
-         for i = 1, n do if __hs_n(a[i]) then hit = true; break end end; if not hit then return ... end; \
+        "local function __hs_a(c, ...) local n = __hs_select('#', ...); \
+         if __hs_type(c) == 'string' and __hs_find(__hs_one, ' ' .. __hs_lower(c) .. ' ', 1, true) then \
+         local s = __hs_n((...)); if not s then return ... end; local a = {...}; a[1] = s; return __hs_unpack(a, 1, n) end; \
+         local rn; for i = 1, n do local s = __hs_n((__hs_select(i, ...))); if s then rn = rn or {}; rn[i] = s end end; \
+         if not rn then return ... end; \
          local ks = __hs_r.pcall('COMMAND', 'GETKEYS', c, ...); \
-         if type(ks) ~= 'table' or ks.err then return ... end; local j = 1; \
-         for i = 1, n do if ks[j] ~= nil and a[i] == ks[j] then a[i] = __hs_n(a[i]) or a[i]; j = j + 1 end end; \
-         return unpack(a, 1, n) end; \
+         if __hs_type(ks) ~= 'table' or ks.err then return ... end; local a = {...}; local j = 1; \
+         for i = 1, n do if ks[j] ~= nil and a[i] == ks[j] then a[i] = rn[i] or a[i]; j = j + 1 end end; \
+         return __hs_unpack(a, 1, n) end; \
          local redis = setmetatable({call = function(c, ...) return __hs_r.call(c, __hs_a(c, ...)) end, \
          pcall = function(c, ...) return __hs_r.pcall(c, __hs_a(c, ...)) end}, {__index = __hs_r}); ",
     );
@@ -1370,6 +1518,15 @@ mod tests {
             b"*4\r\n$8\r\npmessage\r\n$1\r\n*\r\n$18\r\n__keyevent@0__:set\r\n$8\r\nrq:job:1\r\n"
         );
         assert_eq!(c.restore_push(b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$12\r\n{rq}rq:job:1\r\n"), None);
+    }
+
+    #[test]
+    fn the_shims_one_key_commands_have_one_key_first() {
+        let table = crate::command::CommandTable::new();
+        for name in ONE_KEY_FIRST {
+            let c = table.get(name.as_bytes()).unwrap_or_else(|| panic!("{name}: not a command"));
+            assert_eq!(format!("{:?}", c.keys), "Range { first: 1, last: 1, step: 1 }", "{name}");
+        }
     }
 
     #[test]
