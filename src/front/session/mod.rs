@@ -615,8 +615,9 @@ impl Session {
             // Parse what a pipelining client sent as one batch (up to BATCH), let the rate
             // limiter bring the batch's budgets into the cache together, then dispatch the
             // requests in order, each one's check reusing the key hash the prefetch
-            // computed. (One at a time without a per-key rule: nothing to prefetch.)
-            let batch_max = if self.proxy.ratelimit.prefetching() { BATCH } else { 1 };
+            // computed. Colocation rules look at a batch at once too (one call, one look at
+            // the rules' generation). (One at a time otherwise: nothing to gain.)
+            let batch_max = if self.proxy.ratelimit.prefetching() || self.proxy.colocate.active() { BATCH } else { 1 };
             let used = self.queue.entries.len().min(self.held.window);
             let space = (self.held.window - used).min(batch_max);
             let mut failed = None;
