@@ -513,9 +513,9 @@ fn keyspace_notifications_name_the_clients_keys() {
     }
 }
 
-/// Inside a transaction, the names in EXEC's array are the client's; so are the keys
-/// SORT's BY and GET patterns make, the keys an error quotes, BCAST tracking prefixes,
-/// and the hot-key cache's pin patterns.
+/// Inside a transaction, the names in EXEC's array are the client's; so are SORT's STORE
+/// destination, the keys an error quotes, BCAST tracking prefixes, the hot-key cache's pin
+/// patterns and CLUSTER GETKEYSINSLOT's names.
 #[test]
 fn transactions_sort_errors_bcast_and_pins_see_the_clients_names() {
     let env = env();

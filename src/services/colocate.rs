@@ -1073,6 +1073,11 @@ fn sort_patterns(rules: &Rules, req: &Request) -> Option<Request> {
         }
         i += 1;
     }
+    replaced(req, &new)
+}
+
+/// `req` with the arguments at the places of `new` replaced; `None` if there are none.
+fn replaced(req: &Request, new: &[(usize, Vec<u8>)]) -> Option<Request> {
     if new.is_empty() {
         return None;
     }
@@ -1110,16 +1115,7 @@ fn channels(rules: &Rules, req: &Request, pattern: bool) -> Option<Request> {
             new.push((i, [head, &k].concat()));
         }
     }
-    if new.is_empty() {
-        return None;
-    }
-    let args: Vec<&[u8]> = (0..req.argc())
-        .map(|i| match new.iter().find(|(k, _)| *k == i) {
-            Some((_, n)) => &n[..],
-            None => req.arg(i),
-        })
-        .collect();
-    Some(Request::from_args(&args))
+    replaced(req, &new)
 }
 
 /// An error quoting stored names (`'{tag}key'`, as in `NOGROUP No such key 'k' ...`)
