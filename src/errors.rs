@@ -290,12 +290,12 @@ pub fn undeclared_key_rule_hint(rule: Option<(&str, &str)>, argv: &[(usize, Stri
     let mut s = String::new();
     if let Some((rule, tag)) = rule {
         s.push_str(&format!(
-            " (heatshield: its keys are under colocation rule {rule:?}, stored with the hash tag {{{tag}}}; a name the script builds otherwise than from KEYS lacks the tag and lives in another slot: docs/colocation.md)"
+            " (heatshield: its keys are under colocation rule {rule:?}, stored with the hash tag {{{tag}}}; a name the script makes that no rule gives this tag lives in another slot: docs/colocation.md)"
         ));
     }
     for (i, name, rule) in argv {
         s.push_str(&format!(
-            " (heatshield: ARGV[{i}] {name:?} is a key name of colocation rule {rule:?}: pass it in KEYS)"
+            " (heatshield: ARGV[{i}] {name:?} is a key name of colocation rule {rule:?}, stored under that rule's tag)"
         ));
     }
     s
