@@ -578,4 +578,11 @@ fn colocation_rewrites_the_keys_of_valkeys_own_commands() {
     let e = cmd(master, &["SORT", "{vq}vq:sort", "BY", "vq:w_*"]);
     assert!(e.err().is_some_and(|e| e.contains("BY option of SORT denied in Cluster mode")), "{e:?}");
     assert_eq!(c.cmd(&["DEL", l, "vq:w_1", "vq:w_2", "vq:w_3", "vq:o_2", "vq:h_3"]), V::Int(6));
+    // a script naming keys from ARGV with Valkey's own commands (learned: the shim asks
+    // Valkey's COMMAND GETKEYS which argument is the key) stores them under the tag
+    let body = "redis.call('HSETEX', ARGV[1], 'EX', '100', 'FIELDS', '1', 'f', KEYS[1]); \
+                return redis.call('HGETEX', ARGV[1], 'PERSIST', 'FIELDS', '1', 'f')";
+    assert_eq!(c.cmd(&["EVAL", body, "1", "vq:declared", "vq:made"]), V::strs(&["vq:declared"]));
+    assert_eq!(cmd(master, &["HGET", "{vq}vq:made", "f"]), V::s("vq:declared"));
+    assert_eq!(c.cmd(&["DEL", "vq:made"]), V::Int(1));
 }

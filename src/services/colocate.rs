@@ -750,10 +750,9 @@ impl Colocate {
     pub fn restore_request(&self, cmd: &Command, req: &Request) -> Option<Request> {
         let keys = keys_of(cmd, req).ok()?;
         let rules = self.rules.load();
-        // a shimmed script's body (EVAL's, SCRIPT LOAD's) as the client sent it
+        // a shimmed EVAL's body as the client sent it (SCRIPT LOAD goes as it is)
         let body = match cmd.name.as_str() {
             "EVAL" | "EVAL_RO" if req.argc() > 1 => rules.unshim(req.arg(1)).map(|b| (1, b)),
-            "SCRIPT|LOAD" if req.argc() == 3 => rules.unshim(req.arg(2)).map(|b| (2, b)),
             _ => None,
         };
         if body.is_none() && !keys.iter().any(|&k| rules.client_name(req.arg(k as usize)).is_some()) {
@@ -833,8 +832,7 @@ fn restore_reply(rules: &Rules, fix: &ReplyFix, reply: &[u8]) -> Option<Bytes> {
         return w.finish();
     }
     if fix.kind == NamesInReply::Script {
-        // the shimmed script's SHA1 (SCRIPT LOAD's reply, an error's `script: ...`) is the
-        // client's
+        // the shimmed script's SHA1 (an error's `script: ...`) is the client's
         let pair = fix.filter.as_deref()?;
         let (sent, orig) = pair.split_at(40);
         let start = memchr::memmem::find(reply, sent)?;
