@@ -23,6 +23,8 @@ pub struct Config {
     pub transactions: TransactionsConfig,
     pub ratelimit: crate::services::ratelimit::RateLimitConfig,
     pub cache: crate::services::cache::CacheConfig,
+    /// `[fleet]`: heatshields that divide the rate-limit rules between them (docs/fleet.md).
+    pub fleet: crate::services::fleet::FleetConfig,
     /// `[[colocate]]`: key colocation rules (docs/colocation.md).
     pub colocate: Vec<crate::services::colocate::RuleConfig>,
 }
@@ -549,6 +551,7 @@ impl Config {
             p.extend(rules);
         }
         p.extend(self.cache.validate(&table));
+        p.extend(self.fleet.problems());
         if let Err(rules) = crate::services::colocate::compile(&self.colocate) {
             p.extend(rules);
         }

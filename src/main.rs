@@ -262,6 +262,8 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     heatshield::services::locks::start(proxy.locks.clone(), proxy.cluster.clone());
     heatshield::services::pubsub::start(proxy.pubsub.clone());
     spawn_reloader(proxy.clone(), config_path, overrides);
+    // (waits for the first sync, so the first clients meet the fleet's parts)
+    heatshield::services::fleet::start(proxy.fleet.clone(), proxy.ratelimit.clone(), proxy.cluster.clone()).await;
     spawn_tls_reloader(acceptor.clone(), opts.tls.clone());
     // what the masters' command tables add to heatshield's (before the first client)
     heatshield::learn::start(proxy.clone()).await;
@@ -286,6 +288,7 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     };
     info!(listen = %proxy.config.server.listen, tls = ?proxy.config.tls.listen, workers, "heatshield ready");
     shutdown_signal().await;
+    heatshield::services::fleet::leave(&proxy.fleet, &proxy.cluster).await;
     let _ = stop_tx.send(true);
     // Keep refreshing the topology while the workers drain.
     let _ = tokio::task::spawn_blocking(move || {
@@ -392,6 +395,9 @@ fn spawn_gauges(proxy: Arc<Proxy>) {
             g.slot_map_version.set(proxy.cluster.version() as f64);
             proxy.ratelimit.reclaim();
             proxy.ratelimit.publish_metrics();
+            if let Some(at) = proxy.fleet.view().synced.filter(|_| proxy.fleet.enabled()) {
+                g.fleet_sync_age.set(at.elapsed().as_secs_f64());
+            }
             g.ratelimit_keys.set(proxy.ratelimit.tracked_keys() as f64);
             proxy.cache.publish_metrics();
             proxy.locks.publish_metrics();

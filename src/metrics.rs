@@ -75,6 +75,18 @@ fn describe() {
         "Client TLS handshakes that failed or timed out (a bad or missing client certificate, a plain-text client)."
     );
     describe_counter!("heatshield_tls_reloads_total", "Certificate files reloaded (TLS listener and backend).");
+    describe_gauge!(
+        "heatshield_fleet_members",
+        "Heatshields of this one's fleet seen at the last sync, itself included."
+    );
+    describe_gauge!("heatshield_fleet_watched_keys", "Keys the fleet divides by demand (leases held here).");
+    describe_gauge!(
+        "heatshield_fleet_sync_age_seconds",
+        Unit::Seconds,
+        "Seconds since this heatshield last synced with its fleet (parts are kept from then)."
+    );
+    describe_counter!("heatshield_fleet_syncs_total", "Fleet syncs, by result (ok, error).");
+    describe_gauge!("heatshield_ratelimit_share", "This heatshield's share of a rate-limit rule (1 alone), by rule.");
     describe_counter!(
         "heatshield_acl_denied_total",
         "Requests and logins refused by ACL, by user and reason (command, key, channel, auth)."
@@ -274,6 +286,11 @@ pub struct Global {
     pub rejected: Counter,
     pub tls_handshake_failed: Counter,
     pub tls_reloads: Counter,
+    pub fleet_members: Gauge,
+    pub fleet_leased_keys: Gauge,
+    pub fleet_sync_age: Gauge,
+    pub fleet_syncs_ok: Counter,
+    pub fleet_syncs_failed: Counter,
     pub moved: Counter,
     pub ask: Counter,
     pub redirect_refused: Counter,
@@ -312,6 +329,11 @@ pub fn global() -> &'static Global {
         rejected: counter!("heatshield_client_connections_rejected_total"),
         tls_handshake_failed: counter!("heatshield_tls_handshakes_failed_total"),
         tls_reloads: counter!("heatshield_tls_reloads_total"),
+        fleet_members: gauge!("heatshield_fleet_members"),
+        fleet_leased_keys: gauge!("heatshield_fleet_watched_keys"),
+        fleet_sync_age: gauge!("heatshield_fleet_sync_age_seconds"),
+        fleet_syncs_ok: counter!("heatshield_fleet_syncs_total", "result" => "ok"),
+        fleet_syncs_failed: counter!("heatshield_fleet_syncs_total", "result" => "error"),
         moved: counter!("heatshield_redirections_total", "kind" => "moved"),
         ask: counter!("heatshield_redirections_total", "kind" => "ask"),
         redirect_refused: counter!("heatshield_redirections_refused_total"),

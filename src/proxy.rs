@@ -56,7 +56,9 @@ pub struct Proxy {
     /// Per-command Prometheus handles.
     pub command_metrics: crate::metrics::CommandsMetrics,
     /// Per-key rate limits.
-    pub ratelimit: crate::services::ratelimit::Limiter,
+    pub ratelimit: Arc<crate::services::ratelimit::Limiter>,
+    /// The fleet this heatshield divides the rate-limit rules with (`[fleet]`).
+    pub fleet: Arc<crate::services::fleet::Fleet>,
     /// Hot-key detection and cache.
     pub cache: Arc<crate::services::cache::HotCache>,
     /// Lock scripts, parked ACQUIREs and KEEPALIVE locks.
@@ -125,11 +127,12 @@ impl Proxy {
         let commands = CommandTable::new();
         // validated with the configuration, so compiling cannot fail here
         let rules = crate::services::ratelimit::compile(&config.ratelimit.rules, &commands).unwrap_or_default();
-        let ratelimit = crate::services::ratelimit::Limiter::new(
+        let ratelimit = Arc::new(crate::services::ratelimit::Limiter::new(
             rules,
             config.ratelimit.max_tracked_keys,
             Duration::from_millis(config.ratelimit.idle_reclaim_ms),
-        );
+        ));
+        let fleet = crate::services::fleet::Fleet::new(config.fleet.clone(), &config.server.listen);
         // one extra id for requests that match no command
         let ids = commands.count() + 1;
         // (validated with the configuration)
@@ -163,6 +166,7 @@ impl Proxy {
             clients: Default::default(),
             live: crate::config::Live::new(&config),
             ratelimit,
+            fleet,
             command_stats: crate::services::stats::CommandStats::new(workers, ids),
             command_metrics: crate::metrics::CommandsMetrics::new(ids),
             slowlog: Default::default(),

@@ -8,6 +8,8 @@
 //!   keys, channels), in Redis's syntax;
 //! - [`stats`]: slow log, big-key log, HOTKEYS sessions, per-command statistics;
 //! - [`ratelimit`]: per-key rate limits (rules, GCRA budgets, tracked-key cap);
+//! - [`fleet`]: heatshields of one fleet dividing the rate-limit rules between them,
+//!   through the cluster they serve;
 //! - [`cache`]: hot-key detection and the never-stale hot-key cache, and the keys
 //!   tracking clients read (CLIENT TRACKING's invalidations);
 //! - [`locks`]: distributed-lock commands (Lua scripts, parked waiters, KEEPALIVE);
@@ -19,6 +21,7 @@
 pub mod acl;
 pub mod cache;
 pub mod colocate;
+pub mod fleet;
 pub mod locks;
 pub mod pubsub;
 pub mod ratelimit;

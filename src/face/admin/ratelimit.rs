@@ -15,6 +15,8 @@ pub(super) fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
     match op.as_str() {
         "LIST" if req.argc() == 3 => {
             let rules = proxy.ratelimit.rules();
+            let fleet = proxy.fleet.view();
+            let leases = proxy.ratelimit.leases_by_rule();
             ctx.reply(|w| {
                 w.array(rules.len());
                 for r in rules.iter() {
@@ -23,7 +25,9 @@ pub(super) fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
                         CommandsSpec::Kind(k) => k.clone(),
                         CommandsSpec::List(l) => l.join(","),
                     };
-                    w.map(9);
+                    let (fleet_demand, own_demand, members) =
+                        fleet.rules.get(&s.name).copied().unwrap_or((0.0, 0.0, fleet.members));
+                    w.map(14);
                     for (k, v) in [
                         ("name", s.name.clone()),
                         ("pattern", s.pattern.clone()),
@@ -40,6 +44,18 @@ pub(super) fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
                     w.int(r.allowed() as i64);
                     w.bulk(b"throttled");
                     w.int(r.throttled.load(Ordering::Relaxed) as i64);
+                    // the fleet's view (docs/fleet.md): members with the rule, this
+                    // instance's share, demands in requests/s, keys divided by demand
+                    w.bulk(b"fleet_members");
+                    w.int(members as i64);
+                    w.bulk(b"share");
+                    w.bulk(format!("{:.4}", r.share()).as_bytes());
+                    w.bulk(b"fleet_demand");
+                    w.bulk(format!("{fleet_demand:.1}").as_bytes());
+                    w.bulk(b"demand");
+                    w.bulk(format!("{own_demand:.1}").as_bytes());
+                    w.bulk(b"watched_keys");
+                    w.int(leases.get(&s.name).copied().unwrap_or(0) as i64);
                 }
             })
         }

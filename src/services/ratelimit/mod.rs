@@ -7,6 +7,7 @@
 //! every key first and charge none of them when one is over budget, and governor's keyed
 //! limiter charges on each check with no way to look without consuming.
 
+pub mod share;
 pub mod table;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -98,6 +99,9 @@ pub struct Rule {
     tolerance: u64,
     /// The shared budget (scope = "shared", and per-key keys beyond the cap).
     shared: AtomicU64,
+    /// This instance's part of the rule in a fleet ([`share`]): the interval and tolerance
+    /// the shared budget and the keys without a lease are charged with. Alone: the rule's.
+    pub(crate) local: share::Part,
     /// Mixed into the key hashes of this rule's budgets in the key table, so every rule
     /// (and every new version of a rule) has budgets of its own.
     salt: u64,
@@ -106,6 +110,7 @@ pub struct Rule {
     pub throttled: AtomicU64,
     m_allowed: metrics::Counter,
     m_throttled: metrics::Counter,
+    m_share: metrics::Gauge,
 }
 
 /// Counter slots per rule; workers beyond share slots (then counts may be lost, not
@@ -116,6 +121,11 @@ impl Rule {
     /// Requests this rule allowed.
     pub fn allowed(&self) -> u64 {
         self.allowed.sum()
+    }
+
+    /// This instance's share of the rule (1 alone; see [`share`]).
+    pub fn share(&self) -> f64 {
+        self.local.share(self.interval)
     }
 
     #[inline]
@@ -193,11 +203,13 @@ pub fn compile(rules: &[RuleConfig], table: &CommandTable) -> Result<Vec<Arc<Rul
             interval,
             tolerance: interval.saturating_mul(r.burst),
             shared: AtomicU64::new(0),
+            local: share::Part::new(interval, interval.saturating_mul(r.burst)),
             salt: ahash::RandomState::new().hash_one(i),
             allowed: crate::metrics::PerWorkerCounter::new(WORKER_SLOTS),
             throttled: AtomicU64::new(0),
             m_allowed: metrics::counter!("heatshield_ratelimit_allowed_total", &labels),
             m_throttled: metrics::counter!("heatshield_ratelimit_throttled_total", &labels),
+            m_share: metrics::gauge!("heatshield_ratelimit_share", &labels),
         }));
     }
     if problems.is_empty() { Ok(out) } else { Err(problems) }
@@ -244,14 +256,41 @@ pub struct Limiter {
     table: OnceLock<table::Budgets>,
     clock_zero: Instant,
     hasher: ahash::RandomState,
+    /// Keys throttled here without a lease, for the fleet's next report.
+    pub candidates: share::Candidates,
 }
 
 /// Which budget a key draws on: rule index, and the key's hash (None: the rule's shared one).
 type BudgetId = (usize, Option<u64>);
 
-/// The rules in order, published as one value.
+/// The rules in order and the fleet's leases on their keys, published as one value.
 struct State {
     rules: Arc<Vec<Arc<Rule>>>,
+    /// Empty when alone, and until the fleet watches a key.
+    leases: Arc<share::Leases>,
+}
+
+/// What this instance saw of its rules since the fleet task last asked
+/// ([`Limiter::fleet_seen`]).
+pub struct Seen {
+    /// The rules it was seen under (a plan for other rules is not applied).
+    pub rules: Arc<Vec<Arc<Rule>>>,
+    /// Requests each rule counted so far (allowed and refused), by rule index.
+    pub demand: Vec<u64>,
+    /// Leased keys: rule index, key, requests since the last call.
+    pub leased: Vec<(usize, Box<[u8]>, u64)>,
+    /// Keys throttled here without a lease: rule index, key, throttles.
+    pub throttled: Vec<(usize, Box<[u8]>, u64)>,
+}
+
+/// What the fleet decided for this instance ([`Limiter::fleet_apply`]).
+pub struct Plan {
+    /// The rules it was decided for (from [`Seen::rules`]).
+    pub rules: Arc<Vec<Arc<Rule>>>,
+    /// This instance's share of each rule's shared budget and of its keys without a lease.
+    pub shares: Vec<f64>,
+    /// The keys to watch: rule index, key, this instance's share of it.
+    pub leases: Vec<(usize, Box<[u8]>, f64)>,
 }
 
 /// A session's handle on the limiter, so that a check costs less than a standalone one:
@@ -285,7 +324,10 @@ impl View {
 impl Limiter {
     pub fn new(rules: Vec<Arc<Rule>>, max_keys: usize, idle: std::time::Duration) -> Limiter {
         let l = Limiter {
-            state: Arc::new(ArcSwap::from_pointee(State { rules: Arc::new(Vec::new()) })),
+            state: Arc::new(ArcSwap::from_pointee(State {
+                rules: Arc::new(Vec::new()),
+                leases: Arc::new(share::Leases::default()),
+            })),
             publish: std::sync::Mutex::new(()),
             per_key: std::sync::atomic::AtomicBool::new(false),
             max_keys,
@@ -293,6 +335,7 @@ impl Limiter {
             table: OnceLock::new(),
             clock_zero: Instant::now(),
             hasher: ahash::RandomState::new(),
+            candidates: share::Candidates::default(),
         };
         l.replace(rules);
         l
@@ -308,9 +351,9 @@ impl Limiter {
         self.state.load().rules.clone()
     }
 
-    /// Replaces the rules. A rule whose definition is unchanged keeps its budgets; new
-    /// and changed rules start fresh (the budgets of the old ones go idle and are
-    /// reclaimed).
+    /// Replaces the rules. A rule whose definition is unchanged keeps its budgets and its
+    /// part of a fleet's; new and changed rules start fresh (the budgets of the old ones go
+    /// idle and are reclaimed), and the fleet's leases are dropped until its next sync.
     pub fn replace(&self, rules: Vec<Arc<Rule>>) {
         let _p = self.publish.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.state.load().rules.clone();
@@ -321,7 +364,64 @@ impl Limiter {
             self.table.get_or_init(|| table::Budgets::new(self.max_keys));
         }
         self.per_key.store(per_key, Ordering::Relaxed);
-        self.state.store(Arc::new(State { rules: Arc::new(rules) }));
+        self.state.store(Arc::new(State { rules: Arc::new(rules), leases: Arc::new(share::Leases::default()) }));
+    }
+
+    /// Keys the fleet watches now.
+    pub fn leased_keys(&self) -> usize {
+        self.state.load().leases.len()
+    }
+
+    /// Keys the fleet watches now, by rule name.
+    pub fn leases_by_rule(&self) -> std::collections::HashMap<String, usize> {
+        let state = self.state.load();
+        let mut out = std::collections::HashMap::new();
+        for l in state.leases.values() {
+            if let Some(r) = state.rules.get(l.rule) {
+                *out.entry(r.spec.name.clone()).or_default() += 1;
+            }
+        }
+        out
+    }
+
+    /// What the fleet task reports: each rule's demand so far, the requests each leased
+    /// key saw since the last call, and the keys throttled here without a lease.
+    pub fn fleet_seen(&self) -> Seen {
+        let state = self.state.load_full();
+        let demand = state.rules.iter().map(|r| r.allowed() + r.throttled.load(Ordering::Relaxed)).collect();
+        let leased =
+            state.leases.values().map(|l| (l.rule, l.key.clone(), l.demand.swap(0, Ordering::Relaxed))).collect();
+        Seen { rules: state.rules.clone(), demand, leased, throttled: self.candidates.take() }
+    }
+
+    /// Applies the fleet's plan, unless the rules changed since it was made (the next
+    /// round makes one for the new rules). A key leased before keeps its counter.
+    pub fn fleet_apply(&self, plan: &Plan) {
+        let _p = self.publish.lock().unwrap_or_else(|e| e.into_inner());
+        let state = self.state.load_full();
+        if !Arc::ptr_eq(&state.rules, &plan.rules) {
+            return;
+        }
+        for (r, &s) in state.rules.iter().zip(&plan.shares) {
+            r.local.set(r.interval, r.spec.burst, s);
+        }
+        let mut leases = share::Leases::default();
+        for (ri, key, s) in &plan.leases {
+            let Some(r) = state.rules.get(*ri).filter(|r| r.per_key) else { continue };
+            let tag = table::tag(self.hasher.hash_one(&key[..]), r.salt);
+            let lease = match state.leases.get(&tag) {
+                Some(l) => l.clone(),
+                None => Arc::new(share::Lease {
+                    rule: *ri,
+                    key: key.clone(),
+                    part: share::Part::new(r.interval, r.tolerance),
+                    demand: AtomicU64::new(0),
+                }),
+            };
+            lease.part.set(r.interval, r.spec.burst, *s);
+            leases.insert(tag, lease);
+        }
+        self.state.store(Arc::new(State { rules: state.rules.clone(), leases: Arc::new(leases) }));
     }
 
     /// Whether a per-key rule exists, so that pipelined requests are worth prefetching
@@ -373,6 +473,7 @@ impl Limiter {
         for r in self.state.load().rules.iter() {
             r.m_allowed.absolute(r.allowed());
             r.m_throttled.absolute(r.throttled.load(Ordering::Relaxed));
+            r.m_share.set(r.share());
         }
     }
 
@@ -475,13 +576,23 @@ impl Limiter {
         // Look first...
         for &((ri, key), n, first) in &need {
             let r = &rules[ri];
-            let tat = match (key, table) {
-                (Some(h), Some((_, t))) => table::Budgets::get(t, h, table::tag(h, r.salt)).unwrap_or(0),
-                _ => r.shared.load(Ordering::Relaxed),
+            let (tat, (interval, tolerance, lease)) = match (key, table) {
+                (Some(h), Some((_, t))) => {
+                    let tag = table::tag(h, r.salt);
+                    (table::Budgets::get(t, h, tag).unwrap_or(0), Self::part(state, r, Some(tag)))
+                }
+                _ => (r.shared.load(Ordering::Relaxed), Self::part(state, r, None)),
             };
-            let next = tat.max(now) + n * r.interval;
-            if next - now > r.tolerance {
+            let next = tat.max(now) + n * interval;
+            if next - now > tolerance {
                 r.throttled.fetch_add(1, Ordering::Relaxed);
+                match lease {
+                    Some(l) => {
+                        l.demand.fetch_add(n, Ordering::Relaxed);
+                    }
+                    None if r.per_key => self.candidates.note(ri, first),
+                    None => {}
+                }
                 return Err(Throttled { key: first.to_vec(), rate: r.spec.rate, rule: r.spec.name.clone() });
             }
         }
@@ -489,7 +600,12 @@ impl Limiter {
         // is charged to the shared budget).
         for &((ri, key), n, _) in &need {
             let r = &rules[ri];
-            let charge = |tat: u64| Some(tat.max(now) + n * r.interval);
+            let tag = key.map(|h| table::tag(h, r.salt));
+            let (interval, _, lease) = Self::part(state, r, tag);
+            if let Some(l) = lease {
+                l.demand.fetch_add(n, Ordering::Relaxed);
+            }
+            let charge = |tat: u64| Some(tat.max(now) + n * interval);
             let placed = match (key, table) {
                 (Some(h), Some((b, t))) => b.update(t, h, table::tag(h, r.salt), charge) != table::Update::Full,
                 _ => false,
@@ -500,6 +616,18 @@ impl Limiter {
             r.count_allowed(n);
         }
         Ok(())
+    }
+
+    /// The interval and tolerance a budget is charged with: its lease's when the fleet
+    /// watches the key (`tag`: the key's budget tag), else the rule's part.
+    #[inline]
+    fn part<'s>(state: &'s State, r: &Rule, tag: Option<u64>) -> (u64, u64, Option<&'s share::Lease>) {
+        if let Some(l) = tag.filter(|_| !state.leases.is_empty()).and_then(|tag| state.leases.get(&tag)) {
+            let (i, t) = l.part.get();
+            return (i, t, Some(l));
+        }
+        let (i, t) = r.local.get();
+        (i, t, None)
     }
 
     /// One key (most commands): one table lookup, checked and charged in one step.
@@ -513,36 +641,52 @@ impl Limiter {
         at: Instant,
         cached: bool,
     ) -> Result<(), Throttled> {
-        let Some(r) = state.rules.iter().find(|r| r.matches(cmd, key)) else { return Ok(()) };
+        let Some(ri) = state.rules.iter().position(|r| r.matches(cmd, key)) else { return Ok(()) };
+        let r = &state.rules[ri];
         if cached && !r.spec.count_cached {
             return Ok(());
         }
         let now = self.ns(at);
-        let take = |tat: u64| {
-            let next = tat.max(now) + r.interval;
-            (next - now <= r.tolerance).then_some(next)
+        let take = |interval: u64, tolerance: u64| {
+            move |tat: u64| {
+                let next = tat.max(now) + interval;
+                (next - now <= tolerance).then_some(next)
+            }
         };
-        let ok = match self.table.get() {
+        // `candidate`: a per-key budget the fleet does not watch yet
+        let (ok, candidate) = match self.table.get() {
             Some(b) if r.per_key => {
                 let h = if (key.as_ptr() as usize, key.len()) == (hint.0, hint.1) {
                     hint.2
                 } else {
                     self.hasher.hash_one(key)
                 };
-                let u = b.update(&b.load(), h, table::tag(h, r.salt), take);
-                match u {
+                let tag = table::tag(h, r.salt);
+                let (interval, tolerance, lease) = Self::part(state, r, Some(tag));
+                if let Some(l) = lease {
+                    l.demand.fetch_add(1, Ordering::Relaxed);
+                }
+                let take = take(interval, tolerance);
+                let ok = match b.update(&b.load(), h, tag, take) {
                     table::Update::Applied(ok) => ok,
                     // at the cap a new key draws on the shared budget
                     table::Update::Full => r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok(),
-                }
+                };
+                (ok, lease.is_none())
             }
-            _ => r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok(),
+            _ => {
+                let (interval, tolerance) = r.local.get();
+                (r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take(interval, tolerance)).is_ok(), false)
+            }
         };
         if ok {
             r.count_allowed(1);
             Ok(())
         } else {
             r.throttled.fetch_add(1, Ordering::Relaxed);
+            if candidate {
+                self.candidates.note(ri, key);
+            }
             Err(Throttled { key: key.to_vec(), rate: r.spec.rate, rule: r.spec.name.clone() })
         }
     }

@@ -1,0 +1,526 @@
+//! A fleet of heatshields (docs/fleet.md): instances with the same `fleet.name` find each
+//! other through the cluster they serve and divide each rate-limit rule between them, so
+//! that a rule holds for the fleet as a whole, with no round trip on the request path.
+//!
+//! Every `fleet.sync_interval_ms`, on the control runtime, each instance runs one script
+//! on the master of the fleet's slot (its keys share the hash tag `{heatshield:NAME}`):
+//! it writes the instance's report (what its rules and its watched keys saw, per second,
+//! since the last one) into the hash `{heatshield:NAME}:reports` and its expiry time
+//! (Redis's clock plus `fleet.member_ttl_ms`) into the sorted set
+//! `{heatshield:NAME}:members`, removes the members whose time passed, and returns every
+//! report. From the reports each instance works out its own part ([`plan`]):
+//!
+//! - a per-key rule: 1/N of the rate and burst for each key, N being the members that
+//!   have the rule;
+//! - a key throttled anywhere (watched: a lease): the instance's share of the key's demand
+//!   over the fleet (with a floor of 1% of the rate each, so that an instance that starts
+//!   seeing the key gets some budget at once), as long as the fleet's demand on it is at
+//!   least half of 1/N of the rate (below that, 1/N admits everything);
+//! - a shared rule: the instance's share of the rule's demand, with the same floor.
+//!
+//! The shares add up to one: the fleet admits the rule's rate. When the script fails
+//! (the master unreachable, a failover), each instance keeps its last part (said by
+//! `heatshield_fleet_sync_age_seconds`, and `PROXY RATELIMIT LIST`). An instance that
+//! stops cleanly removes its report at once; one killed is dropped after
+//! `fleet.member_ttl_ms`.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+
+use crate::protocol::Request;
+use crate::protocol::reply::Value;
+use crate::services::ratelimit::{Limiter, Plan, Rule, Seen};
+use crate::upstream::backend;
+use crate::upstream::cluster::{Cluster, slot};
+
+/// `[fleet]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetConfig {
+    /// The fleet's name; instances with the same name divide the rate-limit rules between
+    /// them. Empty: this instance is alone.
+    pub name: String,
+    /// How often an instance reports and works out its part again.
+    pub sync_interval_ms: u64,
+    /// An instance that stopped reporting this long is no longer a member.
+    pub member_ttl_ms: u64,
+    /// Keys the fleet watches at most (the most demanded first).
+    pub max_watched_keys: usize,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        FleetConfig { name: String::new(), sync_interval_ms: 500, member_ttl_ms: 1500, max_watched_keys: 10_000 }
+    }
+}
+
+impl FleetConfig {
+    /// Problems with the settings, each naming its key.
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = vec![];
+        if self.name.contains(['{', '}']) || self.name.len() > 64 {
+            p.push("fleet.name: at most 64 bytes, without '{' or '}'".to_string());
+        }
+        if !(50..=60_000).contains(&self.sync_interval_ms) {
+            p.push("fleet.sync_interval_ms: between 50 and 60000".to_string());
+        }
+        if self.member_ttl_ms < 2 * self.sync_interval_ms || self.member_ttl_ms > 600_000 {
+            p.push("fleet.member_ttl_ms: at least twice fleet.sync_interval_ms, at most 600000".to_string());
+        }
+        if self.max_watched_keys > 1_000_000 {
+            p.push("fleet.max_watched_keys: at most 1000000".to_string());
+        }
+        p
+    }
+
+    /// The fleet's two keys: reports and members.
+    pub fn keys(&self) -> (String, String) {
+        (format!("{{heatshield:{}}}:reports", self.name), format!("{{heatshield:{}}}:members", self.name))
+    }
+}
+
+/// The floor of every member's demand, as a fraction of the rule's rate.
+const FLOOR: f64 = 0.01;
+
+/// What the fleet looks like from here (`PROXY RATELIMIT LIST`, metrics).
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    /// Members seen in the last sync, this one included (1 alone or before any sync).
+    pub members: usize,
+    /// When the last sync succeeded.
+    pub synced: Option<Instant>,
+    /// The last sync's error, if it failed.
+    pub error: Option<String>,
+    /// By rule name: the fleet's demand and this instance's (requests per second), and
+    /// how many members have the rule.
+    pub rules: HashMap<String, (f64, f64, usize)>,
+}
+
+/// The fleet: its settings, this instance's id and the view.
+pub struct Fleet {
+    pub config: FleetConfig,
+    /// This instance's id in the fleet's keys: random, new at every start.
+    pub id: String,
+    /// What the reports of this instance say it is (`addr pid version`).
+    pub about: String,
+    view: Mutex<View>,
+}
+
+impl Fleet {
+    pub fn new(config: FleetConfig, listen: &str) -> Arc<Fleet> {
+        let id = format!("{:016x}", ahash::RandomState::new().hash_one(std::process::id()));
+        let about = format!("{} {} {}", listen, std::process::id(), env!("CARGO_PKG_VERSION"));
+        Arc::new(Fleet { config, id, about, view: Mutex::new(View { members: 1, ..View::default() }) })
+    }
+
+    pub fn enabled(&self) -> bool {
+        !self.config.name.is_empty()
+    }
+
+    pub fn view(&self) -> View {
+        self.view.lock().clone()
+    }
+}
+
+/// A rule's identity across instances: its whole definition (instances that define a
+/// rule differently do not share it).
+pub fn rule_id(r: &Rule) -> String {
+    let s = &r.spec;
+    hex(format!(
+        "{}\u{1f}{}\u{1f}{}\u{1f}{}\u{1f}{}\u{1f}{:?}\u{1f}{}",
+        s.name, s.pattern, s.rate, s.burst, s.scope, s.commands, s.count_cached
+    )
+    .as_bytes())
+}
+
+fn hex(b: &[u8]) -> String {
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        let _ = write!(s, "{x:02x}");
+    }
+    s
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// One member's report: its demand per rule and per watched key (requests per second).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Report {
+    pub id: String,
+    pub about: String,
+    /// By rule id.
+    pub rules: HashMap<String, f64>,
+    /// By (rule id, key).
+    pub keys: HashMap<(String, Vec<u8>), f64>,
+}
+
+impl Report {
+    /// The report as stored: a line each (`a ABOUT`, `r RULE DEMAND`, `k RULE KEY DEMAND`,
+    /// names and keys in hex).
+    pub fn encode(&self) -> String {
+        let mut s = format!("a {}\n", self.about);
+        for (r, d) in &self.rules {
+            let _ = writeln!(s, "r {r} {d:.3}");
+        }
+        for ((r, k), d) in &self.keys {
+            let _ = writeln!(s, "k {r} {} {d:.3}", hex(k));
+        }
+        s
+    }
+
+    pub fn decode(id: &str, text: &str) -> Report {
+        let mut rep = Report { id: id.to_string(), ..Report::default() };
+        for line in text.lines() {
+            let mut f = line.split(' ');
+            match f.next() {
+                Some("a") => rep.about = line[2.min(line.len())..].to_string(),
+                Some("r") => {
+                    if let (Some(r), Some(Ok(d))) = (f.next(), f.next().map(str::parse::<f64>)) {
+                        rep.rules.insert(r.to_string(), d.max(0.0));
+                    }
+                }
+                Some("k") => {
+                    if let (Some(r), Some(Some(k)), Some(Ok(d))) =
+                        (f.next(), f.next().map(unhex), f.next().map(str::parse::<f64>))
+                    {
+                        rep.keys.insert((r.to_string(), k), d.max(0.0));
+                    }
+                }
+                _ => {}
+            }
+        }
+        rep
+    }
+}
+
+/// A key to watch: rule index, key, this instance's share.
+pub type Lease = (usize, Vec<u8>, f64);
+
+/// This instance's part, from every member's report (its own among them, under `me`).
+/// `rules` are this instance's rules with their ids.
+pub fn plan(me: &str, rules: &[(Arc<Rule>, String)], reports: &[Report], max_keys: usize) -> (Vec<f64>, Vec<Lease>) {
+    let mut shares = Vec::with_capacity(rules.len());
+    let mut keys: Vec<(f64, usize, Vec<u8>, f64)> = Vec::new();
+    let mine = reports.iter().find(|r| r.id == me);
+    for (ri, (rule, id)) in rules.iter().enumerate() {
+        let with: Vec<&Report> = reports.iter().filter(|r| r.rules.contains_key(id)).collect();
+        let n = with.len().max(1) as f64;
+        let floor = FLOOR * rule.spec.rate;
+        let share_of = |own: f64, total: f64| ((own + floor) / (total + n * floor)).clamp(0.0, 1.0);
+        if rule.spec.scope == "shared" {
+            let total: f64 = with.iter().map(|r| r.rules[id]).sum();
+            let own = mine.and_then(|r| r.rules.get(id)).copied().unwrap_or(0.0);
+            shares.push(share_of(own, total));
+            continue;
+        }
+        shares.push(1.0 / n);
+        // the keys any member watches under this rule, with the fleet's demand
+        let mut totals: HashMap<&[u8], f64> = HashMap::new();
+        for r in &with {
+            for ((rid, k), d) in &r.keys {
+                if rid == id {
+                    *totals.entry(&k[..]).or_default() += d;
+                }
+            }
+        }
+        for (k, total) in totals {
+            if total < rule.spec.rate / (2.0 * n) {
+                continue;
+            }
+            let own = mine.and_then(|r| r.keys.get(&(id.clone(), k.to_vec()))).copied().unwrap_or(0.0);
+            keys.push((total / rule.spec.rate, ri, k.to_vec(), share_of(own, total)));
+        }
+    }
+    // the most demanded keys first, relative to their rule's rate
+    keys.sort_by(|a, b| b.0.total_cmp(&a.0));
+    keys.truncate(max_keys);
+    (shares, keys.into_iter().map(|(_, ri, k, s)| (ri, k, s)).collect())
+}
+
+/// The script: report, expire the members gone, return every report.
+const SYNC: &str = "\
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+for _, id in ipairs(gone) do
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+end
+redis.call('PEXPIRE', KEYS[1], 60000)
+redis.call('PEXPIRE', KEYS[2], 60000)
+return redis.call('HGETALL', KEYS[1])";
+
+/// The script an instance that stops runs: its report and membership go at once.
+const LEAVE: &str = "redis.call('HDEL', KEYS[1], ARGV[1]) return redis.call('ZREM', KEYS[2], ARGV[1])";
+
+/// The fleet task's connection to the master of the fleet's slot.
+struct Link {
+    addr: String,
+    stream: crate::tls::Link,
+}
+
+/// What the task keeps between rounds.
+struct Round {
+    link: Option<Link>,
+    last: Instant,
+    /// Each rule's demand counted at the last round, by rule id.
+    counted: HashMap<String, u64>,
+}
+
+/// Starts the fleet task (when a fleet is configured) and waits for its first sync, at
+/// most a sync interval, so that the first clients meet the fleet's parts.
+pub async fn start(fleet: Arc<Fleet>, limiter: Arc<Limiter>, cluster: Arc<Cluster>) {
+    if !fleet.enabled() {
+        return;
+    }
+    limiter.candidates.on.store(true, std::sync::atomic::Ordering::Relaxed);
+    let every = Duration::from_millis(fleet.config.sync_interval_ms);
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+    info!(fleet = %fleet.config.name, id = %fleet.id, "joining the fleet");
+    tokio::spawn(async move {
+        let mut round = Round { link: None, last: Instant::now(), counted: HashMap::new() };
+        let mut first = Some(first_tx);
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let outcome = sync(&fleet, &limiter, &cluster, &mut round).await;
+            let g = crate::metrics::global();
+            match outcome {
+                Ok(()) => g.fleet_syncs_ok.increment(1),
+                Err(e) => {
+                    g.fleet_syncs_failed.increment(1);
+                    round.link = None;
+                    let mut v = fleet.view.lock();
+                    if v.error.is_none() {
+                        warn!(fleet = %fleet.config.name, error = %e, "fleet sync failed; keeping the last parts");
+                    } else {
+                        debug!(error = %e, "fleet sync failed");
+                    }
+                    v.error = Some(e);
+                }
+            }
+            if let Some(tx) = first.take() {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let _ = tokio::time::timeout(every, first_rx).await;
+}
+
+/// Removes this instance from the fleet (on shutdown), so the others take its part now.
+pub async fn leave(fleet: &Fleet, cluster: &Cluster) {
+    if !fleet.enabled() {
+        return;
+    }
+    let (reports, members) = fleet.config.keys();
+    let req = Request::from_args(&["EVAL", LEAVE, "2", &reports, &members, &fleet.id]);
+    let Some(node) = cluster.topology().master_for_slot(slot::slot(reports.as_bytes())).cloned() else { return };
+    let opts = backend::BackendOptions { resp3: false, tracking: None, ..node.options().clone() };
+    let left = tokio::time::timeout(opts.command_timeout, async {
+        let (mut s, _) = backend::connect(&node.addr, &opts).await?;
+        backend::roundtrip(&mut s, req.raw()).await
+    })
+    .await;
+    match left {
+        Ok(Ok(_)) => info!(fleet = %fleet.config.name, "left the fleet"),
+        _ => {
+            warn!(fleet = %fleet.config.name, "could not leave the fleet; the others drop this instance after fleet.member_ttl_ms")
+        }
+    }
+}
+
+/// One round: report, read the others, apply this instance's part.
+async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut Round) -> Result<(), String> {
+    let seen: Seen = limiter.fleet_seen();
+    let now = Instant::now();
+    let secs = now.duration_since(round.last).as_secs_f64().max(0.001);
+    round.last = now;
+    let ids: Vec<(Arc<Rule>, String)> = seen.rules.iter().map(|r| (r.clone(), rule_id(r))).collect();
+    let members_before = fleet.view.lock().members.max(1) as f64;
+    let mut me = Report { id: fleet.id.clone(), about: fleet.about.clone(), ..Report::default() };
+    let mut counted = HashMap::new();
+    for ((_, id), &n) in ids.iter().zip(&seen.demand) {
+        let before = round.counted.get(id).copied().unwrap_or(n);
+        me.rules.insert(id.clone(), n.saturating_sub(before) as f64 / secs);
+        counted.insert(id.clone(), n);
+    }
+    round.counted = counted;
+    for (ri, key, n) in &seen.leased {
+        if let Some((_, id)) = ids.get(*ri) {
+            *me.keys.entry((id.clone(), key.to_vec())).or_default() += *n as f64 / secs;
+        }
+    }
+    for (ri, key, throttles) in &seen.throttled {
+        if let Some((r, id)) = ids.get(*ri) {
+            // what it was allowed at this instance's part, plus what was refused
+            let d = r.spec.rate / members_before + *throttles as f64 / secs;
+            let e = me.keys.entry((id.clone(), key.to_vec())).or_default();
+            *e = e.max(d);
+        }
+    }
+    let reports = exchange(fleet, cluster, round, &me).await?;
+    let (shares, keys) = plan(&fleet.id, &ids, &reports, fleet.config.max_watched_keys);
+    limiter.fleet_apply(&Plan {
+        rules: seen.rules.clone(),
+        shares,
+        leases: keys.into_iter().map(|(ri, k, s)| (ri, k.into_boxed_slice(), s)).collect(),
+    });
+    let mut v = fleet.view.lock();
+    if v.members != reports.len() || v.error.is_some() {
+        info!(fleet = %fleet.config.name, members = reports.len(), "fleet membership");
+    }
+    v.members = reports.len();
+    v.synced = Some(now);
+    v.error = None;
+    v.rules = ids
+        .iter()
+        .map(|(r, id)| {
+            let with: Vec<&Report> = reports.iter().filter(|x| x.rules.contains_key(id)).collect();
+            let total = with.iter().map(|x| x.rules[id]).sum();
+            (r.spec.name.clone(), (total, me.rules.get(id).copied().unwrap_or(0.0), with.len()))
+        })
+        .collect();
+    let g = crate::metrics::global();
+    g.fleet_members.set(reports.len() as f64);
+    g.fleet_leased_keys.set(limiter.leased_keys() as f64);
+    Ok(())
+}
+
+/// Runs the sync script on the master of the fleet's slot; every member's report.
+async fn exchange(fleet: &Fleet, cluster: &Cluster, round: &mut Round, me: &Report) -> Result<Vec<Report>, String> {
+    let (reports, members) = fleet.config.keys();
+    let node = cluster
+        .topology()
+        .master_for_slot(slot::slot(reports.as_bytes()))
+        .cloned()
+        .ok_or("no master for the fleet's slot")?;
+    let opts = backend::BackendOptions { resp3: false, tracking: None, ..node.options().clone() };
+    if round.link.as_ref().is_none_or(|l| l.addr != *node.addr) {
+        let (stream, _) = tokio::time::timeout(opts.command_timeout, backend::connect(&node.addr, &opts))
+            .await
+            .map_err(|_| format!("{}: connect timeout", node.addr))?
+            .map_err(|e| format!("{}: {e}", node.addr))?;
+        round.link = Some(Link { addr: node.addr.to_string(), stream });
+    }
+    let Some(link) = round.link.as_mut() else { return Err("no link".into()) };
+    let ttl = fleet.config.member_ttl_ms.to_string();
+    let body = me.encode();
+    let req = Request::from_args(&["EVAL", SYNC, "2", &reports, &members, &fleet.id, &ttl, &body]);
+    let reply = tokio::time::timeout(opts.command_timeout, backend::roundtrip(&mut link.stream, req.raw()))
+        .await
+        .map_err(|_| format!("{}: timeout", link.addr))?
+        .map_err(|e| format!("{}: {e}", link.addr))?;
+    match Value::parse(&reply) {
+        Ok((Value::Array(v), _)) => Ok(v
+            .chunks(2)
+            .filter_map(|p| {
+                let id = String::from_utf8_lossy(p.first()?.as_bytes()?);
+                Some(Report::decode(&id, &String::from_utf8_lossy(p.get(1)?.as_bytes()?)))
+            })
+            .collect()),
+        _ => {
+            if crate::protocol::reply::error_text(&reply)
+                .is_some_and(|e| e.starts_with(b"MOVED") || e.starts_with(b"ASK"))
+            {
+                cluster.request_refresh();
+            }
+            Err(format!("{}: {}", link.addr, String::from_utf8_lossy(&reply[..reply.len().min(200)]).trim_end()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::CommandTable;
+    use crate::services::ratelimit::{CommandsSpec, RuleConfig, compile};
+
+    fn rules(scope: &str) -> Vec<(Arc<Rule>, String)> {
+        let cfg = RuleConfig {
+            name: "r".into(),
+            pattern: "*".into(),
+            commands: CommandsSpec::default(),
+            rate: 1000.0,
+            burst: 100,
+            scope: scope.into(),
+            count_cached: false,
+        };
+        compile(&[cfg], &CommandTable::new()).unwrap().into_iter().map(|r| (r.clone(), rule_id(&r))).collect()
+    }
+
+    fn report(id: &str, rule: &str, demand: f64, keys: &[(&str, f64)]) -> Report {
+        Report {
+            id: id.into(),
+            about: format!("127.0.0.1:1 {id}"),
+            rules: [(rule.to_string(), demand)].into(),
+            keys: keys.iter().map(|(k, d)| ((rule.to_string(), k.as_bytes().to_vec()), *d)).collect(),
+        }
+    }
+
+    #[test]
+    fn reports_survive_their_encoding() {
+        let r = report("a", "7275", 12.5, &[("k\u{0}ey \n", 3.25)]);
+        assert_eq!(Report::decode("a", &r.encode()), r);
+    }
+
+    #[test]
+    fn shares_follow_demand_and_add_up() {
+        let rs = rules("per-key");
+        let id = &rs[0].1;
+        let reports = [
+            report("a", id, 2800.0, &[("hot", 2800.0), ("cold", 10.0)]),
+            report("b", id, 800.0, &[("hot", 800.0)]),
+            report("c", id, 400.0, &[("hot", 400.0)]),
+        ];
+        let mut total = 0.0;
+        for me in ["a", "b", "c"] {
+            let (shares, keys) = plan(me, &rs, &reports, 100);
+            assert!((shares[0] - 1.0 / 3.0).abs() < 1e-9, "a per-key rule's keys without a lease get 1/N");
+            assert_eq!(keys.len(), 1, "cold is under half of 1/N of the rate: no lease ({keys:?})");
+            total += keys[0].2;
+            if me == "a" {
+                assert!((keys[0].2 - 0.70).abs() < 0.01, "{keys:?}");
+            }
+        }
+        assert!((total - 1.0).abs() < 1e-9, "shares add up to one: {total}");
+        // an instance with no demand keeps a floor; alone, all of it
+        let (_, keys) = plan("d", &rs, &[reports[0].clone(), report("d", id, 0.0, &[])], 100);
+        assert!(keys[0].2 > 0.0 && keys[0].2 < 0.01, "{keys:?}");
+        let (shares, keys) = plan("a", &rs, &reports[..1], 100);
+        assert_eq!((shares[0], keys[0].2), (1.0, 1.0));
+        // at most max_keys, the most demanded first
+        let (_, keys) = plan("a", &rs, &[report("a", id, 0.0, &[("x", 600.0), ("y", 900.0)])], 1);
+        assert_eq!(keys[0].1, b"y");
+    }
+
+    #[test]
+    fn a_shared_rule_divides_by_demand_and_other_rules_are_not_shared() {
+        let rs = rules("shared");
+        let id = &rs[0].1;
+        let reports = [report("a", id, 300.0, &[]), report("b", id, 100.0, &[]), report("c", "other", 500.0, &[])];
+        let (shares, _) = plan("a", &rs, &reports, 10);
+        assert!((shares[0] - 310.0 / 420.0).abs() < 1e-9, "{shares:?}");
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        let bad = FleetConfig { name: "a{b}".into(), sync_interval_ms: 10, member_ttl_ms: 15, max_watched_keys: 0 };
+        assert_eq!(bad.problems().len(), 3);
+        assert!(FleetConfig::default().problems().is_empty());
+        assert_eq!(FleetConfig { name: "shop".into(), ..Default::default() }.keys().0, "{heatshield:shop}:reports");
+    }
+}

@@ -1,0 +1,168 @@
+//! This instance's part of each rule when several heatshields serve one cluster
+//! (docs/ratelimit.md, "A fleet of heatshields"). The fleet task
+//! (`services::fleet`) decides the parts; this module holds them where the request path
+//! reads them, and counts what the fleet task needs to decide:
+//!
+//! - [`Part`]: a rule's interval and tolerance for its shared budget and for keys with
+//!   no lease (alone: the rule's own; in a fleet of N: the rule over N for a per-key
+//!   rule, the instance's share of the demand for a shared one);
+//! - [`Lease`]: a key the fleet watches (throttled somewhere lately), with this
+//!   instance's share of it, following where its requests come from, and a counter of
+//!   the requests it saw;
+//! - [`Candidates`]: keys throttled here that have no lease yet, for the next report.
+//!
+//! The request path pays one relaxed load for a rule's part, and, only while the fleet
+//! watches some key, one lookup in a small map keyed by the budget's tag.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// The interval and tolerance (GCRA, nanoseconds) one instance charges with.
+pub struct Part {
+    interval: AtomicU64,
+    tolerance: AtomicU64,
+}
+
+impl Part {
+    pub fn new(interval: u64, tolerance: u64) -> Part {
+        Part { interval: AtomicU64::new(interval), tolerance: AtomicU64::new(tolerance) }
+    }
+
+    #[inline]
+    pub fn get(&self) -> (u64, u64) {
+        (self.interval.load(Ordering::Relaxed), self.tolerance.load(Ordering::Relaxed))
+    }
+
+    /// The part of a rule of `interval` and `burst` that `share` (0 < share ≤ 1) gives:
+    /// the rate times the share, and the burst times the share but at least one request.
+    pub fn set(&self, interval: u64, burst: u64, share: f64) {
+        let (i, t) = scaled(interval, burst, share);
+        self.interval.store(i, Ordering::Relaxed);
+        self.tolerance.store(t, Ordering::Relaxed);
+    }
+
+    /// The share this part stands for (for `PROXY RATELIMIT LIST`).
+    pub fn share(&self, interval: u64) -> f64 {
+        interval as f64 / self.interval.load(Ordering::Relaxed).max(1) as f64
+    }
+}
+
+/// Interval and tolerance for `share` of a rule.
+pub fn scaled(interval: u64, burst: u64, share: f64) -> (u64, u64) {
+    let share = if share.is_finite() { share.clamp(1e-6, 1.0) } else { 1.0 };
+    let i = ((interval as f64) / share).min((u64::MAX / 4) as f64) as u64;
+    let burst = (burst as f64 * share).max(1.0);
+    (i, ((i as f64) * burst).min((u64::MAX / 4) as f64) as u64)
+}
+
+/// A key the fleet watches, under one rule.
+pub struct Lease {
+    /// The rule's index in the rules the lease was made for.
+    pub rule: usize,
+    pub key: Box<[u8]>,
+    pub part: Part,
+    /// Requests for the key under the rule this instance saw (allowed or not).
+    pub demand: AtomicU64,
+}
+
+/// The budget tag is a hash already.
+#[derive(Default)]
+pub struct Identity(u64);
+
+impl Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// The leases by budget tag (`table::tag` of the key's hash and the rule's salt).
+pub type Leases = HashMap<u64, std::sync::Arc<Lease>, BuildHasherDefault<Identity>>;
+
+/// Keys throttled here without a lease: at most this many between two reports.
+pub const MAX_CANDIDATES: usize = 4096;
+
+/// Keys throttled here that have no lease yet (rule index, key), one entry a throttle.
+#[derive(Default)]
+pub struct Candidates {
+    /// A fleet is configured (alone, nothing is noted).
+    pub on: AtomicBool,
+    list: Mutex<Vec<(usize, Box<[u8]>)>>,
+}
+
+impl Candidates {
+    /// Notes a throttle (the slow path: the request is refused anyway).
+    pub fn note(&self, rule: usize, key: &[u8]) {
+        if !self.on.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut l = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        if l.len() < MAX_CANDIDATES {
+            l.push((rule, key.into()));
+        }
+    }
+
+    /// The keys noted since the last call, each with how many throttles.
+    pub fn take(&self) -> Vec<(usize, Box<[u8]>, u64)> {
+        let l = std::mem::take(&mut *self.list.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut out: Vec<(usize, Box<[u8]>, u64)> = Vec::new();
+        let mut at: HashMap<(usize, &[u8]), usize> = HashMap::new();
+        for (r, k) in &l {
+            match at.get(&(*r, &k[..])) {
+                Some(&i) => out[i].2 += 1,
+                None => {
+                    at.insert((*r, &k[..]), out.len());
+                    out.push((*r, k.clone(), 1));
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_share_scales_rate_and_burst() {
+        // 1000/s burst 100: a third is 333/s, burst 33
+        let (i, t) = scaled(1_000_000, 100, 1.0 / 3.0);
+        assert_eq!(i, 3_000_000);
+        assert!((t as f64 - 3_000_000.0 * 33.333).abs() < 10_000.0, "{t}");
+        // a tiny share keeps one request of burst
+        let (i, t) = scaled(1_000_000, 10, 0.001);
+        assert_eq!((i, t), (1_000_000_000, 1_000_000_000));
+        assert_eq!(scaled(1_000_000, 10, 1.0), (1_000_000, 10_000_000));
+        assert_eq!(scaled(1_000_000, 10, f64::NAN), (1_000_000, 10_000_000));
+    }
+
+    #[test]
+    fn candidates_are_counted_and_bounded() {
+        let c = Candidates::default();
+        c.note(0, b"a");
+        assert!(c.take().is_empty(), "alone, nothing is noted");
+        c.on.store(true, Ordering::Relaxed);
+        for _ in 0..3 {
+            c.note(0, b"a");
+        }
+        c.note(1, b"a");
+        c.note(0, b"b");
+        let mut got = c.take();
+        got.sort();
+        assert_eq!(got, vec![(0, b"a"[..].into(), 3), (0, b"b"[..].into(), 1), (1, b"a"[..].into(), 1)]);
+        for _ in 0..MAX_CANDIDATES + 10 {
+            c.note(0, b"x");
+        }
+        assert_eq!(c.take()[0].2, MAX_CANDIDATES as u64);
+    }
+}

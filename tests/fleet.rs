@@ -1,0 +1,160 @@
+//! A fleet of heatshields (docs/fleet.md): three instances with one `fleet.name` in front
+//! of one real 3+3 cluster divide a per-key rule between them. Clients spread 70/20/10
+//! over the instances hammer one key; what the fleet admits over 5 s windows is the
+//! rule's rate within ±10%, and again within 3 s after the busiest instance is killed
+//! with SIGKILL, whose membership then expires from the fleet's keys.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::client::{Conn, V};
+use common::{Proxy, RedisCluster, Shared, config_file};
+
+static CLUSTER: Shared<RedisCluster> = Shared::new();
+
+fn cluster() -> Arc<RedisCluster> {
+    CLUSTER.get(RedisCluster::start)
+}
+
+/// Requests admitted (not THROTTLED), by 100 ms since the start.
+struct Admitted {
+    start: Instant,
+    buckets: Vec<AtomicU64>,
+}
+
+impl Admitted {
+    fn new(secs: usize) -> Arc<Admitted> {
+        Arc::new(Admitted { start: Instant::now(), buckets: (0..secs * 10).map(|_| AtomicU64::new(0)).collect() })
+    }
+
+    fn add(&self, n: u64) {
+        let i = (self.start.elapsed().as_millis() / 100) as usize;
+        if let Some(b) = self.buckets.get(i) {
+            b.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Admitted per second over [from, to) seconds since the start.
+    fn rate(&self, from: f64, to: f64) -> f64 {
+        let (a, b) = ((from * 10.0) as usize, (to * 10.0) as usize);
+        let n: u64 = self.buckets[a..b].iter().map(|x| x.load(Ordering::Relaxed)).sum();
+        n as f64 / (to - from)
+    }
+}
+
+/// A client hammering `key` through `port`: 15 pipelined INCRs every 50 ms (300/s) until
+/// `stop`, or until its heatshield goes away.
+fn hammer(port: u16, key: String, admitted: Arc<Admitted>, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let Ok(mut c) = Conn::try_connect(port) else { return };
+        let batch: Vec<u8> = (0..15).flat_map(|_| common::client::encode(&["INCR", &key])).collect();
+        let mut next = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            if c.try_send_raw(&batch).is_err() {
+                return;
+            }
+            let mut ok = 0;
+            for _ in 0..15 {
+                match c.try_read_full() {
+                    Ok(r) if r.v.err().is_some_and(|e| e.starts_with("THROTTLED")) => {}
+                    Ok(r) if r.v.is_err() => panic!("unexpected error {:?}", r.v),
+                    Ok(_) => ok += 1,
+                    Err(_) => return,
+                }
+            }
+            admitted.add(ok);
+            next += Duration::from_millis(50);
+            if let Some(d) = next.checked_duration_since(Instant::now()) {
+                thread::sleep(d);
+            }
+        }
+    })
+}
+
+fn rule_field(c: &mut Conn, rule: &str, field: &str) -> V {
+    let list = c.cmd(&["PROXY", "RATELIMIT", "LIST"]);
+    let r = list.items().iter().find(|r| r.get("name") == Some(V::s(rule))).expect("the rule is listed").clone();
+    r.get(field).unwrap_or_else(|| panic!("no {field} in {r:?}"))
+}
+
+#[test]
+fn three_instances_admit_the_rules_rate_and_a_killed_one_lets_go() {
+    let cluster = cluster();
+    const RATE: f64 = 400.0;
+    let (_dir, path) = config_file(
+        "[fleet]\nname = \"t3\"\n\n[[ratelimit.rules]]\nname = \"hot\"\npattern = \"fleet:*\"\nrate = 400\nburst = 40\n",
+    );
+    let proxies: Vec<Proxy> = (0..3).map(|_| Proxy::start_cluster(&cluster, &["--config", &path])).collect();
+    let admitted = Admitted::new(40);
+    let stop = Arc::new(AtomicBool::new(false));
+    let key = "fleet:hot".to_string();
+    // 7, 2 and 1 clients: 2,100, 600 and 300 requests/s for a rule of 400/s
+    let mut threads = vec![];
+    for (i, n) in [7, 2, 1].into_iter().enumerate() {
+        for _ in 0..n {
+            threads.push(hammer(proxies[i].port(), key.clone(), admitted.clone(), stop.clone()));
+        }
+    }
+    // 2 s of warm-up, then two windows of 5 s
+    thread::sleep(Duration::from_secs(12));
+    let mut c2 = Conn::connect(proxies[1].port());
+    assert_eq!(rule_field(&mut c2, "hot", "fleet_members"), V::Int(3));
+    assert_eq!(rule_field(&mut c2, "hot", "watched_keys"), V::Int(1));
+    let share: f64 = rule_field(&mut c2, "hot", "share").text().parse().unwrap();
+    assert!((share - 1.0 / 3.0).abs() < 0.01, "keys without a lease get 1/N: {share}");
+    for (from, to) in [(2.0, 7.0), (7.0, 12.0)] {
+        let r = admitted.rate(from, to);
+        eprintln!("3 instances, {from}-{to} s: {r:.0}/s admitted ({:.3} of the rule)", r / RATE);
+        assert!((r / RATE - 1.0).abs() <= 0.10, "{from}-{to} s: {r:.0}/s admitted for a rule of {RATE}/s");
+    }
+    // SIGKILL the instance with 70% of the clients: the other two take the rule's rate
+    // within 3 s
+    let (reports_key, members_key) = ("{heatshield:t3}:reports", "{heatshield:t3}:members");
+    let mut direct = Conn::connect(cluster.master_for_key(members_key.as_bytes()));
+    assert_eq!(direct.cmd(&["ZCARD", members_key]), V::Int(3));
+    proxies[0].signal("KILL");
+    let killed = admitted.start.elapsed().as_secs_f64();
+    thread::sleep(Duration::from_secs(9));
+    let r = admitted.rate(killed + 3.0, killed + 8.0);
+    eprintln!("2 instances, 3-8 s after the kill: {r:.0}/s ({:.3})", r / RATE);
+    assert!((r / RATE - 1.0).abs() <= 0.10, "after the kill: {r:.0}/s admitted for a rule of {RATE}/s");
+    // the dead instance's membership and report expired from the fleet's keys
+    assert_eq!(direct.cmd(&["ZCARD", members_key]), V::Int(2));
+    assert_eq!(direct.cmd(&["HLEN", reports_key]), V::Int(2));
+    assert_eq!(rule_field(&mut c2, "hot", "fleet_members"), V::Int(2));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    // one that stops cleanly leaves at once
+    proxies[2].signal("TERM");
+    assert_eq!(proxies[2].wait_exit(Duration::from_secs(10)), Some(0));
+    assert_eq!(direct.cmd(&["ZCARD", members_key]), V::Int(1), "{}", proxies[2].log());
+}
+
+#[test]
+fn alone_an_instance_keeps_the_whole_rule_and_says_so() {
+    let cluster = cluster();
+    let (_dir, path) = config_file(
+        "[fleet]\nname = \"t1\"\n\n[[ratelimit.rules]]\nname = \"one\"\npattern = \"fleet1:*\"\nrate = 100\nburst = 10\n",
+    );
+    let p = Proxy::start_cluster(&cluster, &["--config", &path]);
+    let mut c = Conn::connect(p.port());
+    assert_eq!(rule_field(&mut c, "one", "fleet_members"), V::Int(1));
+    assert_eq!(rule_field(&mut c, "one", "share"), V::s("1.0000"));
+    // the burst of 10 is this instance's whole
+    let mut ok = 0;
+    for _ in 0..20 {
+        if !c.cmd(&["INCR", "fleet1:k"]).is_err() {
+            ok += 1;
+        }
+    }
+    assert!((10..=11).contains(&ok), "{ok} admitted of a burst of 10");
+    let (_, body) = common::http::http_get(&p.metrics_addr().unwrap(), "/metrics");
+    assert!(body.contains("heatshield_fleet_members 1"), "{body}");
+    assert!(body.contains("heatshield_ratelimit_share{rule=\"one\"} 1"), "{body}");
+}
