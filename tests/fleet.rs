@@ -2,7 +2,8 @@
 //! of one real 3+3 cluster divide a per-key rule between them. Clients spread 70/20/10
 //! over the instances hammer one key; what the fleet admits over 5 s windows is the
 //! rule's rate within ±10%, and again within 3 s after the busiest instance is killed
-//! with SIGKILL, whose membership then expires from the fleet's keys.
+//! with SIGKILL, whose membership then expires from the fleet's keys, and again when one
+//! of the other two stops (SIGTERM) and leaves the last one alone.
 
 mod common;
 
@@ -89,7 +90,7 @@ fn three_instances_admit_the_rules_rate_and_a_killed_one_lets_go() {
         "[fleet]\nname = \"t3\"\n\n[[ratelimit.rules]]\nname = \"hot\"\npattern = \"fleet:*\"\nrate = 400\nburst = 40\n",
     );
     let proxies: Vec<Proxy> = (0..3).map(|_| Proxy::start_cluster(&cluster, &["--config", &path])).collect();
-    let admitted = Admitted::new(40);
+    let admitted = Admitted::new(60);
     let stop = Arc::new(AtomicBool::new(false));
     let key = "fleet:hot".to_string();
     // 7, 2 and 1 clients: 2,100, 600 and 300 requests/s for a rule of 400/s
@@ -119,6 +120,9 @@ fn three_instances_admit_the_rules_rate_and_a_killed_one_lets_go() {
     proxies[0].signal("KILL");
     let killed = admitted.start.elapsed().as_secs_f64();
     thread::sleep(Duration::from_secs(9));
+    let seconds: Vec<String> =
+        (0..5).map(|i| format!("{:.0}", admitted.rate(killed + i as f64, killed + i as f64 + 1.0))).collect();
+    eprintln!("admitted per second after the kill: {}", seconds.join(" "));
     let r = admitted.rate(killed + 3.0, killed + 8.0);
     eprintln!("2 instances, 3-8 s after the kill: {r:.0}/s ({:.3})", r / RATE);
     assert!((r / RATE - 1.0).abs() <= 0.10, "after the kill: {r:.0}/s admitted for a rule of {RATE}/s");
@@ -126,14 +130,19 @@ fn three_instances_admit_the_rules_rate_and_a_killed_one_lets_go() {
     assert_eq!(direct.cmd(&["ZCARD", members_key]), V::Int(2));
     assert_eq!(direct.cmd(&["HLEN", reports_key]), V::Int(2));
     assert_eq!(rule_field(&mut c2, "hot", "fleet_members"), V::Int(2));
+    // one that stops cleanly leaves at once: the last one holds the whole rule
+    proxies[2].signal("TERM");
+    assert_eq!(proxies[2].wait_exit(Duration::from_secs(10)), Some(0));
+    let left = admitted.start.elapsed().as_secs_f64();
+    assert_eq!(direct.cmd(&["ZCARD", members_key]), V::Int(1), "{}", proxies[2].log());
+    thread::sleep(Duration::from_secs(7));
+    let r = admitted.rate(left + 1.0, left + 6.0);
+    eprintln!("1 instance, 1-6 s after the other left: {r:.0}/s ({:.3})", r / RATE);
+    assert!((r / RATE - 1.0).abs() <= 0.10, "alone: {r:.0}/s admitted for a rule of {RATE}/s");
     stop.store(true, Ordering::Relaxed);
     for t in threads {
         let _ = t.join();
     }
-    // one that stops cleanly leaves at once
-    proxies[2].signal("TERM");
-    assert_eq!(proxies[2].wait_exit(Duration::from_secs(10)), Some(0));
-    assert_eq!(direct.cmd(&["ZCARD", members_key]), V::Int(1), "{}", proxies[2].log());
 }
 
 #[test]
