@@ -165,12 +165,20 @@ pub struct ServerConfig {
     pub allow_flush: bool,
     /// On shutdown, how long in-flight replies may take before connections are closed.
     pub shutdown_timeout_ms: u64,
+    /// After SIGTERM, how long new connections are still accepted (with `/ready` already
+    /// answering 503, so that a load balancer stops sending them) before the listener
+    /// closes.
+    pub drain_grace_ms: u64,
     /// `HOST:PORT` heatshield gives cluster-aware clients as the one node of its cluster
     /// (`CLUSTER SLOTS`, ...); unset: the address each client connected to.
     pub announce: Option<String>,
-    /// Listen beside another process already on `listen` (SO_REUSEPORT) instead of
-    /// refusing to start: for a new heatshield that takes over while the old one stops.
+    /// Start by taking the listening sockets of the heatshield serving these addresses
+    /// (through `handoff_socket`), which then drains: a restart that refuses no client.
     pub takeover: bool,
+    /// The Unix socket through which this heatshield hands its listeners to one started
+    /// with `--takeover`; empty: `heatshield-<listen address>.sock` in the temporary
+    /// directory; "off": none.
+    pub handoff_socket: String,
 }
 
 impl Default for ServerConfig {
@@ -184,8 +192,10 @@ impl Default for ServerConfig {
             auth_failures_per_minute: 30,
             allow_flush: false,
             shutdown_timeout_ms: 5_000,
+            drain_grace_ms: 0,
             announce: None,
             takeover: false,
+            handoff_socket: String::new(),
         }
     }
 }
@@ -531,6 +541,9 @@ impl Config {
         }
         if l.pubsub_output_hard_bytes < l.pubsub_output_soft_bytes {
             p.push("limits.pubsub_output_hard_bytes: must be at least limits.pubsub_output_soft_bytes".into());
+        }
+        if self.server.drain_grace_ms > 600_000 {
+            p.push("server.drain_grace_ms: at most 600000".into());
         }
         if self.limits.max_pipeline == 0 {
             p.push("limits.max_pipeline: must be at least 1".into());

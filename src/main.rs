@@ -40,7 +40,7 @@ struct Cli {
     /// Validate the configuration and exit.
     #[arg(long)]
     check: bool,
-    /// Listen beside a heatshield already on the address (sets server.takeover).
+    /// Take the listening sockets of the heatshield serving the address, which then drains (sets server.takeover).
     #[arg(long)]
     takeover: bool,
     #[command(subcommand)]
@@ -212,39 +212,8 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
         None => None,
     };
     let workers = heatshield::worker::count(config.server.threads);
-    let bind = |addr: &str| match heatshield::front::server::bind(addr, workers, config.server.takeover) {
-        Ok(l) => Some(l),
-        Err(e) => {
-            error!(listen = %addr, error = %e, "cannot listen");
-            None
-        }
-    };
-    let plain = match config.server.listen.as_str() {
-        "off" => vec![],
-        addr => match bind(addr) {
-            Some(l) => l,
-            None => return 1,
-        },
-    };
-    let secure = match &config.tls.listen {
-        Some(addr) => match bind(addr) {
-            Some(l) => l,
-            None => return 1,
-        },
-        None => vec![],
-    };
-    let (mut plain, mut secure) = (plain.into_iter(), secure.into_iter());
-    let listeners: Vec<heatshield::front::server::Listeners> = (0..workers.max(1))
-        .map(|_| heatshield::front::server::Listeners { plain: plain.next(), tls: secure.next() })
-        .collect();
-    // Before anything binds a metric handle: handles made earlier would stay no-ops.
-    if let Some(addr) = config.metrics_addr() {
-        if let Err(e) = heatshield::metrics::install(addr) {
-            error!(listen = %addr, error = %e, "cannot serve metrics");
-            return 1;
-        }
-        info!(listen = %addr, "metrics at /metrics");
-    }
+    let Some(bound) = listen(&config, workers).await else { return 1 };
+    let Bound { listeners, http, offer, confirm } = bound;
     let cluster = Cluster::new(config.backing(), opts.clone(), config.backend.connections_per_node, workers);
     if cluster.is_cluster() {
         // Wait briefly for a first slot map; without one, requests get CLUSTERDOWN until
@@ -257,6 +226,10 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     }
     cluster.spawn_refresher(config.refresh_interval());
     let proxy = Arc::new(Proxy::new(config, cluster.clone(), config_file, workers));
+    let http = http.map(|l| {
+        info!(listen = ?l.local_addr().ok(), "metrics at /metrics, health at /live and /ready");
+        tokio::spawn(heatshield::front::http::serve(proxy.clone(), l))
+    });
     spawn_gauges(proxy.clone());
     heatshield::services::cache::tracking::start(proxy.cache.clone(), proxy.client_side.clone(), proxy.cluster.clone());
     heatshield::services::locks::start(proxy.locks.clone(), proxy.cluster.clone());
@@ -287,7 +260,32 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
         }
     };
     info!(listen = %proxy.config.server.listen, tls = ?proxy.config.tls.listen, workers, "heatshield ready");
-    shutdown_signal().await;
+    if let Some(c) = confirm {
+        // (the workers accept: the old heatshield may drain now)
+        let _ = tokio::task::spawn_blocking(move || c.serving()).await;
+    }
+    // the listeners, offered to a heatshield started with --takeover
+    let taken = Arc::new(tokio::sync::Notify::new());
+    let offer = offer
+        .map(|(path, addrs, dups)| tokio::spawn(heatshield::front::handoff::offer(path, addrs, dups, taken.clone())));
+    let handed = tokio::select! {
+        _ = shutdown_signal() => false,
+        _ = taken.notified() => true,
+    };
+    if handed {
+        // the new heatshield accepts on these very sockets now: no grace
+        proxy.health.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = &http {
+            h.abort();
+        }
+    } else {
+        drain(&proxy).await;
+    }
+    // (the offer's copies of the sockets close with it, before the workers close theirs)
+    if let Some(o) = offer {
+        o.abort();
+        let _ = o.await;
+    }
     heatshield::services::fleet::leave(&proxy.fleet, &proxy.cluster).await;
     let _ = stop_tx.send(true);
     // Keep refreshing the topology while the workers drain.
@@ -298,6 +296,138 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     })
     .await;
     0
+}
+
+/// What [`listen`] made: each worker's listeners, the HTTP port's, and what to offer a
+/// heatshield started with `--takeover` (the handoff path, the addresses, copies of the
+/// sockets).
+struct Bound {
+    listeners: Vec<heatshield::front::server::Listeners>,
+    http: Option<tokio::net::TcpListener>,
+    offer: Option<(PathBuf, heatshield::front::handoff::Addresses, heatshield::front::handoff::Sockets)>,
+    /// After a takeover: to tell the old heatshield that this one serves.
+    confirm: Option<heatshield::front::handoff::Confirm>,
+}
+
+/// Binds the clients' ports and the HTTP port, or, with `--takeover`, receives them from
+/// the heatshield serving them (docs/fleet.md); None after logging why it cannot.
+async fn listen(config: &Config, workers: usize) -> Option<Bound> {
+    use heatshield::front::{handoff, server};
+    let addrs = handoff::Addresses {
+        plain: Some(config.server.listen.clone()).filter(|l| l != "off"),
+        tls: config.tls.listen.clone(),
+        http: Some(config.metrics.listen.clone()).filter(|l| l != "off"),
+    };
+    let path =
+        handoff::path(&config.server.handoff_socket, addrs.plain.as_deref().or(addrs.tls.as_deref()).unwrap_or("none"));
+    let mut got = handoff::Sockets::default();
+    let mut received = false;
+    let mut confirm = None;
+    if config.server.takeover {
+        match &path {
+            Some(p) => match handoff::receive(p, &addrs) {
+                Ok(Some((s, c))) => {
+                    info!(path = %p.display(), plain = s.plain.len(), tls = s.tls.len(), "took over the listeners of the heatshield serving them");
+                    got = s;
+                    received = true;
+                    confirm = Some(c);
+                }
+                Ok(None) => {
+                    info!(path = %p.display(), "--takeover: no heatshield answers at the handoff socket; binding as usual")
+                }
+                Err(e) => {
+                    error!(path = %p.display(), error = %e, "--takeover failed");
+                    return None;
+                }
+            },
+            None => warn!("--takeover with server.handoff_socket = \"off\": binding as usual"),
+        }
+    }
+    // each worker's listeners: the received ones spread over the workers (one more
+    // bound beside them for a worker left without), or freshly bound
+    let spread =
+        |given: Vec<std::net::TcpListener>, addr: Option<&String>| -> Option<Vec<Vec<std::net::TcpListener>>> {
+            let Some(addr) = addr else { return Some((0..workers).map(|_| vec![]).collect()) };
+            let fail = |e: std::io::Error| {
+                let hint = if e.kind() == std::io::ErrorKind::AddrInUse && !config.server.takeover {
+                    " (a heatshield serving it? start the new one with --takeover)"
+                } else {
+                    ""
+                };
+                error!(listen = %addr, error = %e, "cannot listen{hint}");
+            };
+            let mut out: Vec<Vec<std::net::TcpListener>> = (0..workers).map(|_| vec![]).collect();
+            if !received {
+                for (i, l) in server::bind(addr, workers).map_err(fail).ok()?.into_iter().enumerate() {
+                    out[i % workers].push(l);
+                }
+                return Some(out);
+            }
+            for (i, l) in given.into_iter().enumerate() {
+                out[i % workers].push(l);
+            }
+            let at: std::net::SocketAddr = addr.parse().ok()?;
+            for w in out.iter_mut().filter(|w| w.is_empty()) {
+                w.push(server::bind_beside(at).map_err(fail).ok()?);
+            }
+            Some(out)
+        };
+    let plain = spread(std::mem::take(&mut got.plain), addrs.plain.as_ref())?;
+    let tls = spread(std::mem::take(&mut got.tls), addrs.tls.as_ref())?;
+    // Before anything binds a metric handle: handles made earlier would stay no-ops.
+    let http = match config.metrics_addr() {
+        Some(addr) => {
+            if let Err(e) = heatshield::metrics::install() {
+                error!(error = %e, "cannot record metrics");
+                return None;
+            }
+            let l = match got.http.take() {
+                Some(l) => tokio::net::TcpListener::from_std(l),
+                None => tokio::net::TcpListener::bind(addr).await,
+            };
+            match l {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    error!(listen = %addr, error = %e, "cannot serve metrics");
+                    return None;
+                }
+            }
+        }
+        None => None,
+    };
+    // copies of every socket, for the next heatshield
+    let dup = |ls: &[Vec<std::net::TcpListener>]| ls.iter().flatten().filter_map(|l| l.try_clone().ok()).collect();
+    let dups = handoff::Sockets {
+        plain: dup(&plain),
+        tls: dup(&tls),
+        http: http.as_ref().and_then(|l| {
+            use std::os::fd::AsFd;
+            l.as_fd().try_clone_to_owned().ok().map(std::net::TcpListener::from)
+        }),
+    };
+    let listeners =
+        plain.into_iter().zip(tls).map(|(plain, tls)| heatshield::front::server::Listeners { plain, tls }).collect();
+    Some(Bound { listeners, http, offer: path.map(|p| (p, addrs, dups)), confirm })
+}
+
+/// The first step of a shutdown: `/ready` answers 503 at once, and clients are still
+/// accepted and served for `server.drain_grace_ms`, so that a load balancer has time to
+/// stop sending new ones (a second signal cuts it short). Then the workers close their
+/// listeners and drain (`front::server::serve`).
+async fn drain(proxy: &Proxy) {
+    proxy.health.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+    let grace = std::time::Duration::from_millis(proxy.config.server.drain_grace_ms);
+    if grace.is_zero() {
+        return;
+    }
+    info!(
+        grace_ms = grace.as_millis() as u64,
+        "draining: /ready answers 503; still accepting clients for server.drain_grace_ms"
+    );
+    tokio::select! {
+        _ = tokio::time::sleep(grace) => {}
+        _ = shutdown_signal() => info!("a second signal: closing the listener now"),
+    }
 }
 
 /// On SIGHUP, reloads the rate-limit and colocation rules from the configuration file; a
@@ -395,7 +525,9 @@ fn spawn_gauges(proxy: Arc<Proxy>) {
             g.slot_map_version.set(proxy.cluster.version() as f64);
             proxy.ratelimit.reclaim();
             proxy.ratelimit.publish_metrics();
-            if let Some(at) = proxy.fleet.view().synced.filter(|_| proxy.fleet.enabled()) {
+            let fleet = proxy.fleet.view();
+            g.fleet_members.set(fleet.members as f64);
+            if let Some(at) = fleet.synced.filter(|_| proxy.fleet.enabled()) {
                 g.fleet_sync_age.set(at.elapsed().as_secs_f64());
             }
             g.ratelimit_keys.set(proxy.ratelimit.tracked_keys() as f64);

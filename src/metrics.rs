@@ -1,38 +1,52 @@
 //! Metrics: every name heatshield exports (docs/metrics.md lists them), the handles bound
 //! once per command and per node so the hot path only increments, and the Prometheus
-//! exporter (metrics-exporter-prometheus's HTTP listener).
+//! recorder (metrics-exporter-prometheus), whose text `front::http` serves on `/metrics`
+//! beside the health endpoints.
 //!
 //! Without an installed recorder (unit tests, `[metrics] listen = "off"`) every handle is a
 //! no-op. Labels are bounded: command names from the command table, node addresses, and
 //! fixed words; never a key or a client address.
 
-use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use metrics::{
     Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// Histogram buckets for every latency, in seconds.
 pub const LATENCY_BUCKETS: &[f64] =
     &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
-/// Installs the global recorder and serves `/metrics` on `addr`. Must be called from
-/// inside a tokio runtime that lives as long as the process serves.
-pub fn install(addr: SocketAddr) -> Result<(), String> {
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the global recorder; [`render`] gives its text. Must be called from inside a
+/// tokio runtime that lives as long as the process serves (it runs the recorder's upkeep
+/// there every second, so recorded samples do not pile up).
+pub fn install() -> Result<(), String> {
+    let handle = PrometheusBuilder::new()
         .set_buckets(LATENCY_BUCKETS)
         .map_err(|e| e.to_string())?
-        // drain recorded samples into the buckets often, so they do not pile up
-        .upkeep_timeout(Duration::from_secs(1))
-        .install()
+        .install_recorder()
         .map_err(|e| e.to_string())?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    let _ = HANDLE.set(handle);
     describe();
     gauge!("heatshield_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     Ok(())
+}
+
+/// The metrics in Prometheus's text format (empty before [`install`]).
+pub fn render() -> String {
+    HANDLE.get().map(PrometheusHandle::render).unwrap_or_default()
 }
 
 /// HELP texts (docs/metrics.md says the same at more length).

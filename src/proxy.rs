@@ -20,6 +20,15 @@ use crate::upstream::cluster::Cluster;
 /// failed part is retried ([`crate::upstream::retry`]) and a redirection confirmed.
 pub const REPLY_GRACE: Duration = Duration::from_secs(10);
 
+/// What `/ready` looks at besides the slot map (docs/fleet.md).
+#[derive(Debug, Default)]
+pub struct Health {
+    /// A shutdown signal came: not ready, whatever else.
+    pub draining: std::sync::atomic::AtomicBool,
+    /// Workers accepting clients now.
+    pub listening: AtomicUsize,
+}
+
 /// Process-wide counters.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -57,6 +66,8 @@ pub struct Proxy {
     pub command_metrics: crate::metrics::CommandsMetrics,
     /// Per-key rate limits.
     pub ratelimit: Arc<crate::services::ratelimit::Limiter>,
+    /// `/ready`'s inputs.
+    pub health: Health,
     /// The fleet this heatshield divides the rate-limit rules with (`[fleet]`).
     pub fleet: Arc<crate::services::fleet::Fleet>,
     /// Hot-key detection and cache.
@@ -123,6 +134,22 @@ impl ReplySummary {
 }
 
 impl Proxy {
+    /// Whether heatshield should be sent new clients (`/ready`): not draining, accepting,
+    /// and, in front of a cluster, with a slot map; else why not.
+    pub fn ready(&self) -> Result<(), &'static str> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.health.draining.load(Relaxed) {
+            return Err("draining");
+        }
+        if self.health.listening.load(Relaxed) == 0 {
+            return Err("not accepting clients");
+        }
+        if self.cluster.is_cluster() && self.cluster.topology().masters.is_empty() {
+            return Err("no slot map");
+        }
+        Ok(())
+    }
+
     pub fn new(config: Config, cluster: Arc<Cluster>, config_file: Option<String>, workers: usize) -> Proxy {
         let commands = CommandTable::new();
         // validated with the configuration, so compiling cannot fail here
@@ -167,6 +194,7 @@ impl Proxy {
             live: crate::config::Live::new(&config),
             ratelimit,
             fleet,
+            health: Health::default(),
             command_stats: crate::services::stats::CommandStats::new(workers, ids),
             command_metrics: crate::metrics::CommandsMetrics::new(ids),
             slowlog: Default::default(),

@@ -167,3 +167,120 @@ fn alone_an_instance_keeps_the_whole_rule_and_says_so() {
     assert!(body.contains("heatshield_fleet_members 1"), "{body}");
     assert!(body.contains("heatshield_ratelimit_share{rule=\"one\"} 1"), "{body}");
 }
+
+/// 20 redis-py clients (retrying on connection errors, as configured in production), each
+/// INCRementing a counter of its own through one of `ports`, until `stop` exists; prints
+/// `client ACKED FAILED` per client.
+const WRITERS: &str = r#"
+import os, sys, threading, redis
+from redis.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, TimeoutError
+ports = [int(p) for p in sys.argv[1].split(",")]
+prefix, stop = sys.argv[2], sys.argv[3]
+acked, failed = [0] * 20, [0] * 20
+def work(i):
+    r = redis.Redis(host="127.0.0.1", port=ports[i % len(ports)], socket_timeout=10,
+                    retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), 30),
+                    retry_on_error=[ConnectionError, TimeoutError])
+    while not os.path.exists(stop):
+        try:
+            r.incr(f"{prefix}{i}")
+            acked[i] += 1
+        except Exception as e:
+            failed[i] += 1
+            print("error", i, repr(e), flush=True)
+threads = [threading.Thread(target=work, args=(i,)) for i in range(20)]
+for t in threads: t.start()
+for t in threads: t.join()
+for i in range(20): print("client", i, acked[i], failed[i], flush=True)
+"#;
+
+#[test]
+fn a_rolling_restart_under_writing_clients_loses_nothing() {
+    let cluster = cluster();
+    let (_dir, path) = config_file("[server]\nshutdown_timeout_ms = 3000\n\n[fleet]\nname = \"roll\"\n");
+    let seeds = cluster.seeds();
+    let olds: Vec<Proxy> = (0..3).map(|_| Proxy::start_cluster(&cluster, &["--config", &path])).collect();
+    let ports: Vec<u16> = olds.iter().map(|p| p.port()).collect();
+    let metrics: Vec<String> = olds.iter().map(|p| p.metrics_addr().unwrap()).collect();
+    let work = tempfile::tempdir().unwrap();
+    let stop = work.path().join("stop");
+    let prefix = "roll:{w}:";
+    let list = ports.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",");
+    let writers = std::process::Command::new("python3")
+        .args(["-c", WRITERS, &list, prefix, stop.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with redis (scripts/ensure-deps.sh)");
+    // a prober: no connection to the three ports is refused while they restart
+    let probing = Arc::new(AtomicBool::new(true));
+    let refused = Arc::new(AtomicU64::new(0));
+    let prober = {
+        let (probing, refused, ports) = (probing.clone(), refused.clone(), ports.clone());
+        thread::spawn(move || {
+            let mut tries = 0u64;
+            while probing.load(Ordering::Relaxed) {
+                for &p in &ports {
+                    let a = std::net::SocketAddr::from(([127, 0, 0, 1], p));
+                    if std::net::TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_err() {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tries += 1;
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+            tries
+        })
+    };
+    thread::sleep(Duration::from_secs(2));
+    // one by one, each restarted on its own port, with a different worker count
+    let mut news = vec![];
+    for (i, old) in olds.iter().enumerate() {
+        let listen = format!("127.0.0.1:{}", ports[i]);
+        let threads = ["1", "3", "2"][i];
+        let new = Proxy::start(&[
+            "--cluster",
+            &seeds,
+            "--config",
+            &path,
+            "--listen",
+            &listen,
+            "--metrics",
+            &metrics[i],
+            "--threads",
+            threads,
+            "--takeover",
+        ]);
+        assert_eq!(old.wait_exit(Duration::from_secs(10)), Some(0), "{}", old.log());
+        assert!(old.log().contains("listeners handed to a new heatshield"), "{}", old.log());
+        assert_eq!(common::http::http_get(&metrics[i], "/ready").0, 200, "{}", new.log());
+        news.push(new);
+        thread::sleep(Duration::from_secs(1));
+    }
+    std::fs::write(&stop, b"").unwrap();
+    let out = writers.wait_with_output().unwrap();
+    probing.store(false, Ordering::Relaxed);
+    let tries = prober.join().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let mut direct = Conn::connect(cluster.master_for_key(prefix.as_bytes()));
+    let (mut acked_all, mut extra) = (0, 0);
+    for line in text.lines().filter(|l| l.starts_with("client ")) {
+        let f: Vec<i64> = line.split(' ').skip(1).map(|x| x.parse().unwrap()).collect();
+        let (i, acked, failed) = (f[0], f[1], f[2]);
+        assert_eq!(failed, 0, "client {i}: {failed} writes failed\n{text}");
+        let stored = direct.cmd(&["GET", &format!("{prefix}{i}")]).text().parse::<i64>().unwrap();
+        assert!(stored >= acked, "client {i}: {acked} increments acknowledged, {stored} stored");
+        acked_all += acked;
+        extra += stored - acked;
+    }
+    assert_eq!(text.lines().filter(|l| l.starts_with("client ")).count(), 20, "{text}");
+    assert!(acked_all > 1000, "only {acked_all} writes in the restart");
+    eprintln!(
+        "rolling restart: {acked_all} acknowledged increments, 0 failed, {extra} applied twice by a retry; {} of {tries} connection attempts refused",
+        refused.load(Ordering::Relaxed)
+    );
+    assert_eq!(refused.load(Ordering::Relaxed), 0, "connections refused during the restart");
+}

@@ -263,25 +263,103 @@ fn a_second_heatshield_on_a_served_address_fails_to_start_unless_it_takes_over()
     let cluster = cluster();
     let first = Proxy::start_cluster(&cluster, &[]);
     let listen = format!("127.0.0.1:{}", first.port());
+    let metrics = first.metrics_addr().unwrap();
     let seeds = cluster.seeds();
     let run = |extra: &[&str]| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_heatshield"));
-        cmd.args(["--listen", &listen, "--cluster", &seeds, "--metrics", "off"]).args(extra);
+        cmd.args(["--listen", &listen, "--cluster", &seeds]).args(extra);
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
     };
     // by mistake: refused, as Redis refuses a port in use, and the first keeps every client
-    let second = run(&[]);
+    let second = run(&["--metrics", "off"]);
     let out = second.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{log}");
-    assert!(log.contains("Address already in use"), "{log}");
+    assert!(log.contains("Address already in use") && log.contains("--takeover"), "{log}");
     for _ in 0..20 {
         assert_eq!(Conn::connect(first.port()).cmd(&["PING"]), V::s("PONG"));
     }
-    // asked for: it listens beside the first
-    let mut third = run(&["--takeover"]);
-    thread::sleep(Duration::from_millis(1500));
-    assert!(third.try_wait().unwrap().is_none(), "--takeover must start beside the first");
+    // a takeover asking for other addresses (no metrics port) is refused; the first serves on
+    let wrong = run(&["--takeover", "--metrics", "off"]).wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&wrong.stderr).to_string();
+    assert_eq!(wrong.status.code(), Some(1), "{log}");
+    assert!(log.contains("refused") && log.contains("takeover"), "{log}");
+    assert_eq!(Conn::connect(first.port()).cmd(&["PING"]), V::s("PONG"));
+    assert!(first.is_alive());
+    // asked for: the new one receives the sockets, the first drains and exits
+    let mut client = Conn::connect(first.port());
+    assert_eq!(client.cmd(&["SET", "takeover:k", "1"]), V::ok());
+    let mut third = run(&["--takeover", "--metrics", &metrics]);
+    assert_eq!(first.wait_exit(Duration::from_secs(10)), Some(0), "{}", first.log());
+    assert!(first.log().contains("listeners handed to a new heatshield"), "{}", first.log());
+    assert!(client.expect_closed(Duration::from_secs(2)), "the old one's idle client was not closed");
+    assert!(third.try_wait().unwrap().is_none(), "--takeover must serve on");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut c = Conn::connect(first.port());
+        if c.cmd(&["GET", "takeover:k"]) == V::s("1") && common::http::http_get(&metrics, "/ready").0 == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new heatshield does not serve the port and /ready");
+        thread::sleep(Duration::from_millis(50));
+    }
     signal(third.id(), "TERM");
     let _ = third.wait();
+}
+
+fn get(proxy: &Proxy, path: &str) -> (u16, String) {
+    common::http::http_get(&proxy.metrics_addr().expect("metrics on"), path)
+}
+
+#[test]
+fn ready_turns_503_at_sigterm_and_clients_are_accepted_through_the_grace() {
+    let cluster = cluster();
+    let (_dir, path) = config("[server]\ndrain_grace_ms = 2000\nshutdown_timeout_ms = 3000\n");
+    let proxy = Proxy::start_cluster(&cluster, &["--config", &path]);
+    assert_eq!(get(&proxy, "/live"), (200, "live\n".into()));
+    assert_eq!(get(&proxy, "/ready"), (200, "ready\n".into()));
+    assert_eq!(get(&proxy, "/nope").0, 404);
+    let mut before = Conn::connect(proxy.port());
+    assert_eq!(before.cmd(&["SET", "drain:k", "0"]), V::ok());
+    let start = Instant::now();
+    proxy.signal("TERM");
+    // not ready at once, still live
+    let deadline = start + Duration::from_millis(500);
+    while get(&proxy, "/ready").0 != 503 {
+        assert!(Instant::now() < deadline, "/ready still 200 500 ms after SIGTERM");
+        thread::sleep(Duration::from_millis(10));
+    }
+    let unready = start.elapsed();
+    assert_eq!(get(&proxy, "/ready"), (503, "not ready: draining\n".into()));
+    assert_eq!(get(&proxy, "/live").0, 200);
+    // through the grace: old clients served, new ones accepted and served
+    for i in 0..5 {
+        assert_eq!(before.cmd(&["INCR", "drain:k"]), V::Int(i + 1));
+        let mut fresh = Conn::connect(proxy.port());
+        assert_eq!(fresh.cmd(&["GET", "drain:k"]), V::s((i + 1).to_string()));
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert!(start.elapsed() < Duration::from_millis(1900), "the test was too slow to be in the grace");
+    // then the listener closes, the idle client is closed, and the process exits
+    let deadline = start + Duration::from_secs(4);
+    while !refused(proxy.port()) {
+        assert!(Instant::now() < deadline, "still accepting 4 s after SIGTERM (grace 2 s)");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let closed = start.elapsed();
+    assert!(closed >= Duration::from_millis(1900), "the listener closed after {closed:?}, before the grace");
+    assert!(unready < closed, "/ready turned 503 after the listener closed");
+    assert!(before.expect_closed(Duration::from_secs(3)), "the idle client was not closed");
+    assert_eq!(proxy.wait_exit(Duration::from_secs(5)), Some(0), "{}", proxy.log());
+    eprintln!("/ready 503 after {unready:?}, listener closed after {closed:?}");
+}
+
+#[test]
+fn not_ready_without_a_slot_map() {
+    // seeds where nothing listens: heatshield starts, lives, and is not ready
+    let nothing = free_port();
+    let seeds = format!("127.0.0.1:{nothing}");
+    let proxy = Proxy::start(&["--cluster", &seeds]);
+    assert_eq!(get(&proxy, "/live").0, 200);
+    assert_eq!(get(&proxy, "/ready"), (503, "not ready: no slot map\n".into()));
 }

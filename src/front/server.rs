@@ -20,36 +20,40 @@ use crate::tls::Acceptor;
 
 /// Binds `n` listening sockets to `addr` with SO_REUSEPORT, so the kernel spreads new
 /// connections over the workers. An address another process listens on already is
-/// refused ("Address already in use", as Redis refuses it), unless `takeover` asks to
-/// share it (`server.takeover`: a new heatshield that serves beside the old one while
-/// it stops).
-pub fn bind(addr: &str, n: usize, takeover: bool) -> std::io::Result<Vec<std::net::TcpListener>> {
+/// refused ("Address already in use", as Redis refuses it): a new heatshield takes over
+/// an old one's port by receiving its sockets (`--takeover`, [`super::handoff`]), never
+/// by joining them.
+pub fn bind(addr: &str, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
     let addr: std::net::SocketAddr = addr.parse().map_err(std::io::Error::other)?;
-    if !takeover && addr.port() != 0 {
+    if addr.port() != 0 {
         // SO_REUSEPORT would let this process join another's listening sockets: a socket
         // without it cannot bind beside them, which tells
         let probe = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
         probe.set_reuse_address(true)?;
         probe.bind(&addr.into())?;
     }
-    (0..n.max(1))
-        .map(|_| {
-            let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
-            s.set_reuse_address(true)?;
-            #[cfg(unix)]
-            s.set_reuse_port(true)?;
-            s.set_nonblocking(true)?;
-            s.bind(&addr.into())?;
-            s.listen(1024)?;
-            Ok(s.into())
-        })
-        .collect()
+    (0..n.max(1)).map(|_| bind_beside(addr)).collect()
 }
 
-/// The sockets each worker accepts on: a plain listener, a TLS one, or both.
+/// One more listening socket on `addr` in the SO_REUSEPORT group of this process's
+/// others (for a worker that received none in a takeover).
+pub fn bind_beside(addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    #[cfg(unix)]
+    s.set_reuse_port(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    Ok(s.into())
+}
+
+/// The sockets each worker accepts on: plain listeners, TLS ones, or both (one of each,
+/// or more after a takeover from a process that had more workers).
+#[derive(Default)]
 pub struct Listeners {
-    pub plain: Option<std::net::TcpListener>,
-    pub tls: Option<std::net::TcpListener>,
+    pub plain: Vec<std::net::TcpListener>,
+    pub tls: Vec<std::net::TcpListener>,
 }
 
 /// Runs one worker thread per [`Listeners`], each with its own single-threaded runtime,
@@ -77,16 +81,13 @@ pub fn spawn_workers(
                     }
                 };
                 rt.block_on(async move {
-                    let register = |l: Option<std::net::TcpListener>| match l.map(TcpListener::from_std) {
-                        Some(Err(e)) => {
+                    let register = |ls: Vec<std::net::TcpListener>| {
+                        ls.into_iter().map(TcpListener::from_std).collect::<std::io::Result<Vec<_>>>().map_err(|e| {
                             warn!(worker = i, error = %e, "cannot register listener");
-                            Err(())
-                        }
-                        Some(Ok(l)) => Ok(Some(l)),
-                        None => Ok(None),
+                        })
                     };
                     let (Ok(plain), Ok(secure)) = (register(l.plain), register(l.tls)) else { return };
-                    let secure = secure.zip(tls);
+                    let secure = tls.filter(|_| !secure.is_empty()).map(|a| (secure, a));
                     serve(proxy, plain, secure, async move {
                         let _ = stop.wait_for(|s| *s).await;
                     })
@@ -97,30 +98,36 @@ pub fn spawn_workers(
         .collect()
 }
 
-/// The next connection on `l`; never, without one.
-async fn accept(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, std::net::SocketAddr)> {
-    match l {
-        Some(l) => l.accept().await,
-        None => std::future::pending().await,
-    }
+/// The next connection on any of `ls`; never, without one.
+async fn accept(ls: &[TcpListener]) -> std::io::Result<(TcpStream, std::net::SocketAddr)> {
+    std::future::poll_fn(|cx| {
+        for l in ls {
+            if let std::task::Poll::Ready(r) = l.poll_accept(cx) {
+                return std::task::Poll::Ready(r);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 /// Serves clients on the plain listener and the TLS one until `stop` resolves, then
 /// drains and returns.
 pub async fn serve(
     proxy: Arc<Proxy>,
-    plain: Option<TcpListener>,
-    tls: Option<(TcpListener, Arc<Acceptor>)>,
+    plain: Vec<TcpListener>,
+    tls: Option<(Vec<TcpListener>, Arc<Acceptor>)>,
     stop: impl std::future::Future<Output = ()>,
 ) {
     // set before every client is told of the shutdown (see `session::run`)
     let stopping = Arc::new(AtomicBool::new(false));
     tokio::pin!(stop);
+    proxy.health.listening.fetch_add(1, Ordering::Relaxed);
     loop {
         let (res, secure) = tokio::select! {
             _ = &mut stop => break,
-            res = accept(plain.as_ref()) => (res, None),
-            res = accept(tls.as_ref().map(|t| &t.0)) => (res, tls.as_ref().map(|t| t.1.clone())),
+            res = accept(&plain) => (res, None),
+            res = accept(tls.as_ref().map_or(&[][..], |t| &t.0)) => (res, tls.as_ref().map(|t| t.1.clone())),
         };
         let (stream, peer) = match res {
             Ok(s) => s,
@@ -192,6 +199,7 @@ pub async fn serve(
     }
     drop(plain);
     drop(tls);
+    proxy.health.listening.fetch_sub(1, Ordering::Relaxed);
     stopping.store(true, Ordering::Release);
     for c in proxy.clients.all() {
         c.send(Control::Shutdown);
