@@ -1,9 +1,11 @@
-//! The Docker demo stack in docker/: the compose file, the Prometheus and Grafana
-//! provisioning, the Grafana dashboard and the Dockerfile are checked without Docker (they
-//! parse, and they agree with each other and with docs/metrics.md), and every metric the
-//! dashboard queries is looked up in the /metrics exposition of a real heatshield in front of
-//! a real cluster, after traffic that moves each of them (including a MOVED, a backend
-//! timeout and a refused client).
+//! The Docker demo stack in docker/: the compose file, the shared heatshield.toml, the
+//! HAProxy configuration, the Prometheus and Grafana provisioning, the Grafana dashboard,
+//! the Dockerfile and the Kubernetes manifests in docker/k8s/ are checked without Docker or
+//! Kubernetes (they parse, and they agree with each other, with the ports and drain times of
+//! the configuration files they run, and with docs/metrics.md); both configuration files
+//! pass `heatshield --check`; and every metric the dashboard queries is looked up in the
+//! /metrics exposition of a real heatshield in front of a real cluster, after traffic that
+//! moves each of them (including a MOVED, a backend timeout and a refused client).
 //!
 //! When `promtool` is on PATH, the Prometheus configuration and every dashboard query are
 //! also checked with it (`promtool check config` / `check rules`); otherwise that part is
@@ -14,7 +16,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -140,6 +142,156 @@ fn env_var(svc: &Yaml, key: &str) -> Option<String> {
     }
 }
 
+/// Compose short-syntax port mappings `[IP:]HOST:CONTAINER[/PROTO]` as (HOST, CONTAINER);
+/// HOST is empty when only the container port is given.
+fn port_mappings(svc: &Yaml, what: &str) -> Vec<(String, String)> {
+    if svc["ports"].is_badvalue() {
+        return vec![];
+    }
+    strings(&svc["ports"], what)
+        .iter()
+        .map(|p| {
+            let p = p.split('/').next().unwrap_or_default();
+            match p.rsplit_once(':') {
+                Some((rest, container)) => {
+                    (rest.rsplit(':').next().unwrap_or_default().to_string(), container.to_string())
+                }
+                None => (String::new(), p.to_string()),
+            }
+        })
+        .collect()
+}
+
+/// The host file (resolved from docker/) of the short-syntax volume mounted at `dst`.
+fn mount_source(svc: &Yaml, dst: &str, what: &str) -> PathBuf {
+    let all = mounts(svc, what);
+    let (src, _) =
+        all.iter().find(|(_, d)| d == dst).unwrap_or_else(|| panic!("{what}: nothing mounted at {dst}: {all:?}"));
+    docker_dir().join(src)
+}
+
+/// Whether the short-syntax volume mounted at `dst` is read-only (`SRC:DST:ro`).
+fn mounted_read_only(svc: &Yaml, dst: &str, what: &str) -> bool {
+    svc["volumes"].as_vec().into_iter().flatten().map(|v| scalar(v, what)).any(|v| {
+        let parts: Vec<&str> = v.split(':').collect();
+        parts.get(1) == Some(&dst) && parts.get(2).is_some_and(|mode| mode.split(',').any(|m| m == "ro"))
+    })
+}
+
+/// A string-or-list that may be absent (compose `entrypoint` / `command`).
+fn optional_strings(y: &Yaml, what: &str) -> Option<Vec<String>> {
+    (!y.is_badvalue() && !y.is_null()).then(|| strings(y, what))
+}
+
+/// The argv a container of docker/Dockerfile's image runs. `entrypoint` (Compose
+/// `entrypoint`, Kubernetes `command`) replaces the image's ENTRYPOINT and drops its CMD;
+/// `cmd` (Compose `command`, Kubernetes `args`) replaces CMD.
+fn container_argv(entrypoint: Option<Vec<String>>, cmd: Option<Vec<String>>) -> Vec<String> {
+    let (image_entrypoint, image_cmd) = image_entrypoint_and_cmd();
+    let replaced = entrypoint.is_some();
+    let mut argv = entrypoint.unwrap_or(image_entrypoint);
+    argv.extend(cmd.unwrap_or(if replaced { vec![] } else { image_cmd }));
+    argv
+}
+
+/// The argv a compose service built from docker/Dockerfile runs.
+fn compose_argv(svc: &Yaml, name: &str) -> Vec<String> {
+    container_argv(optional_strings(&svc["entrypoint"], name), optional_strings(&svc["command"], name))
+}
+
+/// Asserts that `argv` runs heatshield with `--config` once (it refuses it twice) and no
+/// flag that would override the file; returns the file's path.
+fn config_only_argv<'a>(argv: &'a [String], what: &str) -> &'a str {
+    assert_eq!(argv.first().map(String::as_str), Some("heatshield"), "{what}: {argv:?}");
+    let configs = argv.iter().filter(|a| *a == "--config" || *a == "-c").count();
+    assert_eq!(configs, 1, "{what}: --config exactly once (heatshield refuses it twice): {argv:?}");
+    for f in ["--listen", "--metrics", "--cluster", "--standalone", "--threads"] {
+        assert!(
+            !argv.iter().any(|a| a == f || a.starts_with(&format!("{f}="))),
+            "{what}: {f} would override the configuration file: {argv:?}"
+        );
+    }
+    flag(argv, "--config").or_else(|| flag(argv, "-c")).unwrap_or_else(|| panic!("{what}: --config FILE: {argv:?}"))
+}
+
+/// The configuration file a compose heatshield service runs with: the host file mounted
+/// where its `--config` points, and its contents.
+fn compose_heatshield_config(svc: &Yaml, name: &str) -> (PathBuf, toml::Table) {
+    let argv = compose_argv(svc, name);
+    let target = config_only_argv(&argv, name);
+    let path = mount_source(svc, target, name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: cannot read {}: {e}", path.display()));
+    let table = toml_table(&text, &path.display().to_string());
+    (path, table)
+}
+
+// ---------------------------------------------------------------------------
+// TOML helpers (heatshield.toml)
+// ---------------------------------------------------------------------------
+
+fn toml_table(text: &str, what: &str) -> toml::Table {
+    text.parse::<toml::Table>().unwrap_or_else(|e| panic!("{what}: invalid TOML: {e}"))
+}
+
+/// The value of `section.key`.
+fn toml_get<'a>(t: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
+    let (section, key) = key.split_once('.').expect("section.key");
+    t.get(section)?.get(key)
+}
+
+fn toml_text(t: &toml::Table, key: &str, what: &str) -> String {
+    toml_get(t, key)
+        .and_then(|v| v.as_str())
+        .unwrap_or_else(|| panic!("{what}: {key} is not set to a string"))
+        .to_string()
+}
+
+/// An integer `section.key`, or the default conf/heatshield.toml documents for it.
+fn toml_ms(t: &toml::Table, key: &str, what: &str) -> i64 {
+    let documented = toml_table(&read("conf/heatshield.toml"), "conf/heatshield.toml");
+    let v = toml_get(t, key)
+        .or_else(|| toml_get(&documented, key))
+        .unwrap_or_else(|| panic!("{what}: {key} is neither set nor documented in conf/heatshield.toml"));
+    v.as_integer().unwrap_or_else(|| panic!("{what}: {key} = {v:?} is not an integer"))
+}
+
+/// The port of the `IP:PORT` at `key`, which must listen on every interface (in a
+/// container or a pod, 127.0.0.1 cannot be reached from outside).
+fn listen_port(t: &toml::Table, key: &str, what: &str) -> i64 {
+    let addr = toml_text(t, key, what);
+    let sock: SocketAddr = addr.parse().unwrap_or_else(|e| panic!("{what}: {key} = {addr:?}: {e}"));
+    assert!(sock.ip().is_unspecified(), "{what}: {key} = {addr} cannot be reached from outside; listen on 0.0.0.0");
+    i64::from(sock.port())
+}
+
+/// A duration as Compose (`10s`, `1m30s`) and HAProxy (`1s`, `500ms`) write them, in
+/// milliseconds; a bare number counts `bare_unit_ms`.
+fn duration_ms(text: &str, bare_unit_ms: i64) -> i64 {
+    let text = text.trim();
+    if let Ok(n) = text.parse::<i64>() {
+        return n * bare_unit_ms;
+    }
+    let mut total = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let after = &rest[digits..];
+        let unit_len = after.len() - after.trim_start_matches(|c: char| c.is_ascii_alphabetic()).len();
+        assert!(digits > 0 && unit_len > 0, "bad duration {text:?}");
+        let n: i64 = rest[..digits].parse().unwrap();
+        let unit = match &after[..unit_len] {
+            "ms" => 1,
+            "s" => 1000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            other => panic!("bad duration unit {other:?} in {text:?}"),
+        };
+        total += n * unit;
+        rest = &after[unit_len..];
+    }
+    total
+}
+
 fn promtool() -> Option<&'static str> {
     let ok = Command::new("promtool").arg("--version").output().is_ok_and(|o| o.status.success());
     if !ok {
@@ -149,7 +301,31 @@ fn promtool() -> Option<&'static str> {
 }
 
 const REDIS_NODES: [&str; 6] = ["redis-1", "redis-2", "redis-3", "redis-4", "redis-5", "redis-6"];
-const PROXIES: [(&str, &str); 2] = [("heatshield-1", "6380"), ("heatshield-2", "6381")];
+/// The heatshield services and the host port each one's metrics port is published on.
+const PROXIES: [(&str, &str); 3] = [("heatshield-1", "9180"), ("heatshield-2", "9181"), ("heatshield-3", "9182")];
+/// The configuration file all of them mount.
+const HEATSHIELD_TOML: &str = "docker/heatshield/heatshield.toml";
+/// HAProxy's configuration, and where the official image reads it (its CMD is
+/// `haproxy -f /usr/local/etc/haproxy/haproxy.cfg`).
+const HAPROXY_CFG: &str = "docker/haproxy/haproxy.cfg";
+const HAPROXY_CFG_IN_IMAGE: &str = "/usr/local/etc/haproxy/haproxy.cfg";
+/// The host port clients connect to (HAProxy's).
+const CLIENT_PORT: &str = "6380";
+
+/// The compose services that run heatshield (built from docker/Dockerfile, or named so),
+/// in file order.
+fn heatshield_services(compose: &Yaml) -> Vec<String> {
+    compose["services"]
+        .as_hash()
+        .expect("services is a mapping")
+        .iter()
+        .filter(|(name, svc)| {
+            name.as_str().is_some_and(|n| n.starts_with("heatshield"))
+                || svc["build"]["dockerfile"].as_str() == Some("docker/Dockerfile")
+        })
+        .map(|(name, _)| scalar(name, "service"))
+        .collect()
+}
 
 // ---------------------------------------------------------------------------
 // (a) docker-compose.yml, Prometheus, Grafana provisioning, Dockerfile
@@ -161,10 +337,12 @@ fn compose_file_defines_the_demo_stack() {
     let services = &compose["services"];
 
     let mut expected: BTreeSet<String> = REDIS_NODES.iter().map(|s| s.to_string()).collect();
-    for s in ["redis-cluster-init", "heatshield-1", "heatshield-2", "prometheus", "grafana"] {
+    for s in ["redis-cluster-init", "haproxy", "prometheus", "grafana"] {
         expected.insert(s.to_string());
     }
+    expected.extend(PROXIES.map(|(name, _)| name.to_string()));
     assert_eq!(keys(services, "services"), expected, "compose services");
+    assert_eq!(heatshield_services(&compose), PROXIES.map(|(name, _)| name.to_string()), "the heatshield services");
 
     // Fixed node addresses inside the subnet, outside the range handed out dynamically.
     let ipam = &compose["networks"]["default"]["ipam"]["config"][0];
@@ -221,28 +399,77 @@ fn compose_file_defines_the_demo_stack() {
         );
     }
 
-    for (name, host_port) in PROXIES {
+    // The proxies run the one shared configuration file, and nothing overrides it.
+    let shared = repo().join(HEATSHIELD_TOML).canonicalize().unwrap_or_else(|e| panic!("{HEATSHIELD_TOML}: {e}"));
+    for (name, metrics_host_port) in PROXIES {
         let svc = &services[name];
         let context = text(&svc["build"]["context"], name);
         let dockerfile = text(&svc["build"]["dockerfile"], name);
         assert_eq!((context, dockerfile), ("..", "docker/Dockerfile"), "{name}: build");
         assert!(docker_dir().join(context).join(dockerfile).is_file(), "{name}: Dockerfile exists");
-        let args = strings(&svc["command"], name);
-        assert_eq!(flag(&args, "--listen"), Some("0.0.0.0:6380"), "{name}: {args:?}");
-        assert_eq!(flag(&args, "--metrics"), Some("0.0.0.0:9180"), "{name}: {args:?}");
-        let seeds = flag(&args, "--cluster").unwrap_or_else(|| panic!("{name}: --cluster in {args:?}"));
-        assert_eq!(seeds, "redis-1:6379,redis-2:6379,redis-3:6379", "{name}");
-        for seed in seeds.split(',') {
+        let argv = compose_argv(svc, name);
+        let target = config_only_argv(&argv, name);
+        assert!(mounted_read_only(svc, target, name), "{name}: {target} is mounted read-only");
+        let (path, config) = compose_heatshield_config(svc, name);
+        assert_eq!(path.canonicalize().ok().as_ref(), Some(&shared), "{name}: --config {target} is {HEATSHIELD_TOML}");
+
+        assert_eq!(toml_text(&config, "backend.mode", name), "cluster", "{name}");
+        let seeds = toml_get(&config, "backend.seeds")
+            .and_then(|v| v.as_array())
+            .unwrap_or_else(|| panic!("{name}: backend.seeds is a list"));
+        assert!(!seeds.is_empty(), "{name}: backend.seeds");
+        for seed in seeds {
+            let seed = seed.as_str().unwrap_or_else(|| panic!("{name}: seed {seed:?} is a string"));
             let host = seed.split(':').next().unwrap();
             assert!(REDIS_NODES.contains(&host), "{name}: seed {seed} is a compose service");
         }
-        let ports = strings(&svc["ports"], name);
-        assert!(ports.contains(&format!("{host_port}:6380")), "{name}: publishes {host_port}: {ports:?}");
+        assert!(!toml_text(&config, "fleet.name", name).is_empty(), "{name}: the proxies form a fleet");
+
+        // Clients reach the proxies only through HAProxy; each one's metrics are published.
+        let listen = listen_port(&config, "server.listen", name).to_string();
+        let metrics = listen_port(&config, "metrics.listen", name).to_string();
+        let ports = port_mappings(svc, name);
+        assert!(
+            !ports.iter().any(|(_, container)| *container == listen),
+            "{name}: the client port {listen} is not published (clients go through haproxy): {ports:?}"
+        );
+        assert!(
+            ports.contains(&(metrics_host_port.to_string(), metrics.clone())),
+            "{name}: metrics port {metrics} published on {metrics_host_port}: {ports:?}"
+        );
+
+        // Docker sends SIGKILL stop_grace_period after SIGTERM: a draining heatshield may
+        // take drain_grace_ms + shutdown_timeout_ms.
+        let grace = &svc["stop_grace_period"];
+        assert!(!grace.is_badvalue(), "{name}: stop_grace_period is set (Docker's default is 10 s)");
+        let grace_ms = duration_ms(&scalar(grace, name), 1);
+        let drain = toml_ms(&config, "server.drain_grace_ms", name);
+        let shutdown = toml_ms(&config, "server.shutdown_timeout_ms", name);
+        assert!(
+            grace_ms >= drain + shutdown,
+            "{name}: stop_grace_period {grace_ms} ms < drain_grace_ms {drain} + shutdown_timeout_ms {shutdown}"
+        );
         assert_eq!(
             depends_condition(svc, "redis-cluster-init").as_deref(),
             Some("service_completed_successfully"),
             "{name} starts after the cluster is created"
         );
+    }
+
+    let haproxy = &services["haproxy"];
+    let image = text(&haproxy["image"], "haproxy");
+    assert!(image.starts_with("haproxy:"), "haproxy: the official image, got {image}");
+    let cfg = mount_source(haproxy, HAPROXY_CFG_IN_IMAGE, "haproxy").canonicalize().ok();
+    let want_cfg = repo().join(HAPROXY_CFG).canonicalize().unwrap_or_else(|e| panic!("{HAPROXY_CFG}: {e}"));
+    assert_eq!(cfg, Some(want_cfg), "haproxy mounts {HAPROXY_CFG}");
+    assert!(mounted_read_only(haproxy, HAPROXY_CFG_IN_IMAGE, "haproxy"), "haproxy: {HAPROXY_CFG} read-only");
+    let haproxy_ports = port_mappings(haproxy, "haproxy");
+    assert!(
+        haproxy_ports.iter().any(|(host, _)| host == CLIENT_PORT),
+        "haproxy publishes the client port {CLIENT_PORT}: {haproxy_ports:?}"
+    );
+    for (name, _) in PROXIES {
+        assert!(depends_condition(haproxy, name).is_some(), "haproxy depends on {name}");
     }
 
     let prom = &services["prometheus"];
@@ -253,6 +480,9 @@ fn compose_file_defines_the_demo_stack() {
         "prometheus mounts docker/prometheus/prometheus.yml"
     );
     assert!(strings(&prom["ports"], "prometheus").contains(&"9090:9090".to_string()));
+    for (name, _) in PROXIES {
+        assert!(depends_condition(prom, name).is_some(), "prometheus depends on {name}");
+    }
 
     let grafana = &services["grafana"];
     assert!(text(&grafana["image"], "grafana").starts_with("grafana/grafana"));
@@ -293,7 +523,7 @@ fn compose_file_defines_the_demo_stack() {
 }
 
 #[test]
-fn prometheus_scrapes_both_heatshield_instances() {
+fn prometheus_scrapes_every_heatshield_instance() {
     let rel = "docker/prometheus/prometheus.yml";
     let prom = yaml(rel);
     let jobs = prom["scrape_configs"].as_vec().expect("scrape_configs is a list");
@@ -309,17 +539,17 @@ fn prometheus_scrapes_both_heatshield_instances() {
         .iter()
         .flat_map(|sc| strings(&sc["targets"], "targets"))
         .collect();
-    let want: BTreeSet<String> = ["heatshield-1:9180", "heatshield-2:9180"].map(String::from).into();
-    assert_eq!(targets, want);
-
-    // Each target is the compose service's --metrics port.
+    // Exactly the compose heatshield services, each at the metrics port of the file it runs.
     let compose = yaml("docker/docker-compose.yml");
-    for t in &targets {
-        let (host, port) = t.split_once(':').unwrap();
-        let args = strings(&compose["services"][host]["command"], host);
-        let metrics = flag(&args, "--metrics").unwrap_or_else(|| panic!("{host}: no --metrics"));
-        assert!(metrics.ends_with(&format!(":{port}")), "{t}: {host} serves metrics on {metrics}");
-    }
+    let want: BTreeSet<String> = heatshield_services(&compose)
+        .iter()
+        .map(|name| {
+            let (_, config) = compose_heatshield_config(&compose["services"][name.as_str()], name);
+            format!("{name}:{}", listen_port(&config, "metrics.listen", name))
+        })
+        .collect();
+    assert_eq!(want.len(), PROXIES.len(), "{want:?}");
+    assert_eq!(targets, want);
 
     if let Some(promtool) = promtool() {
         let out = Command::new(promtool).args(["check", "config"]).arg(repo().join(rel)).output().unwrap();
@@ -329,6 +559,148 @@ fn prometheus_scrapes_both_heatshield_instances() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+}
+
+/// haproxy.cfg as sections ("global", "defaults", "frontend redis", ...), each with its
+/// lines split into words, comments dropped.
+type HaproxySections = Vec<(String, Vec<Vec<String>>)>;
+
+fn haproxy_sections(text: &str) -> HaproxySections {
+    const SECTIONS: [&str; 12] = [
+        "global",
+        "defaults",
+        "frontend",
+        "backend",
+        "listen",
+        "resolvers",
+        "peers",
+        "userlist",
+        "mailers",
+        "program",
+        "http-errors",
+        "ring",
+    ];
+    let mut out: HaproxySections = Vec::new();
+    for raw in text.lines() {
+        let words: Vec<String> =
+            raw.split('#').next().unwrap_or_default().split_whitespace().map(String::from).collect();
+        let Some(first) = words.first() else { continue };
+        if SECTIONS.contains(&first.as_str()) {
+            out.push((words.join(" "), Vec::new()));
+        } else {
+            out.last_mut().unwrap_or_else(|| panic!("haproxy.cfg: {raw:?} is outside a section")).1.push(words);
+        }
+    }
+    out
+}
+
+/// The lines of the section named `name` ("backend heatshield").
+fn haproxy_section<'a>(sections: &'a HaproxySections, name: &str) -> &'a [Vec<String>] {
+    sections
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, lines)| lines.as_slice())
+        .unwrap_or_else(|| panic!("haproxy.cfg: no section {name:?}"))
+}
+
+/// The words after `keyword` (one or more words) on the first line that starts with it.
+fn haproxy_directive<'a>(lines: &'a [Vec<String>], keyword: &[&str]) -> Option<&'a [String]> {
+    lines
+        .iter()
+        .find(|l| l.len() >= keyword.len() && l.iter().zip(keyword).all(|(a, b)| a == b))
+        .map(|l| &l[keyword.len()..])
+}
+
+#[test]
+fn haproxy_balances_the_heatshield_instances() {
+    let compose = yaml("docker/docker-compose.yml");
+    let services = &compose["services"];
+    let frontend_port = port_mappings(&services["haproxy"], "haproxy")
+        .into_iter()
+        .find(|(host, _)| host == CLIENT_PORT)
+        .map(|(_, container)| container)
+        .unwrap_or_else(|| panic!("haproxy does not publish the client port {CLIENT_PORT}"));
+
+    let sections = haproxy_sections(&read(HAPROXY_CFG));
+    let defaults: &[Vec<String>] = sections
+        .iter()
+        .find(|(n, _)| n.split_whitespace().next() == Some("defaults"))
+        .map(|(_, lines)| lines.as_slice())
+        .unwrap_or_default();
+    let mode = |lines: &[Vec<String>]| -> Option<String> {
+        haproxy_directive(lines, &["mode"]).or_else(|| haproxy_directive(defaults, &["mode"]))?.first().cloned()
+    };
+
+    // The frontend clients reach (the published port), in TCP mode.
+    let (front_name, front) = sections
+        .iter()
+        .find(|(name, lines)| {
+            (name.starts_with("frontend ") || name.starts_with("listen "))
+                && lines.iter().any(|l| {
+                    l[0] == "bind" && l.get(1).is_some_and(|a| a.rsplit(':').next() == Some(frontend_port.as_str()))
+                })
+        })
+        .unwrap_or_else(|| panic!("{HAPROXY_CFG}: no frontend binds port {frontend_port}"));
+    assert_eq!(mode(front.as_slice()).as_deref(), Some("tcp"), "{front_name}: mode tcp (Redis is not HTTP)");
+    let back: &[Vec<String>] = if front_name.starts_with("listen ") {
+        front.as_slice()
+    } else {
+        let name = haproxy_directive(front, &["default_backend"])
+            .and_then(|w| w.first())
+            .unwrap_or_else(|| panic!("{front_name}: no default_backend"));
+        haproxy_section(&sections, &format!("backend {name}"))
+    };
+    assert_eq!(mode(back).as_deref(), Some("tcp"), "the backend runs in mode tcp");
+    let balance = haproxy_directive(back, &["balance"]).and_then(|w| w.first()).map(String::as_str);
+    assert!(matches!(balance, Some("leastconn" | "roundrobin")), "balance leastconn or roundrobin, got {balance:?}");
+
+    // Health checks: GET /ready on each instance's metrics port.
+    let httpchk = haproxy_directive(back, &["option", "httpchk"]).map(|w| w.join(" "));
+    assert_eq!(httpchk.as_deref(), Some("GET /ready"), "option httpchk GET /ready");
+    let expect = haproxy_directive(back, &["http-check", "expect"]).map(|w| w.join(" "));
+    assert_eq!(expect.as_deref(), Some("status 200"), "http-check expect status 200");
+
+    let default_server: Vec<String> = [back, defaults]
+        .iter()
+        .filter_map(|lines| haproxy_directive(lines, &["default-server"]))
+        .flatten()
+        .cloned()
+        .collect();
+    let servers: Vec<&Vec<String>> = back.iter().filter(|l| l[0] == "server").collect();
+    let names = heatshield_services(&compose);
+    assert_eq!(servers.len(), names.len(), "one server line per heatshield service: {servers:?}");
+    for name in &names {
+        let (_, config) = compose_heatshield_config(&services[name.as_str()], name);
+        let address = format!("{name}:{}", listen_port(&config, "server.listen", name));
+        let server = servers
+            .iter()
+            .find(|l| l.get(2) == Some(&address))
+            .unwrap_or_else(|| panic!("{HAPROXY_CFG}: no `server ... {address}` line: {servers:?}"));
+        let opts = &server[3..];
+        assert!(opts.iter().any(|o| o == "check"), "{address}: health-checked: {server:?}");
+        let metrics = listen_port(&config, "metrics.listen", name).to_string();
+        assert_eq!(flag(opts, "port"), Some(metrics.as_str()), "{address}: checked on the metrics port: {server:?}");
+
+        // HAProxy stops sending new clients after `fall` failed checks `inter` apart; the
+        // instance must still accept that long after SIGTERM. (HAProxy's defaults: 2s, 3.)
+        let option = |key: &str| flag(opts, key).or_else(|| flag(&default_server, key)).map(String::from);
+        let inter = option("inter").map_or(2000, |v| duration_ms(&v, 1));
+        let fall: i64 = option("fall").map_or(3, |v| v.parse().unwrap_or_else(|e| panic!("fall {v}: {e}")));
+        let drain = toml_ms(&config, "server.drain_grace_ms", name);
+        assert!(
+            drain >= fall * inter,
+            "{name}: drain_grace_ms {drain} < {fall} checks x {inter} ms, the time HAProxy takes to see /ready fail"
+        );
+    }
+
+    // Every resolvers section a server line names exists.
+    for line in sections.iter().flat_map(|(_, lines)| lines) {
+        if matches!(line[0].as_str(), "server" | "default-server")
+            && let Some(r) = flag(line, "resolvers")
+        {
+            haproxy_section(&sections, &format!("resolvers {r}"));
+        }
     }
 }
 
@@ -397,6 +769,29 @@ fn dockerfile_instructions(text: &str) -> Vec<(String, String)> {
 
 fn json_args(what: &str, args: &str) -> Vec<String> {
     serde_json::from_str(args).unwrap_or_else(|e| panic!("{what} should be a JSON array ({e}): {args}"))
+}
+
+/// The runtime stage's ENTRYPOINT and CMD in docker/Dockerfile (exec form).
+fn image_entrypoint_and_cmd() -> (Vec<String>, Vec<String>) {
+    let instrs = dockerfile_instructions(&read("docker/Dockerfile"));
+    let runtime_from = instrs.iter().rposition(|(k, _)| k == "FROM").expect("docker/Dockerfile: FROM");
+    let runtime = &instrs[runtime_from..];
+    let last =
+        |kw: &str| runtime.iter().rev().find(|(k, _)| k == kw).map(|(_, a)| json_args(kw, a)).unwrap_or_default();
+    (last("ENTRYPOINT"), last("CMD"))
+}
+
+/// The uid docker/Dockerfile gives the image's user (`useradd --uid N`).
+fn dockerfile_uid() -> i64 {
+    dockerfile_instructions(&read("docker/Dockerfile"))
+        .iter()
+        .filter(|(k, _)| k == "RUN")
+        .find_map(|(_, a)| {
+            let words: Vec<&str> = a.split_whitespace().collect();
+            let i = words.iter().position(|w| *w == "--uid" || *w == "-u")?;
+            words.get(i + 1)?.parse().ok()
+        })
+        .expect("docker/Dockerfile: useradd --uid N")
 }
 
 #[test]
@@ -905,4 +1300,289 @@ fn dashboard_metrics_exist_in_a_live_exposition() {
     at_least("heatshield_client_bytes_received_total", &[], 1.0);
     at_least("heatshield_client_bytes_sent_total", &[], 1.0);
     assert!(proxy.is_alive());
+}
+
+// ---------------------------------------------------------------------------
+// (d) docker/k8s/, and heatshield --check on both configuration files
+// ---------------------------------------------------------------------------
+
+/// docker/k8s/: file, kind, apiVersion. One resource per file.
+const K8S: [(&str, &str, &str); 4] = [
+    ("configmap.yaml", "ConfigMap", "v1"),
+    ("deployment.yaml", "Deployment", "apps/v1"),
+    ("service.yaml", "Service", "v1"),
+    ("pdb.yaml", "PodDisruptionBudget", "policy/v1"),
+];
+
+fn k8s(file: &str) -> Yaml {
+    yaml(&format!("docker/k8s/{file}"))
+}
+
+/// The configuration file the ConfigMap holds (`data."heatshield.toml"`), as text.
+fn configmap_toml_text() -> String {
+    let cm = k8s("configmap.yaml");
+    text(&cm["data"]["heatshield.toml"], "configmap.yaml: data.heatshield.toml").to_string()
+}
+
+fn configmap_toml() -> toml::Table {
+    toml_table(&configmap_toml_text(), "configmap.yaml: heatshield.toml")
+}
+
+/// The Deployment's container named heatshield.
+fn heatshield_container(deploy: &Yaml) -> &Yaml {
+    deploy["spec"]["template"]["spec"]["containers"]
+        .as_vec()
+        .expect("deployment.yaml: spec.template.spec.containers")
+        .iter()
+        .find(|c| c["name"].as_str() == Some("heatshield"))
+        .expect("deployment.yaml: a container named heatshield")
+}
+
+/// A container's ports: name -> containerPort.
+fn container_ports(container: &Yaml) -> BTreeMap<String, i64> {
+    container["ports"]
+        .as_vec()
+        .expect("deployment.yaml: container ports")
+        .iter()
+        .map(|p| {
+            let name = text(&p["name"], "ports[].name").to_string();
+            let port = p["containerPort"].as_i64().unwrap_or_else(|| panic!("{name}: containerPort: {p:?}"));
+            (name, port)
+        })
+        .collect()
+}
+
+/// A port reference (a number, or the name of a container port) as a number.
+fn resolve_port(port: &Yaml, ports: &BTreeMap<String, i64>, what: &str) -> i64 {
+    match port {
+        Yaml::Integer(n) => *n,
+        Yaml::String(name) => {
+            *ports.get(name).unwrap_or_else(|| panic!("{what}: no container port named {name}: {ports:?}"))
+        }
+        other => panic!("{what}: expected a port number or name, got {other:?}"),
+    }
+}
+
+/// Asserts that `selector` (labels) is not empty and that `labels` has each of them.
+fn assert_selects(selector: &Yaml, labels: &Yaml, what: &str) {
+    let selector = selector.as_hash().unwrap_or_else(|| panic!("{what}: selector is a mapping, got {selector:?}"));
+    assert!(!selector.is_empty(), "{what}: an empty selector selects every pod");
+    for (k, v) in selector.iter() {
+        let k = scalar(k, what);
+        assert_eq!(&labels[k.as_str()], v, "{what}: the pods' label {k}");
+    }
+}
+
+/// Seconds the container's preStop hook sleeps: the `sleep` action or `exec: sleep N`.
+fn pre_stop_sleep_seconds(container: &Yaml) -> i64 {
+    let hook = &container["lifecycle"]["preStop"];
+    if let Some(s) = hook["sleep"]["seconds"].as_i64() {
+        return s;
+    }
+    let cmd = optional_strings(&hook["exec"]["command"], "preStop.exec.command").unwrap_or_default();
+    let i = cmd.iter().position(|a| a == "sleep" || a == "/bin/sleep");
+    i.and_then(|i| cmd.get(i + 1)).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+/// A securityContext field of the container, or else of the pod.
+fn security(pod_spec: &Yaml, container: &Yaml, key: &str) -> Yaml {
+    let c = &container["securityContext"][key];
+    if c.is_badvalue() { pod_spec["securityContext"][key].clone() } else { c.clone() }
+}
+
+#[test]
+fn k8s_manifests_are_one_resource_per_file() {
+    let dir = repo().join("docker/k8s");
+    let mut files: BTreeSet<String> = BTreeSet::new();
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".yaml") || name.ends_with(".yml") || name.ends_with(".json") {
+            files.insert(name);
+        }
+    }
+    let want: BTreeSet<String> = K8S.iter().map(|(f, _, _)| f.to_string()).collect();
+    assert_eq!(files, want, "the manifests kubectl apply -f docker/k8s/ reads");
+    assert!(dir.join("README.md").is_file(), "docker/k8s/README.md");
+
+    for (file, kind, api_version) in K8S {
+        let doc = k8s(file); // exactly one YAML document
+        assert_eq!(doc["kind"].as_str(), Some(kind), "{file}: kind");
+        assert_eq!(doc["apiVersion"].as_str(), Some(api_version), "{file}: apiVersion");
+        assert!(!text(&doc["metadata"]["name"], file).is_empty(), "{file}: metadata.name");
+    }
+    // The ConfigMap's file is TOML, with the sections the other checks read.
+    let config = configmap_toml();
+    for section in ["server", "backend", "metrics", "fleet"] {
+        assert!(config.contains_key(section), "configmap.yaml: heatshield.toml has [{section}]");
+    }
+}
+
+#[test]
+fn k8s_deployment_runs_the_configmap() {
+    let cm = k8s("configmap.yaml");
+    let deploy = k8s("deployment.yaml");
+    let pod = &deploy["spec"]["template"];
+    let pod_spec = &pod["spec"];
+    let container = heatshield_container(&deploy);
+    let config = configmap_toml();
+
+    // argv: the image's, with Kubernetes' command/args semantics; --config once, no flag
+    // overriding the file.
+    let argv = container_argv(
+        optional_strings(&container["command"], "command"),
+        optional_strings(&container["args"], "args"),
+    );
+    let config_path = config_only_argv(&argv, "deployment.yaml");
+
+    // --config points into a read-only mount of the ConfigMap, at its key.
+    let (dir, file) = config_path.rsplit_once('/').unwrap_or_else(|| panic!("--config {config_path}: absolute path"));
+    let mount = container["volumeMounts"]
+        .as_vec()
+        .expect("deployment.yaml: volumeMounts")
+        .iter()
+        .find(|m| m["mountPath"].as_str().map(|p| p.trim_end_matches('/')) == Some(dir))
+        .unwrap_or_else(|| panic!("deployment.yaml: nothing mounted at {dir} (--config {config_path})"));
+    assert!(mount["subPath"].is_badvalue(), "a subPath mount never sees ConfigMap updates");
+    assert_eq!(mount["readOnly"].as_bool(), Some(true), "{dir} is mounted read-only");
+    let volume_name = text(&mount["name"], "volumeMounts[].name");
+    let volume = pod_spec["volumes"]
+        .as_vec()
+        .expect("deployment.yaml: volumes")
+        .iter()
+        .find(|v| v["name"].as_str() == Some(volume_name))
+        .unwrap_or_else(|| panic!("deployment.yaml: no volume {volume_name}"));
+    assert_eq!(volume["configMap"]["name"].as_str(), cm["metadata"]["name"].as_str(), "volume {volume_name}");
+    let key = match volume["configMap"]["items"].as_vec() {
+        Some(items) => {
+            let item = items.iter().find(|i| i["path"].as_str() == Some(file));
+            let item = item.unwrap_or_else(|| panic!("volume {volume_name}: no item with path {file}"));
+            text(&item["key"], "items[].key").to_string()
+        }
+        None => file.to_string(),
+    };
+    assert!(!cm["data"][key.as_str()].is_badvalue(), "configmap.yaml: data.{key} (read as {config_path})");
+
+    // The container ports are the file's listen ports.
+    let ports = container_ports(container);
+    assert_eq!(ports.get("redis"), Some(&listen_port(&config, "server.listen", "configmap")), "port redis: {ports:?}");
+    let metrics = listen_port(&config, "metrics.listen", "configmap");
+    assert_eq!(ports.get("metrics"), Some(&metrics), "port metrics: {ports:?}");
+
+    // Prometheus finds the pods' metrics port.
+    let annotations = &pod["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/scrape"].as_str(), Some("true"), "prometheus.io/scrape");
+    let scrape_port = annotations["prometheus.io/port"].as_str().and_then(|p| p.parse::<i64>().ok());
+    assert_eq!(scrape_port, Some(metrics), "prometheus.io/port is the metrics port");
+
+    // The image's non-root user, by uid (Kubernetes cannot check a USER given by name).
+    assert_eq!(security(pod_spec, container, "runAsNonRoot").as_bool(), Some(true), "runAsNonRoot");
+    assert_eq!(security(pod_spec, container, "runAsUser").as_i64(), Some(dockerfile_uid()), "runAsUser");
+
+    assert!(!toml_text(&config, "fleet.name", "configmap").is_empty(), "the replicas form a fleet");
+    let requests = &container["resources"]["requests"];
+    assert!(!requests["cpu"].is_badvalue() && !requests["memory"].is_badvalue(), "resource requests");
+}
+
+#[test]
+fn k8s_probes_and_termination_cover_the_drain() {
+    let deploy = k8s("deployment.yaml");
+    let pod_spec = &deploy["spec"]["template"]["spec"];
+    let container = heatshield_container(&deploy);
+    let config = configmap_toml();
+    let ports = container_ports(container);
+    let metrics = listen_port(&config, "metrics.listen", "configmap");
+
+    for (probe, path) in [("readinessProbe", "/ready"), ("livenessProbe", "/live")] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(get["path"].as_str(), Some(path), "{probe}: path");
+        assert_eq!(resolve_port(&get["port"], &ports, probe), metrics, "{probe}: on the metrics port");
+    }
+
+    let drain = toml_ms(&config, "server.drain_grace_ms", "configmap");
+    let shutdown = toml_ms(&config, "server.shutdown_timeout_ms", "configmap");
+    assert!(drain > 0, "server.drain_grace_ms: give endpoints and load balancers time to stop sending clients");
+
+    // A load balancer that follows the readiness probe sees the 503 within
+    // periodSeconds x failureThreshold (Kubernetes' defaults: 10, 3): within the drain.
+    let readiness = &container["readinessProbe"];
+    let period = readiness["periodSeconds"].as_i64().unwrap_or(10);
+    let failures = readiness["failureThreshold"].as_i64().unwrap_or(3);
+    assert!(
+        period * failures * 1000 <= drain,
+        "readiness fails after {period} s x {failures} = more than drain_grace_ms {drain}"
+    );
+
+    // The kubelet sends SIGKILL terminationGracePeriodSeconds after termination began,
+    // preStop included.
+    let pre_stop = pre_stop_sleep_seconds(container);
+    assert!(pre_stop >= 1, "a preStop sleep lets the endpoints catch up before SIGTERM");
+    let grace = pod_spec["terminationGracePeriodSeconds"]
+        .as_i64()
+        .expect("terminationGracePeriodSeconds is set (the default is 30 s)");
+    assert!(
+        grace * 1000 >= pre_stop * 1000 + drain + shutdown,
+        "terminationGracePeriodSeconds {grace} < preStop {pre_stop} s + drain_grace_ms {drain} + shutdown_timeout_ms {shutdown}"
+    );
+
+    // Rolling updates: a new pod is ready before an old one drains.
+    let strategy = &deploy["spec"]["strategy"];
+    assert_eq!(strategy["type"].as_str(), Some("RollingUpdate"), "strategy");
+    assert_eq!(strategy["rollingUpdate"]["maxUnavailable"].as_i64(), Some(0), "maxUnavailable");
+    assert!(strategy["rollingUpdate"]["maxSurge"].as_i64().is_some_and(|n| n >= 1), "maxSurge");
+}
+
+#[test]
+fn k8s_service_and_pdb_select_the_pods() {
+    let deploy = k8s("deployment.yaml");
+    let labels = &deploy["spec"]["template"]["metadata"]["labels"];
+    assert_selects(&deploy["spec"]["selector"]["matchLabels"], labels, "deployment.yaml");
+    let container = heatshield_container(&deploy);
+    let ports = container_ports(container);
+    let replicas = deploy["spec"]["replicas"].as_i64().expect("deployment.yaml: replicas");
+    assert!(replicas >= 2, "more than one heatshield: {replicas}");
+
+    let svc = k8s("service.yaml");
+    assert_selects(&svc["spec"]["selector"], labels, "service.yaml");
+    let kind = svc["spec"]["type"].as_str().unwrap_or("ClusterIP");
+    assert_eq!(kind, "ClusterIP", "service.yaml: type");
+    let service_ports = svc["spec"]["ports"].as_vec().expect("service.yaml: ports");
+    let target = |port: i64| -> Option<i64> {
+        let p = service_ports.iter().find(|p| p["port"].as_i64() == Some(port))?;
+        let t = &p["targetPort"];
+        Some(if t.is_badvalue() { port } else { resolve_port(t, &ports, "service.yaml: targetPort") })
+    };
+    assert_eq!(target(6379), ports.get("redis").copied(), "service port 6379 -> the redis container port");
+    assert_eq!(target(9180), ports.get("metrics").copied(), "service port 9180 -> the metrics container port");
+
+    let pdb = k8s("pdb.yaml");
+    assert_selects(&pdb["spec"]["selector"]["matchLabels"], labels, "pdb.yaml");
+    let spec = &pdb["spec"];
+    match (spec["minAvailable"].as_i64(), spec["maxUnavailable"].as_i64()) {
+        (Some(min), None) => assert!((1..replicas).contains(&min), "minAvailable {min} with {replicas} replicas"),
+        (None, Some(max)) => assert!((1..replicas).contains(&max), "maxUnavailable {max} with {replicas} replicas"),
+        other => panic!("pdb.yaml: one of minAvailable / maxUnavailable as a number, got {other:?}"),
+    }
+}
+
+fn assert_check_ok(path: &Path) {
+    let path = path.to_str().expect("a UTF-8 path");
+    let (code, out, err) = common::run_bin(&["--check", "--config", path]);
+    assert_eq!(code, 0, "heatshield --check --config {path}:\n{out}{err}");
+    assert!(out.contains("configuration ok"), "heatshield --check --config {path}:\n{out}{err}");
+}
+
+#[test]
+fn heatshield_check_accepts_the_docker_and_k8s_configs() {
+    assert_check_ok(&repo().join(HEATSHIELD_TOML));
+
+    let dir = tempfile::tempdir().unwrap();
+    let configmap = dir.path().join("heatshield.toml");
+    std::fs::write(&configmap, configmap_toml_text()).unwrap();
+    assert_check_ok(&configmap);
+
+    // --check does read the file: a misspelt key fails it.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, configmap_toml_text().replace("drain_grace_ms", "drain_grace_msx")).unwrap();
+    let (code, out, _) = common::run_bin(&["--check", "--config", bad.to_str().unwrap()]);
+    assert_ne!(code, 0, "heatshield --check accepted an unknown key:\n{out}");
 }
