@@ -190,6 +190,12 @@ pub fn config_value(value: &str, key: &str, why: &str) -> String {
     format!("ERR Invalid argument '{value}' for PROXY CONFIG SET '{key}': {why}")
 }
 
+/// `PROXY CONFIG RELOAD` of a file with problems (nothing changed), or without a file.
+pub fn config_rejected(why: &str) -> String {
+    let why: String = why.chars().map(|c| if c == '\r' || c == '\n' { ' ' } else { c }).collect();
+    format!("ERR heatshield: configuration not reloaded, nothing changed: {why}")
+}
+
 pub fn config_not_live(key: &str, live: &[&str]) -> String {
     format!(
         "ERR '{key}' cannot be changed while heatshield runs (live settings: {}); edit the configuration file and restart",

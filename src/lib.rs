@@ -24,6 +24,7 @@
 //!   to their colocated names, resumably;
 //! - [`proxy`]: the state every session shares, and the record of each answered command;
 //! - [`learn`]: the command table learned from the masters (`COMMAND`), kept current;
+//! - [`reload`]: the configuration file reloaded while heatshield runs;
 //! - [`path`]: the request path: admission (`policy`), where parts go (`route`), a
 //!   request in flight (`pending`), replies merged (`merge`);
 //! - [`modes`]: the commands that change a connection's mode: MULTI / EXEC / WATCH,
@@ -51,6 +52,7 @@ pub mod path;
 pub mod protocol;
 pub mod proxy;
 pub mod queue;
+pub mod reload;
 pub mod services;
 pub mod tls;
 pub mod upstream;

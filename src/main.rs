@@ -430,43 +430,23 @@ async fn drain(proxy: &Proxy) {
     }
 }
 
-/// On SIGHUP, reloads the rate-limit and colocation rules from the configuration file; a
-/// file that does not load or validate is rejected with an error log and the old rules
-/// stay.
+/// On SIGHUP, reloads the configuration file (`heatshield::reload`): what can change
+/// live is applied, the rest is logged as needing a restart, and a file with any problem
+/// is rejected whole.
 fn spawn_reloader(proxy: Arc<Proxy>, path: Option<PathBuf>, overrides: Overrides) {
+    if let Some(p) = path {
+        let _ = proxy.reload_from.set((p, overrides));
+    }
     #[cfg(unix)]
     tokio::spawn(async move {
         let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
         while hup.recv().await.is_some() {
-            let Some(path) = &path else {
-                warn!("SIGHUP: no configuration file to reload (started without --config)");
-                continue;
-            };
-            match Config::load(Some(path), &overrides) {
-                Ok(cfg) => {
-                    match heatshield::services::ratelimit::compile(&cfg.ratelimit.rules, &proxy.commands) {
-                        Ok(rules) => {
-                            let n = rules.len();
-                            proxy.ratelimit.replace(rules);
-                            info!(file = %path.display(), rules = n, "SIGHUP: rate-limit rules reloaded");
-                        }
-                        Err(p) => {
-                            error!(file = %path.display(), problems = %p.join("; "), "SIGHUP: rules rejected; keeping the old ones")
-                        }
-                    }
-                    // (validated with the configuration just loaded)
-                    if let Ok(rules) = heatshield::services::colocate::compile(&cfg.colocate) {
-                        let n = rules.list.len();
-                        proxy.colocate.replace(rules);
-                        info!(file = %path.display(), rules = n, "SIGHUP: colocation rules reloaded");
-                    }
-                }
-                Err(e) => error!(error = %e, "SIGHUP: configuration rejected; keeping the old rate-limit rules"),
+            info!("SIGHUP: reloading the configuration");
+            if let Err(e) = heatshield::reload::from_file(&proxy) {
+                warn!(error = %e, "SIGHUP: nothing reloaded");
             }
         }
     });
-    #[cfg(not(unix))]
-    let _ = (proxy, path, overrides);
 }
 
 /// Reloads the certificates of the TLS listener and of backend TLS when their files

@@ -68,6 +68,13 @@ pub struct Proxy {
     pub ratelimit: Arc<crate::services::ratelimit::Limiter>,
     /// `/ready`'s inputs.
     pub health: Health,
+    /// The configuration in force: `config` as started, then as reloads left it
+    /// (`crate::reload`; what needs a restart keeps its running value).
+    pub current: arc_swap::ArcSwap<Config>,
+    /// `[limits]` in force, for connections opened from now on (a reload replaces it).
+    pub limits: arc_swap::ArcSwap<crate::config::LimitsConfig>,
+    /// The file and command-line overrides a reload reads (set at start with --config).
+    pub reload_from: std::sync::OnceLock<(std::path::PathBuf, crate::config::Overrides)>,
     /// The fleet this heatshield divides the rate-limit rules with (`[fleet]`).
     pub fleet: Arc<crate::services::fleet::Fleet>,
     /// Hot-key detection and cache.
@@ -134,6 +141,11 @@ impl ReplySummary {
 }
 
 impl Proxy {
+    /// The configuration in force (see [`Proxy::current`]).
+    pub fn settings(&self) -> Arc<Config> {
+        self.current.load_full()
+    }
+
     /// Whether heatshield should be sent new clients (`/ready`): not draining, accepting,
     /// and, in front of a cluster, with a slot map; else why not.
     pub fn ready(&self) -> Result<(), &'static str> {
@@ -195,6 +207,9 @@ impl Proxy {
             ratelimit,
             fleet,
             health: Health::default(),
+            current: arc_swap::ArcSwap::from_pointee(config.clone()),
+            limits: arc_swap::ArcSwap::from_pointee(config.limits.clone()),
+            reload_from: std::sync::OnceLock::new(),
             command_stats: crate::services::stats::CommandStats::new(workers, ids),
             command_metrics: crate::metrics::CommandsMetrics::new(ids),
             slowlog: Default::default(),

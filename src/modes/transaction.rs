@@ -170,7 +170,7 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
 /// alone; the keys of a write are noted for the hot-key cache. `Some`: the refusal.
 fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, keys: &[u32], cost: usize) -> Option<Outcome> {
     let req = ctx.req;
-    let limit = proxy.config.limits.max_inflight_request_bytes as usize;
+    let limit = proxy.limits.load().max_inflight_request_bytes as usize;
     let Mode::Multi(q) = &ctx.client.modes.multi else { return Some(ctx.error(errors::EXECABORT)) };
     if q.held + cost > limit {
         return Some(refuse(ctx, &errors::transaction_too_large(limit)));

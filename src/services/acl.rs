@@ -912,6 +912,28 @@ impl Users {
         gone
     }
 
+    /// Takes the users of `other` (a reload): a user that stays keeps its identity with
+    /// the new permissions (its connections see them at their next command), new users
+    /// are added, and the others are removed; returns those removed.
+    pub fn replace(&self, other: Users) -> Vec<Arc<User>> {
+        let mut users = self.users.write();
+        let mut new = std::mem::take(&mut *other.users.write());
+        let gone: Vec<Arc<User>> = users.values().filter(|u| !new.contains_key(&u.name)).cloned().collect();
+        for (name, u) in std::mem::take(&mut new) {
+            match users.get(&name) {
+                Some(old) => old.set((**u.perms()).clone()),
+                None => {
+                    users.insert(name, u);
+                }
+            }
+        }
+        for g in &gone {
+            users.remove(&g.name);
+        }
+        self.note_restricted(&users);
+        gone
+    }
+
     /// The names, sorted (`ACL USERS`).
     pub fn names(&self) -> Vec<String> {
         self.users.read().keys().cloned().collect()

@@ -1,5 +1,6 @@
-//! `PROXY CONFIG GET | SET`: every setting with its value (secrets only as set or not),
-//! and the live settings ([`crate::config::Live`]) changed while heatshield runs.
+//! `PROXY CONFIG GET | SET | RELOAD`: every setting with its value in force (secrets
+//! only as set or not), the live settings ([`crate::config::Live`]) changed while
+//! heatshield runs, and the file reloaded ([`crate::reload`]).
 
 use std::sync::atomic::Ordering;
 
@@ -9,7 +10,8 @@ use crate::proxy::Proxy;
 
 pub(super) fn config_pairs(proxy: &Proxy) -> Vec<(String, String)> {
     let l = &proxy.live;
-    crate::config::entries(&proxy.config)
+    let settings = proxy.settings();
+    crate::config::entries(&settings)
         .into_iter()
         .filter_map(|(k, v)| {
             let v = match k.as_str() {
@@ -28,14 +30,9 @@ pub(super) fn config_pairs(proxy: &Proxy) -> Vec<(String, String)> {
                     }
                 }
                 // users: their passwords as ACL GETUSER shows them, hashed
-                "server.users" => proxy
-                    .config
-                    .server
-                    .users
-                    .iter()
-                    .map(|l| crate::services::acl::redact(l))
-                    .collect::<Vec<_>>()
-                    .join(","),
+                "server.users" => {
+                    settings.server.users.iter().map(|l| crate::services::acl::redact(l)).collect::<Vec<_>>().join(",")
+                }
                 _ => v?, // None: the rate-limit rules (PROXY RATELIMIT LIST)
             };
             Some((k, v))

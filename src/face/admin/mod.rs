@@ -72,7 +72,20 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                     Ok(()) => ctx.reply(|w| w.ok()),
                     Err(e) => ctx.error(&e),
                 },
-                "GET" | "SET" => arity_err(ctx, &format!("config|{op}")),
+                "RELOAD" if argc == 3 => match crate::reload::from_file(proxy) {
+                    Ok(r) => ctx.reply(|w| {
+                        w.map(2);
+                        for (k, keys) in [("applied", &r.applied), ("needs_restart", &r.restart)] {
+                            w.bulk(k.as_bytes());
+                            w.array(keys.len());
+                            for key in keys.iter() {
+                                w.bulk(key.as_bytes());
+                            }
+                        }
+                    }),
+                    Err(e) => ctx.error(&errors::config_rejected(&e)),
+                },
+                "GET" | "SET" | "RELOAD" => arity_err(ctx, &format!("config|{op}")),
                 _ => ctx.error(&errors::unknown_subcommand(&format!("CONFIG {op}"), "PROXY")),
             }
         }
@@ -119,6 +132,7 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 "NODES -- the topology as heatshield sees it: nodes, roles, slots, connections, in-flight requests.",
                 "CONFIG GET <pattern> -- settings whose name matches the glob pattern.",
                 "CONFIG SET <name> <value> -- change a live setting (admin.slowlog_slower_than_us, admin.slowlog_max_len, admin.bigkey_bytes, server.allow_flush, server.max_clients).",
+                "CONFIG RELOAD -- reload the configuration file, as SIGHUP: what changed is applied or reported as needing a restart.",
                 "SLOWLOG GET [<count>] | LEN | RESET -- commands slower than admin.slowlog_slower_than_us.",
                 "BIGKEYS [<count>] -- the largest requests and replies seen, by key.",
                 "AUTH <password> -- unlock PROXY commands when admin.password is set.",

@@ -66,7 +66,7 @@ impl Session {
         // (requests waiting for the ordering rule hold no reply yet)
         let later = self.deferred.map_or(0, |d| self.queue.next_seq() - d) as usize;
         let several = self.queue.entries.len() - self.client.inflight as usize - later > 1;
-        let limits = &self.proxy.config.limits;
+        let limits = &self.limits;
         if self.client.modes.subs.is_some() {
             // a subscriber's messages: Redis's pubsub limits, the process-wide total as
             // for everyone

@@ -61,6 +61,9 @@ use queue::{Entry, Meta, Queue, Reply};
 /// the timer, and calls the steps below.
 struct Session {
     proxy: Arc<Proxy>,
+    /// `[limits]` as they were when the client connected (a reload applies to later
+    /// connections).
+    limits: Arc<crate::config::LimitsConfig>,
     client: ClientState,
     /// Where backend replies for this client's requests are sent.
     tx: ReplyTx,
@@ -369,7 +372,7 @@ impl Session {
             wrote: 0,
             db: 0,
         };
-        let limits = &proxy.config.limits;
+        let limits = proxy.limits.load_full();
         let soft = limits.output_soft_bytes as usize;
         let max_pipeline = limits.max_pipeline;
         Session {
@@ -418,6 +421,7 @@ impl Session {
             hard: limits.output_hard_bytes as usize,
             max_pipeline,
             request_budget: limits.max_inflight_request_bytes as usize,
+            limits: limits.clone(),
             reply_deadline: proxy.reply_deadline(),
             proxy,
         }
@@ -931,7 +935,7 @@ impl Session {
     /// The timer fired: the soft limit's duration may be over, and requests past their
     /// deadline are answered with an error.
     fn on_timer(&mut self, now: Instant) -> Option<Cut> {
-        let limits = &self.proxy.config.limits;
+        let limits = &self.limits;
         if let Some(since) = self.held.over_soft_since
             && limits.output_soft_seconds > 0
             && now >= since + Duration::from_secs(limits.output_soft_seconds)

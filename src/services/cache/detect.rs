@@ -58,6 +58,13 @@ impl Detector {
         Detector { sketch: new_sketch(cfg.max_hot_keys), hot: HashMap::new(), cfg }
     }
 
+    /// New thresholds (a reload): from the end of the current window.
+    pub fn retune(&mut self, threshold: f64, cool_windows: u32, max_hot_keys: usize) {
+        self.cfg.threshold = threshold;
+        self.cfg.cool_windows = cool_windows;
+        self.cfg.max_hot_keys = max_hot_keys;
+    }
+
     /// Counts one sampled read of `key`.
     #[inline]
     pub fn record(&mut self, key: &[u8]) {

@@ -365,6 +365,11 @@ impl HotCache {
         }
     }
 
+    /// New detection thresholds (a reload; the other settings need a restart).
+    pub fn retune(&self, threshold: f64, cool_windows: u32, max_hot_keys: usize) {
+        self.detector.lock().retune(threshold, cool_windows, max_hot_keys);
+    }
+
     /// Counts a read of `key` for detection: one in `sample_every` takes the detector's
     /// lock; the others cost a thread-local increment.
     #[inline]
