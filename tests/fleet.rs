@@ -284,3 +284,54 @@ fn a_rolling_restart_under_writing_clients_loses_nothing() {
     );
     assert_eq!(refused.load(Ordering::Relaxed), 0, "connections refused during the restart");
 }
+
+#[test]
+fn when_the_fleets_master_does_not_answer_each_instance_keeps_its_last_part() {
+    let cluster = cluster();
+    const RATE: f64 = 400.0;
+    let (_dir, path) = config_file(
+        "[backend]\ncommand_timeout_ms = 1000\n\n[fleet]\nname = \"stall\"\n\n\
+         [[ratelimit.rules]]\nname = \"hot\"\npattern = \"stall:*\"\nrate = 400\nburst = 40\n",
+    );
+    let fleet_master = cluster.master_for_key(b"{heatshield:stall}:members");
+    // the hammered key lives on another master, which keeps answering
+    let key =
+        (0..).map(|i| format!("stall:k{i}")).find(|k| cluster.master_for_key(k.as_bytes()) != fleet_master).unwrap();
+    let proxies: Vec<Proxy> = (0..2).map(|_| Proxy::start_cluster(&cluster, &["--config", &path])).collect();
+    let admitted = Admitted::new(30);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = vec![];
+    for p in &proxies {
+        for _ in 0..2 {
+            threads.push(hammer(p.port(), key.clone(), admitted.clone(), stop.clone()));
+        }
+    }
+    thread::sleep(Duration::from_secs(4));
+    let before = admitted.rate(2.0, 4.0);
+    // the fleet's master stops answering clients for 5 s (no failover: the cluster bus
+    // still runs)
+    let mut direct = Conn::connect(fleet_master);
+    assert_eq!(direct.cmd(&["CLIENT", "PAUSE", "5000", "ALL"]), V::ok());
+    let paused = admitted.start.elapsed().as_secs_f64();
+    thread::sleep(Duration::from_secs(4));
+    let during = admitted.rate(paused + 1.0, paused + 4.0);
+    let (_, m) = common::http::http_get(&proxies[0].metrics_addr().unwrap(), "/metrics");
+    let age: f64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("heatshield_fleet_sync_age_seconds "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sync age in\n{m}"));
+    thread::sleep(Duration::from_secs(3));
+    let mut c = Conn::connect(proxies[0].port());
+    assert_eq!(rule_field(&mut c, "hot", "fleet_members"), V::Int(2), "the fleet is seen again after the pause");
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    let (_, m) = common::http::http_get(&proxies[0].metrics_addr().unwrap(), "/metrics");
+    eprintln!("fleet master paused: {before:.0}/s before, {during:.0}/s during; sync age {age:.1} s during the pause");
+    assert!((before / RATE - 1.0).abs() <= 0.10, "before the pause: {before:.0}/s");
+    assert!((during / RATE - 1.0).abs() <= 0.10, "during the pause: {during:.0}/s, not the rule's {RATE}/s");
+    assert!(age >= 2.0, "heatshield_fleet_sync_age_seconds {age} while the fleet's master was paused 3 s");
+    assert!(m.contains("heatshield_fleet_syncs_total{result=\"error\"}"), "{m}");
+}
