@@ -231,7 +231,7 @@ impl Haproxy {
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while Conn::try_connect(front).map(|mut c| c.cmd(&["PING"]) == V::s("PONG")).unwrap_or(false) == false {
+        while !Conn::try_connect(front).is_ok_and(|mut c| c.cmd(&["PING"]) == V::s("PONG")) {
             assert!(Instant::now() < deadline, "haproxy does not serve on {front}");
             thread::sleep(Duration::from_millis(50));
         }
