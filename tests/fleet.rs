@@ -278,8 +278,11 @@ fn a_rolling_restart_under_writing_clients_loses_nothing() {
     // balancer sees a pod go: SIGTERM, /ready 503 while it still accepts for the grace,
     // then its listener closes, it exits, and a new one starts on the port.
     let mut news = vec![];
+    let listens: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let restart_args = |i: usize| -> Vec<&str> {
+        vec!["--cluster", &seeds, "--config", &path, "--listen", &listens[i], "--metrics", &metrics[i]]
+    };
     for (i, old) in olds.iter().enumerate() {
-        let listen = format!("127.0.0.1:{}", ports[i]);
         if i == 1 {
             old.signal("TERM");
             let t = Instant::now();
@@ -299,16 +302,7 @@ fn a_rolling_restart_under_writing_clients_loses_nothing() {
             eprintln!("SIGTERM: /ready 503 after {unready:?}, listener closed after {closed:?}");
             assert!(unready < closed && closed >= Duration::from_millis(550), "{unready:?} {closed:?}");
             assert_eq!(old.wait_exit(Duration::from_secs(10)), Some(0), "{}", old.log());
-            news.push(Proxy::start(&[
-                "--cluster",
-                &seeds,
-                "--config",
-                &path,
-                "--listen",
-                &listen,
-                "--metrics",
-                &metrics[i],
-            ]));
+            news.push(Proxy::start(&[&restart_args(i)[..], &[]].concat()));
         } else {
             let probing = Arc::new(AtomicBool::new(true));
             let prober = {
@@ -324,19 +318,7 @@ fn a_rolling_restart_under_writing_clients_loses_nothing() {
                 })
             };
             let threads = if i == 0 { "1" } else { "3" };
-            news.push(Proxy::start(&[
-                "--cluster",
-                &seeds,
-                "--config",
-                &path,
-                "--listen",
-                &listen,
-                "--metrics",
-                &metrics[i],
-                "--threads",
-                threads,
-                "--takeover",
-            ]));
+            news.push(Proxy::start(&[&restart_args(i)[..], &["--threads", threads, "--takeover"]].concat()));
             assert_eq!(old.wait_exit(Duration::from_secs(10)), Some(0), "{}", old.log());
             assert!(old.log().contains("listeners handed to a new heatshield"), "{}", old.log());
             probing.store(false, Ordering::Relaxed);
