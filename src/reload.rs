@@ -36,6 +36,7 @@ pub const LIVE: &[&str] = &[
     "limits.pubsub_output_soft_seconds",
     "ratelimit.rules",
     "server.allow_flush",
+    "server.auth_failures_per_minute",
     "server.max_clients",
     "server.password",
     "server.users",
@@ -140,6 +141,9 @@ pub fn apply(proxy: &Proxy, new: Config) -> Result<Report, String> {
     }
     if changed("server.max_clients") {
         l.max_clients.store(new.server.max_clients, Ordering::Relaxed);
+    }
+    if changed("server.auth_failures_per_minute") {
+        proxy.auth_limiter.set(new.server.auth_failures_per_minute);
     }
     if changed("ratelimit.rules") {
         proxy.ratelimit.replace(rules);

@@ -96,13 +96,16 @@ fn sighup_and_proxy_config_reload_apply_what_is_live_and_drop_no_client() {
 
     // a valid file: live keys applied, server.announce needs a restart
     let from = proxy.log().len();
-    std::fs::write(&path, file(50, 5, "alicepw2", false, "1", 131072, "announce = \"10.0.0.1:6380\"")).unwrap();
+    let valid =
+        file(50, 5, "alicepw2", false, "1", 131072, "announce = \"10.0.0.1:6380\"\nauth_failures_per_minute = 7");
+    std::fs::write(&path, valid).unwrap();
     proxy.signal("HUP");
     let log = wait_log(&proxy, from, "reload done");
     assert_eq!(get(&mut admin, "server.max_clients"), "50");
     assert_eq!(get(&mut admin, "admin.slowlog_slower_than_us"), "5");
     assert_eq!(get(&mut admin, "limits.output_soft_bytes"), "131072");
     assert_eq!(get(&mut admin, "server.announce"), "", "needs a restart: the running value stays");
+    assert_eq!(get(&mut admin, "server.auth_failures_per_minute"), "7");
     let mut c = Conn::connect(proxy.port());
     assert!(!c.cmd(&["INCR", "reload:rl:a"]).is_err());
     assert!(c.cmd(&["INCR", "reload:rl:a"]).err().unwrap().starts_with("THROTTLED"), "the new rate of 1/s");
@@ -133,7 +136,9 @@ fn sighup_and_proxy_config_reload_apply_what_is_live_and_drop_no_client() {
         e.err().is_some_and(|e| e.starts_with("ERR heatshield: configuration not reloaded, nothing changed")),
         "{e:?}"
     );
-    std::fs::write(&path, file(60, 5, "alicepw2", false, "1", 131072, "announce = \"10.0.0.1:6380\"")).unwrap();
+    let more =
+        file(60, 5, "alicepw2", false, "1", 131072, "announce = \"10.0.0.1:6380\"\nauth_failures_per_minute = 7");
+    std::fs::write(&path, more).unwrap();
     let r = admin.cmd(&["PROXY", "CONFIG", "RELOAD"]);
     assert_eq!(r.get("applied"), Some(V::strs(&["server.max_clients"])), "{r:?}");
     assert_eq!(r.get("needs_restart"), Some(V::strs(&["server.announce"])), "{r:?}");

@@ -775,13 +775,14 @@ impl Log {
 /// bounded cache (addresses idle for ten minutes are forgotten; past 100,000 addresses
 /// the least used are).
 pub struct AuthLimiter {
-    per_minute: u32,
+    /// Changed by a reload (`set`).
+    per_minute: std::sync::atomic::AtomicU32,
     buckets: moka::sync::Cache<std::net::IpAddr, Arc<parking_lot::Mutex<(f64, std::time::Instant)>>>,
 }
 
 impl std::fmt::Debug for AuthLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AuthLimiter").field("per_minute", &self.per_minute).finish()
+        f.debug_struct("AuthLimiter").field("per_minute", &self.limit()).finish()
     }
 }
 
@@ -791,26 +792,35 @@ impl AuthLimiter {
             .max_capacity(100_000)
             .time_to_idle(std::time::Duration::from_secs(600))
             .build();
-        AuthLimiter { per_minute, buckets }
+        AuthLimiter { per_minute: per_minute.into(), buckets }
+    }
+
+    fn limit(&self) -> u32 {
+        self.per_minute.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A new limit (a reload): buckets refill up to it from now on.
+    pub fn set(&self, per_minute: u32) {
+        self.per_minute.store(per_minute, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn bucket(&self, addr: std::net::IpAddr) -> Arc<parking_lot::Mutex<(f64, std::time::Instant)>> {
-        let full = self.per_minute as f64;
+        let full = self.limit() as f64;
         self.buckets.get_with(addr, || Arc::new(parking_lot::Mutex::new((full, std::time::Instant::now()))))
     }
 
     /// The failures left to `addr` now (refilled since last asked).
     fn left(&self, b: &mut (f64, std::time::Instant)) -> f64 {
         let now = std::time::Instant::now();
-        let rate = self.per_minute as f64 / 60.0;
-        b.0 = (b.0 + now.duration_since(b.1).as_secs_f64() * rate).min(self.per_minute as f64);
+        let limit = self.limit() as f64;
+        b.0 = (b.0 + now.duration_since(b.1).as_secs_f64() * limit / 60.0).min(limit);
         b.1 = now;
         b.0
     }
 
     /// Whether `addr` may try to log in now.
     pub fn may_try(&self, addr: Option<std::net::IpAddr>) -> bool {
-        let Some(addr) = addr.filter(|_| self.per_minute > 0) else { return true };
+        let Some(addr) = addr.filter(|_| self.limit() > 0) else { return true };
         let b = self.bucket(addr);
         let mut b = b.lock();
         self.left(&mut b) >= 1.0
@@ -818,7 +828,7 @@ impl AuthLimiter {
 
     /// A failed login from `addr`.
     pub fn failed(&self, addr: Option<std::net::IpAddr>) {
-        let Some(addr) = addr.filter(|_| self.per_minute > 0) else { return };
+        let Some(addr) = addr.filter(|_| self.limit() > 0) else { return };
         let b = self.bucket(addr);
         let mut b = b.lock();
         let left = self.left(&mut b);
@@ -1112,6 +1122,11 @@ mod tests {
         assert!(!l.may_try(a), "three failures a minute");
         assert!(l.may_try(b), "another address has its own");
         assert!(AuthLimiter::new(0).may_try(a), "0: no limit");
+        // a reload: 0 lifts the limit at once, a new limit counts from the bucket left
+        l.set(0);
+        assert!(l.may_try(a));
+        l.set(3);
+        assert!(!l.may_try(a), "the emptied bucket stays empty");
     }
 
     #[test]
