@@ -289,11 +289,11 @@ fn a_second_heatshield_on_a_served_address_fails_to_start_unless_it_takes_over()
     // asked for: the new one receives the sockets, the first drains and exits
     let mut client = Conn::connect(first.port());
     assert_eq!(client.cmd(&["SET", "takeover:k", "1"]), V::ok());
-    let mut third = run(&["--takeover", "--metrics", &metrics]);
+    let mut third = Reaped(run(&["--takeover", "--metrics", &metrics]));
     assert_eq!(first.wait_exit(Duration::from_secs(10)), Some(0), "{}", first.log());
     assert!(first.log().contains("listeners handed to a new heatshield"), "{}", first.log());
     assert!(client.expect_closed(Duration::from_secs(2)), "the old one's idle client was not closed");
-    assert!(third.try_wait().unwrap().is_none(), "--takeover must serve on");
+    assert!(third.0.try_wait().unwrap().is_none(), "--takeover must serve on");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let mut c = Conn::connect(first.port());
@@ -303,8 +303,18 @@ fn a_second_heatshield_on_a_served_address_fails_to_start_unless_it_takes_over()
         assert!(Instant::now() < deadline, "the new heatshield does not serve the port and /ready");
         thread::sleep(Duration::from_millis(50));
     }
-    signal(third.id(), "TERM");
-    let _ = third.wait();
+    signal(third.0.id(), "TERM");
+    let _ = third.0.wait();
+}
+
+/// A child process killed when the test ends, passed or not.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn get(proxy: &Proxy, path: &str) -> (u16, String) {
