@@ -9,6 +9,8 @@ pub const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same sl
 pub const CROSSSLOT_TX: &str = "CROSSSLOT Keys in request don't hash to the same slot (a transaction's keys must share one slot; transactions.cross_slot = \"per-node\" runs it as one transaction per slot)";
 pub const NESTED_MULTI: &str = "ERR MULTI calls can not be nested";
 pub const EXECABORT: &str = "EXECABORT Transaction discarded because of previous errors.";
+/// A key under heatshield's own prefix (`command::RESERVED_PREFIX`, the fleet's keys).
+pub const RESERVED_KEY: &str = "ERR heatshield: keys starting with '{heatshield:' are heatshield's own (docs/fleet.md)";
 pub const EXEC_WITHOUT_MULTI: &str = "ERR EXEC without MULTI";
 pub const WATCH_IN_MULTI: &str = "ERR WATCH inside MULTI is not allowed";
 /// Redis's refusal of a `no-multi` command (SAVE, SHUTDOWN, ...) inside MULTI.

@@ -163,6 +163,21 @@ fn alone_an_instance_keeps_the_whole_rule_and_says_so() {
         }
     }
     assert!((10..=12).contains(&ok), "{ok} admitted of a burst of 10 at 1/s");
+    // the fleet's keys are heatshield's own: no client reads or forges them
+    let own = "ERR heatshield: keys starting with '{heatshield:' are heatshield's own (docs/fleet.md)";
+    for cmd in [
+        vec!["HGETALL", "{heatshield:t1}:reports"],
+        vec!["HSET", "{heatshield:t1}:reports", "forged", "r x 1"],
+        vec!["DEL", "fleet1:k", "{heatshield:t1}:members"],
+        vec!["EVAL", "return 1", "1", "{heatshield:t1}:members"],
+    ] {
+        assert_eq!(c.cmd(&cmd), V::Err(own.into()), "{cmd:?}");
+    }
+    assert_eq!(c.cmd(&["MULTI"]), V::ok());
+    assert_eq!(c.cmd(&["ZADD", "{heatshield:t1}:members", "1", "x"]), V::Err(own.into()));
+    assert!(c.cmd(&["EXEC"]).err().is_some_and(|e| e.starts_with("EXECABORT")));
+    let mut direct = Conn::connect(cluster.master_for_key(b"{heatshield:t1}:reports"));
+    assert_eq!(direct.cmd(&["HLEN", "{heatshield:t1}:reports"]), V::Int(1), "only this instance's report");
     let (_, body) = common::http::http_get(&p.metrics_addr().unwrap(), "/metrics");
     assert!(body.contains("heatshield_fleet_members 1"), "{body}");
     assert!(body.contains("heatshield_ratelimit_share{rule=\"one\"} 1"), "{body}");

@@ -586,3 +586,36 @@ fn colocation_rewrites_the_keys_of_valkeys_own_commands() {
     assert_eq!(cmd(master, &["HGET", "{vq}vq:made", "f"]), V::s("vq:declared"));
     assert_eq!(c.cmd(&["DEL", "vq:made"]), V::Int(1));
 }
+
+#[test]
+fn a_fleet_divides_its_rules_on_valkey_too() {
+    // the fleet's script (TIME, HSET, ZADD, ZRANGEBYSCORE, PEXPIRE, HGETALL) on Valkey 9.1;
+    // two instances of one fleet hold 1/2 of a per-key rule each, a killed one is dropped
+    let env = env();
+    let (_conf, path) = config_file(
+        "[fleet]\nname = \"vk\"\n\n[[ratelimit.rules]]\nname = \"vr\"\npattern = \"vk:rl:*\"\nrate = 1\nburst = 10\n",
+    );
+    let a = Proxy::start_cluster(&env.cluster, &["--config", &path]);
+    let b = Proxy::start_cluster(&env.cluster, &["--config", &path]);
+    let field = |p: &Proxy, f: &str| {
+        let list = Conn::connect(p.port()).cmd(&["PROXY", "RATELIMIT", "LIST"]);
+        list.items()[0].get(f).unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while field(&a, "fleet_members") != V::Int(2) {
+        assert!(Instant::now() < deadline, "the two never saw each other");
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(field(&a, "share"), V::s("0.5000"));
+    // a's half of the burst of 10 (1/s refills nothing worth counting here)
+    let mut c = Conn::connect(a.port());
+    let admitted = (0..10).filter(|_| !c.cmd(&["INCR", "vk:rl:k"]).is_err()).count();
+    assert!((5..=6).contains(&admitted), "{admitted} admitted of half a burst of 10");
+    b.kill();
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while field(&a, "fleet_members") != V::Int(1) {
+        assert!(Instant::now() < deadline, "the killed one was not dropped");
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(field(&a, "share"), V::s("1.0000"));
+}

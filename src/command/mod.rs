@@ -1422,7 +1422,21 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
             }
         }
     }
+    // the fleet's keys are heatshield's own: no client reads or writes them (a forged
+    // report would steer every instance's rate limits)
+    if out.iter().any(|&k| reserved(req.arg(k as usize))) {
+        return Err(crate::errors::RESERVED_KEY);
+    }
     Ok(out)
+}
+
+/// The prefix of the keys heatshield keeps in the cluster for itself (docs/fleet.md).
+pub const RESERVED_PREFIX: &[u8] = b"{heatshield:";
+
+/// Whether `key` is one of heatshield's own (one byte compared for almost every key).
+#[inline]
+pub fn reserved(key: &[u8]) -> bool {
+    key.first() == Some(&b'{') && key.starts_with(RESERVED_PREFIX)
 }
 
 /// What is wrong with a command's `numkeys` argument.

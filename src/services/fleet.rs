@@ -521,6 +521,9 @@ mod tests {
         let bad = FleetConfig { name: "a{b}".into(), sync_interval_ms: 10, member_ttl_ms: 15, max_watched_keys: 0 };
         assert_eq!(bad.problems().len(), 3);
         assert!(FleetConfig::default().problems().is_empty());
-        assert_eq!(FleetConfig { name: "shop".into(), ..Default::default() }.keys().0, "{heatshield:shop}:reports");
+        let (reports, members) = FleetConfig { name: "shop".into(), ..Default::default() }.keys();
+        assert_eq!(reports, "{heatshield:shop}:reports");
+        // no client may touch them
+        assert!(crate::command::reserved(reports.as_bytes()) && crate::command::reserved(members.as_bytes()));
     }
 }
