@@ -1422,8 +1422,15 @@ pub fn keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'sta
             }
         }
     }
-    // the fleet's keys are heatshield's own: no client reads or writes them (a forged
-    // report would steer every instance's rate limits)
+    Ok(out)
+}
+
+/// [`keys_of`] for a client's command as it enters (admission, a queued transaction,
+/// WATCH): the fleet's keys are heatshield's own, so a command naming one is refused (a
+/// forged report would steer every instance's rate limits). Once, where a command
+/// enters; the later [`keys_of`] calls need not look again.
+pub fn checked_keys_of(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'static str> {
+    let out = keys_of(cmd, req)?;
     if out.iter().any(|&k| reserved(req.arg(k as usize))) {
         return Err(crate::errors::RESERVED_KEY);
     }

@@ -20,7 +20,7 @@
 use bytes::{BufMut, BytesMut};
 use smallvec::SmallVec;
 
-use crate::command::{Command, Local, Route, Split, TxCmd, keys_of};
+use crate::command::{Command, Local, Route, Split, TxCmd, checked_keys_of};
 use crate::conn::multi::TxSplit;
 use crate::conn::{Mode, Queued, Watch};
 use crate::errors;
@@ -109,7 +109,7 @@ pub fn queue(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
     if cmd.route == Route::Split(Split::Mset) && !(req.argc() - 1).is_multiple_of(2) {
         return refuse(ctx, &errors::wrong_arity(&cmd.lower));
     }
-    let keys = match keys_of(cmd, req) {
+    let keys = match checked_keys_of(cmd, req) {
         Ok(k) => k,
         Err(e) => return refuse(ctx, e),
     };
@@ -241,7 +241,7 @@ fn queue_split(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, kind: Split, keys: &
 /// WATCH leases a dedicated connection to that slot's master and pins the client to it.
 fn watch(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Outcome {
     let req = ctx.req;
-    let keys = match keys_of(cmd, req) {
+    let keys = match checked_keys_of(cmd, req) {
         Ok(k) => k,
         Err(e) => return ctx.error(e),
     };

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use smallvec::SmallVec;
 
-use crate::command::{Command, FanOut, Route, Split, keys_of};
+use crate::command::{Command, FanOut, Route, Split, checked_keys_of};
 use crate::errors;
 use crate::path::pending::{Ctx, Outcome};
 use crate::path::route;
@@ -46,6 +46,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
         Route::Split(Split::Mset) if !(req.argc() - 1).is_multiple_of(2) => {
             return ctx.error(&errors::wrong_arity(&cmd.lower));
         }
+        Route::Lock(_) if crate::command::reserved(req.arg(1)) => return ctx.error(errors::RESERVED_KEY),
         Route::Lock(kind) => match crate::services::locks::parse(kind, &cmd.lower, req) {
             Ok(r) => {
                 lock = Some(r);
@@ -53,7 +54,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
             }
             Err(e) => return ctx.error(&e),
         },
-        _ => match keys_of(cmd, req) {
+        _ => match checked_keys_of(cmd, req) {
             Ok(k) => k,
             Err(e) => return ctx.error(e),
         },
