@@ -311,10 +311,11 @@ fn hot_key_cache(c: &mut Criterion) {
     }
     let reqs: Vec<Request> = hot.iter().map(|k| Request::from_args(&[b"GET".as_slice(), k])).collect();
     let mut j = 0;
+    let now = Instant::now();
     c.bench_function("cache/hit_1_thread", |b| {
         b.iter(|| {
             j = (j + 1) % reqs.len();
-            black_box(cache.lookup(get, Proto::Resp2, 0, &reqs[j], &hot[j], &owner).is_some())
+            black_box(cache.lookup(get, Proto::Resp2, 0, &reqs[j], &hot[j], &owner, now).is_some())
         })
     });
     // one key read by 4 threads at once: the contended case of a single hot key
@@ -326,7 +327,7 @@ fn hot_key_cache(c: &mut Criterion) {
                 for _ in 0..4 {
                     s.spawn(|| {
                         for _ in 0..per {
-                            black_box(cache.lookup(get, Proto::Resp2, 0, &reqs[0], &hot[0], &owner).is_some());
+                            black_box(cache.lookup(get, Proto::Resp2, 0, &reqs[0], &hot[0], &owner, now).is_some());
                         }
                     });
                 }

@@ -83,9 +83,14 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
             } else if keys.len() == 1 && cache.is_cacheable(cmd) && cache.tracked(key(keys[0])) {
                 let s = slot(key(keys[0]));
                 let Some(owner) = proxy.cluster.topology().master_for_slot(s).cloned() else {
+                    // no master serves the slot now: a stale answer, if a rule allows one
+                    if let Some(r) = crate::path::pending::stale_answer(proxy, ctx, cmd) {
+                        return Outcome::Ready(r);
+                    }
                     return ctx.error(&errors::slot_not_served(s));
                 };
-                found = match cache.lookup(cmd.id, ctx.client.proto, ctx.client.db, req, key(keys[0]), &owner) {
+                found = match cache.lookup(cmd.id, ctx.client.proto, ctx.client.db, req, key(keys[0]), &owner, ctx.now)
+                {
                     Some(reply) => Lookup::Hit(reply),
                     None => Lookup::Fill(owner),
                 };
@@ -175,7 +180,7 @@ fn hits(proxy: &Proxy, ctx: &Ctx, keys: &[u32]) -> Vec<(u32, Bytes)> {
         let key = ctx.req.arg(k as usize);
         if proxy.cache.tracked(key)
             && let Some(owner) = topo.master_for_slot(slot(key))
-            && let Some(r) = proxy.cache.lookup_get(ctx.client.proto, ctx.client.db, key, owner)
+            && let Some(r) = proxy.cache.lookup_get(ctx.client.proto, ctx.client.db, key, owner, ctx.now)
         {
             cached.push((i as u32, r));
         }

@@ -116,13 +116,65 @@ impl Prefix {
 /// `CLIENT TRACKING on REDIRECT <redirect> OPTIN` when it connects (if `redirect` is set),
 /// so reads sent with [`Prefix::CachingYes`] are tracked and their invalidations go to
 /// the node's invalidation connection.
-#[derive(Debug, Default)]
+/// Bumps of a node's tracking generation remembered (every connection to a dead node
+/// closes: a few per worker).
+const BUMPS: usize = 64;
+
+#[derive(Debug)]
 pub struct NodeTracking {
     /// Client id of the node's invalidation connection; 0 while there is none.
     pub redirect: AtomicU64,
     /// Bumped whenever invalidations from this node may have been lost: a connection
-    /// whose reads were tracked closed, or the invalidation connection broke.
+    /// whose reads were tracked closed, or the invalidation connection broke (through
+    /// [`NodeTracking::lost`]), or everything read from it changed (a flush, a module's
+    /// write: through [`NodeTracking::void`]).
     pub generation: AtomicU64,
+    /// What was read from the node under a generation below this one is void: it may
+    /// not be served even as a stale answer (crate::services::cache, `stale_if_error`).
+    pub void_below: AtomicU64,
+    /// When the generation was last bumped for a lost connection, and to what
+    /// (the last [`BUMPS`]): how long ago an entry read under an older generation stopped being
+    /// known current.
+    bumps: parking_lot::Mutex<[(u64, Option<Instant>); BUMPS]>,
+}
+
+impl Default for NodeTracking {
+    fn default() -> Self {
+        NodeTracking {
+            redirect: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+            void_below: AtomicU64::new(0),
+            bumps: parking_lot::Mutex::new([(0, None); BUMPS]),
+        }
+    }
+}
+
+impl NodeTracking {
+    /// Invalidations from the node may have been lost from now on (its values were
+    /// current until now).
+    pub fn lost(&self) {
+        let mut b = self.bumps.lock();
+        let g = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        b[(g % BUMPS as u64) as usize] = (g, Some(Instant::now()));
+    }
+
+    /// Everything read from the node so far is void (the node was flushed, or a module's
+    /// write may have changed any key).
+    pub fn void(&self) {
+        let g = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        self.void_below.fetch_max(g, Ordering::SeqCst);
+    }
+
+    /// When a value read under generation `g` stopped being known current: the first
+    /// bump after it, if that was a lost connection still remembered.
+    pub fn current_until(&self, g: u64) -> Option<Instant> {
+        if g < self.void_below.load(Ordering::SeqCst) {
+            return None;
+        }
+        let b = self.bumps.lock();
+        let (at, t) = b[((g + 1) % BUMPS as u64) as usize];
+        (at == g + 1).then_some(t).flatten()
+    }
 }
 
 /// Protocol and credentials used on backend connections.
@@ -347,7 +399,7 @@ async fn run(
                 if stats.tracking_id.swap(0, Ordering::SeqCst) != 0
                     && let Some(t) = &opts.tracking
                 {
-                    t.generation.fetch_add(1, Ordering::SeqCst);
+                    t.lost();
                 }
                 if closed || opts.dedicated {
                     // a dedicated connection's state (WATCH, a blocked command) died with
@@ -716,7 +768,7 @@ async fn serve(
                     {
                         // the read that follows is not tracked: nothing filled from it may be kept
                         warn!(node = %addr, reply = %String::from_utf8_lossy(&frame).trim_end(), "CLIENT CACHING refused");
-                        t.generation.fetch_add(1, Ordering::SeqCst);
+                        t.void();
                     }
                     front.prefix = Prefix::None; // this was the prefix's reply
                     continue;

@@ -29,6 +29,7 @@ pub fn cache_stats(proxy: &Proxy) -> Vec<(String, i64)> {
         ("fills_raced".into(), get(&st.raced)),
         ("fills_too_big".into(), get(&st.too_big)),
         ("fills_in_flight".into(), c.fills_in_flight() as i64),
+        ("stale_answers".into(), get(&st.stale)),
     ];
     for (i, cause) in crate::services::cache::CAUSES.iter().enumerate() {
         v.push((format!("invalidations_{cause}"), get(&st.invalidations[i])));

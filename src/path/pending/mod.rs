@@ -50,7 +50,7 @@ use crate::upstream::retry::{self, Attempt, MAX_REDIRECTS, MAX_RETRIES, Step, Ve
 
 pub use blocking::{BLOCKED, BLOCKED_TIMED, Block};
 use finish::{assemble, complete};
-pub use reply::{answer_as_is, on_reply, plain_reply};
+pub use reply::{answer_as_is, on_reply, plain_reply, stale_answer};
 use send::{follow, recheck_later, resend, resolve, resolve_in, send_later, send_part, void_watch};
 use split::{per_key, piece_done, splittable};
 use tx::on_transaction_reply;

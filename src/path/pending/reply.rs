@@ -53,6 +53,11 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
         }
     }
     let block = p.dedicated.as_ref().and_then(|d| d.block.as_ref());
+    let may_stale = proxy.cache.serves_stale()
+        && !ctx.writes
+        && block.is_none()
+        && p.parts.len() == 1
+        && matches!(p.finish, Finish::Merge(Merge::Pass));
     let part = p.parts.get_mut(idx)?;
     let attempt = Attempt {
         redirects: part.redirects,
@@ -65,6 +70,15 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
         asked: matches!(part.target, Target::Ask(..)),
     };
     let step = retry::react(verdict, &reply.result, &attempt);
+    if may_stale
+        && matches!(step, Step::Busy { .. } | Step::Unreachable { .. } | Step::Fail(_))
+        && let Ok(cmd) = proxy.commands.lookup(ctx.req)
+        && let Some(r) = stale_answer(proxy, ctx, cmd)
+    {
+        // the master cannot answer now: the read's last value, as a rule allows
+        return complete(proxy, ctx, p, idx, r);
+    }
+    let part = p.parts.get_mut(idx)?;
     let dedicated = p.dedicated.is_some();
     let data = match step {
         Step::Reload => {
@@ -270,4 +284,19 @@ pub fn answer_as_is(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: Backen
         Err(e) => errors::resp(&errors::backend_failed(&e)),
     };
     complete(proxy, ctx, p, idx, data)
+}
+
+/// The hot-key cache's stale answer for the request (a cacheable read of one key) while
+/// its master cannot answer, if a `cache.stale_if_error` rule allows one
+/// ([`crate::services::cache::HotCache::lookup_stale`]). Never once a write of the key
+/// was sent through heatshield, by any client: admission dropped the entry then.
+pub fn stale_answer(proxy: &Proxy, ctx: &mut Ctx, cmd: &crate::command::Command) -> Option<Bytes> {
+    let cache = &proxy.cache;
+    if !cache.serves_stale() || !cache.is_cacheable(cmd) || ctx.client.modes.watch.is_some() || ctx.req.argc() < 2 {
+        return None;
+    }
+    let req = ctx.req;
+    let r = cache.lookup_stale(cmd.id, ctx.client.proto, ctx.client.db, req, req.arg(1))?;
+    ctx.cached = true;
+    Some(r)
 }

@@ -25,7 +25,7 @@ pub mod tracking;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -69,6 +69,20 @@ pub struct CacheConfig {
     pub pin: Vec<String>,
     /// Keys matching these globs are never cached (they can still be reported hot).
     pub never: Vec<String>,
+    /// Keys whose last cached value answers their reads while their master cannot
+    /// (`[[cache.stale_if_error]]`), the first matching rule deciding.
+    pub stale_if_error: Vec<StaleRule>,
+}
+
+/// One `[[cache.stale_if_error]]` rule.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaleRule {
+    /// A glob of keys (their client names, under colocation rules).
+    pub pattern: String,
+    /// The oldest value served: how long ago it stopped being known current (its
+    /// node's invalidations stopped coming, or it was read, whichever is later known).
+    pub max_stale_ms: u64,
 }
 
 /// The commands cached by default.
@@ -117,6 +131,7 @@ impl Default for CacheConfig {
             commands: DEFAULT_COMMANDS.iter().map(|s| s.to_string()).collect(),
             pin: vec![],
             never: vec![],
+            stale_if_error: vec![],
         }
     }
 }
@@ -160,6 +175,14 @@ impl CacheConfig {
         for (k, list) in [("cache.pin", &self.pin), ("cache.never", &self.never)] {
             if list.iter().any(|s| s.is_empty()) {
                 p.push(format!("{k}: patterns must not be empty"));
+            }
+        }
+        for (i, r) in self.stale_if_error.iter().enumerate() {
+            if r.pattern.is_empty() {
+                p.push(format!("cache.stale_if_error[{i}].pattern: must not be empty"));
+            }
+            if !(1..=3_600_000).contains(&r.max_stale_ms) {
+                p.push(format!("cache.stale_if_error[{i}].max_stale_ms: must be between 1 and 3600000"));
             }
         }
         p
@@ -218,6 +241,8 @@ pub struct CacheStats {
     /// Fills not kept because the reply was larger than `max_entry_bytes`.
     pub too_big: AtomicU64,
     pub invalidations: [AtomicU64; 5],
+    /// Reads answered with a stale value while their master could not answer.
+    pub stale: AtomicU64,
 }
 
 /// A hot key as the request path sees it.
@@ -240,6 +265,8 @@ struct Variant {
     /// The arguments after the command name.
     args: Vec<Bytes>,
     reply: Bytes,
+    /// When it was read.
+    filled: Instant,
     /// Where it was read, and that node's tracking generation then.
     pool: Arc<NodePool>,
     node_generation: u64,
@@ -283,6 +310,7 @@ struct Fill {
     args: Vec<Bytes>,
     pool: Arc<NodePool>,
     snap: Snap,
+    sent: Instant,
     /// The client whose request was sent, then clients waiting for the same reply.
     waiters: Vec<(ReplyTx, Tag)>,
     req: (Proto, u16, Bytes),
@@ -303,6 +331,10 @@ pub struct HotCache {
     get_id: usize,
     pins: Vec<Vec<u8>>,
     never: Vec<Vec<u8>>,
+    /// `stale_if_error`: glob, limit.
+    stale: Vec<(Vec<u8>, Duration)>,
+    /// `max_age_ms`: older entries are not served (but kept for stale answers).
+    max_age: Duration,
     /// Colocation rules: `pin` and `never` match a key's client name too.
     names: Arc<crate::services::colocate::Colocate>,
     detector: Mutex<Detector>,
@@ -329,12 +361,20 @@ impl HotCache {
                 cacheable[c.id] = true;
             }
         }
+        let stale: Vec<(Vec<u8>, Duration)> = cfg
+            .stale_if_error
+            .iter()
+            .map(|r| (r.pattern.as_bytes().to_vec(), Duration::from_millis(r.max_stale_ms)))
+            .collect();
+        let max_age = Duration::from_millis(cfg.max_age_ms.max(1));
+        // an entry is kept past its age for as long as it may answer as a stale value
+        let keep = max_age + stale.iter().map(|s| s.1).max().unwrap_or_default();
         let entries = moka::sync::Cache::builder()
             .max_capacity(cfg.max_bytes)
             .weigher(|k: &Bytes, v: &Arc<KeyEntry>| {
                 (k.len() + 64 + v.variants.iter().map(Variant::size).sum::<usize>()).min(u32::MAX as usize) as u32
             })
-            .time_to_live(Duration::from_millis(cfg.max_age_ms.max(1)))
+            .time_to_live(keep)
             .eviction_policy(moka::policy::EvictionPolicy::lru())
             .build();
         HotCache {
@@ -343,6 +383,8 @@ impl HotCache {
             get_id: table.get(b"GET").map(|c| c.id).unwrap_or(usize::MAX),
             pins: cfg.pin.iter().map(|p| p.as_bytes().to_vec()).collect(),
             never: cfg.never.iter().map(|p| p.as_bytes().to_vec()).collect(),
+            stale,
+            max_age,
             names,
             detector: Mutex::new(Detector::new(DetectorConfig {
                 sample_every: cfg.sample_every.max(1),
@@ -430,16 +472,19 @@ impl HotCache {
         }
     }
 
-    /// Whether `v` may still be served for a key whose slot `owner` serves now: read from
-    /// that node, with no invalidation of the node or the whole cache since.
-    fn valid(&self, v: &Variant, owner: &Arc<NodePool>) -> bool {
+    /// Whether `v` may still be served at `now` for a key whose slot `owner` serves now:
+    /// read from that node, with no invalidation of the node or the whole cache since,
+    /// and younger than `max_age_ms`.
+    fn valid(&self, v: &Variant, owner: &Arc<NodePool>, now: Instant) -> bool {
         Arc::ptr_eq(&v.pool, owner)
             && v.node_generation == owner.tracking.generation.load(Ordering::SeqCst)
             && v.generation == self.generation.load(Ordering::SeqCst)
+            && now < v.filled + self.max_age
     }
 
     /// A cached reply for this read, if one is valid: `owner` is the master serving the
     /// key's slot now.
+    #[allow(clippy::too_many_arguments)]
     pub fn lookup(
         &self,
         cmd: usize,
@@ -448,10 +493,11 @@ impl HotCache {
         req: &Request,
         key: &[u8],
         owner: &Arc<NodePool>,
+        now: Instant,
     ) -> Option<Bytes> {
         let found = self.entries.get(key).and_then(|e| {
             let v = e.variants.iter().find(|v| v.matches(cmd, proto, db, req))?;
-            self.valid(v, owner).then(|| v.reply.clone())
+            self.valid(v, owner, now).then(|| v.reply.clone())
         });
         match &found {
             Some(_) => self.stats.hits.fetch_add(1, Ordering::Relaxed),
@@ -461,16 +507,49 @@ impl HotCache {
     }
 
     /// The cached `GET key` reply (for MGET), if valid.
-    pub fn lookup_get(&self, proto: Proto, db: u16, key: &[u8], owner: &Arc<NodePool>) -> Option<Bytes> {
+    pub fn lookup_get(&self, proto: Proto, db: u16, key: &[u8], owner: &Arc<NodePool>, now: Instant) -> Option<Bytes> {
         let e = self.entries.get(key)?;
         let v =
             e.variants.iter().find(|v| v.cmd == self.get_id && v.proto == proto && v.db == db && v.args.len() == 1)?;
-        if self.valid(v, owner) {
+        if self.valid(v, owner, now) {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
             Some(v.reply.clone())
         } else {
             None
         }
+    }
+
+    /// Whether some `stale_if_error` rule exists.
+    #[inline]
+    pub fn serves_stale(&self) -> bool {
+        !self.stale.is_empty()
+    }
+
+    /// A stale answer for a read whose master cannot answer now (`stale_if_error`): the
+    /// reply cached for exactly this read, if a rule covers `key` and the value stopped
+    /// being known current at most the rule's limit ago. Known current means: read from
+    /// its node, whose invalidations kept coming since (a write through heatshield or one
+    /// Redis reported dropped the entry, and a flush voided it). Counted in `stale`.
+    pub fn lookup_stale(&self, cmd: usize, proto: Proto, db: u16, req: &Request, key: &[u8]) -> Option<Bytes> {
+        let limit = self.stale.iter().find(|(p, _)| self.matches(std::slice::from_ref(p), key))?.1;
+        let e = self.entries.get(key)?;
+        let v = e.variants.iter().find(|v| v.matches(cmd, proto, db, req))?;
+        if v.generation != self.generation.load(Ordering::SeqCst) || !self.tracked(key) {
+            return None;
+        }
+        let t = &v.pool.tracking;
+        let since = if v.node_generation == t.generation.load(Ordering::SeqCst) {
+            // its node still reports changes, but does not serve the slot any more (or
+            // the entry outlived max_age_ms): known current when it was read
+            v.filled
+        } else {
+            t.current_until(v.node_generation)?
+        };
+        if since.elapsed() > limit {
+            return None;
+        }
+        self.stats.stale.fetch_add(1, Ordering::Relaxed);
+        Some(v.reply.clone())
     }
 
     /// Starts (or joins) the fill of a missed read. The request goes on `conn` (the
@@ -516,6 +595,7 @@ impl HotCache {
                 args: req.args().skip(1).map(Bytes::copy_from_slice).collect(),
                 pool: owner.clone(),
                 snap: self.snap(key, owner),
+                sent: Instant::now(),
                 waiters: vec![(reply_to.clone(), tag)],
                 req: (proto, db, raw.clone()),
             },
@@ -573,6 +653,7 @@ impl HotCache {
                 db: f.db,
                 args: f.args,
                 reply: data.clone(),
+                filled: f.sent,
                 node_generation: f.snap.node,
                 generation: f.snap.generation,
                 pool: f.pool.clone(),
@@ -601,6 +682,7 @@ impl HotCache {
             db: 0,
             args: args.iter().map(|a| Bytes::copy_from_slice(a)).collect(),
             reply,
+            filled: Instant::now(),
             pool: owner.clone(),
             node_generation: owner.tracking.generation.load(Ordering::SeqCst),
             generation: self.generation.load(Ordering::SeqCst),
@@ -614,13 +696,14 @@ impl HotCache {
         if let Some(old) = self.entries.get(&key) {
             for o in &old.variants {
                 let same = o.cmd == v.cmd && o.proto == v.proto && o.db == v.db && o.args == v.args;
-                if !same && self.valid(o, &v.pool) {
+                if !same && self.valid(o, &v.pool, v.filled) {
                     variants.push(Variant {
                         cmd: o.cmd,
                         proto: o.proto,
                         db: o.db,
                         args: o.args.clone(),
                         reply: o.reply.clone(),
+                        filled: o.filled,
                         pool: o.pool.clone(),
                         node_generation: o.node_generation,
                         generation: o.generation,
@@ -646,9 +729,15 @@ impl HotCache {
         self.stats.invalidations[cause as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Drops everything read from `pool` (its invalidations may have been lost).
+    /// Drops everything read from `pool`: its invalidations may have been lost
+    /// ([`Cause::Connection`]: what was read from it may still answer as a stale value,
+    /// see [`HotCache::lookup_stale`]), or everything there may have changed (any other
+    /// cause: void).
     pub fn drop_node(&self, pool: &NodePool, cause: Cause) {
-        pool.tracking.generation.fetch_add(1, Ordering::SeqCst);
+        match cause {
+            Cause::Connection => pool.tracking.lost(),
+            _ => pool.tracking.void(),
+        }
         self.stats.invalidations[cause as usize].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -723,6 +812,7 @@ impl HotCache {
             counter!("heatshield_cache_invalidations_total", "cause" => *cause)
                 .absolute(st.invalidations[i].load(Ordering::Relaxed));
         }
+        counter!("heatshield_cache_stale_answers_total").absolute(st.stale.load(Ordering::Relaxed));
         let (entries, bytes) = self.usage();
         gauge!("heatshield_cache_hot_keys").set(self.hot_count() as f64);
         gauge!("heatshield_cache_entries").set(entries as f64);
