@@ -299,6 +299,7 @@ fn hot_key_cache(c: &mut Criterion) {
         dedicated_max: 16,
         dedicated_idle: 4,
         tls: None,
+        readonly: false,
     };
     // no connection is made: the pool only names the node that owns the slot
     let cluster = Cluster::new(Backing::Standalone { addr: "127.0.0.1:1".into() }, opts, 1, 1);

@@ -291,6 +291,17 @@ pub struct BackendConfig {
     /// The name every node's certificate must carry; unset: the address's IP (or host
     /// name), as the cluster announces it.
     pub tls_server_name: Option<String>,
+    /// Where read-only commands go (docs/replicas.md): "master", "prefer-replica",
+    /// "replica" or "any".
+    pub read_from: crate::services::reads::ReadFrom,
+    /// A replica further behind its master than this is not read.
+    pub replica_max_lag_ms: u64,
+    /// How often each replica's lag is measured.
+    pub replica_check_interval_ms: u64,
+    /// A client's reads go to a replica only once its last write is there.
+    pub read_your_writes: bool,
+    /// Read policies per key pattern (`[[backend.read_rules]]`), the first match deciding.
+    pub read_rules: Vec<crate::services::reads::ReadRule>,
 }
 
 impl BackendConfig {
@@ -327,6 +338,11 @@ impl Default for BackendConfig {
             tls_cert_file: None,
             tls_key_file: None,
             tls_server_name: None,
+            read_from: Default::default(),
+            replica_max_lag_ms: 1_000,
+            replica_check_interval_ms: 100,
+            read_your_writes: true,
+            read_rules: vec![],
         }
     }
 }
@@ -492,6 +508,34 @@ impl Config {
                 _ => {}
             },
             other => p.push(format!("backend.mode: '{other}' is neither \"cluster\" nor \"standalone\"")),
+        }
+        let reads = crate::services::reads::Reads::new(
+            self.backend.read_from,
+            self.backend.replica_max_lag_ms,
+            &self.backend.read_rules,
+            true,
+        );
+        if reads.active() && self.backend.mode == "standalone" {
+            p.push(
+                "backend.read_from: replicas are read only in front of a cluster (backend.mode = \"cluster\")".into(),
+            );
+        }
+        if !(10..=60_000).contains(&self.backend.replica_check_interval_ms) {
+            p.push("backend.replica_check_interval_ms: must be between 10 and 60000".into());
+        }
+        for (i, r) in self.backend.read_rules.iter().enumerate() {
+            if r.pattern.is_empty() {
+                p.push(format!("backend.read_rules[{i}].pattern: must not be empty"));
+            }
+        }
+        for lag in std::iter::once(self.backend.replica_max_lag_ms)
+            .chain(self.backend.read_rules.iter().filter_map(|r| r.max_lag_ms))
+        {
+            if lag < 2 * self.backend.replica_check_interval_ms || lag > 3_600_000 {
+                p.push(format!(
+                    "backend.replica_max_lag_ms: {lag} must be between twice backend.replica_check_interval_ms and 3600000"
+                ));
+            }
         }
         if !(1..=64).contains(&self.backend.connections_per_node) {
             p.push("backend.connections_per_node: must be between 1 and 64".into());

@@ -145,6 +145,11 @@ pub fn slot_not_served(slot: u16) -> String {
     format!("CLUSTERDOWN Hash slot {slot} not served")
 }
 
+/// A read under a `replica` policy with no replica in sync for its slot.
+pub fn no_replica(slot: u16) -> String {
+    format!("ERR no replica in sync serves slot {slot} (read_from = \"replica\")")
+}
+
 /// A command heatshield refuses on purpose (`why` may be empty).
 pub fn unsupported(name: &str, why: &str) -> String {
     if why.is_empty() {

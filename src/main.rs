@@ -185,6 +185,7 @@ fn backend_options(config: &Config) -> Result<BackendOptions, String> {
         dedicated_max: config.backend.dedicated_max_per_node,
         dedicated_idle: config.backend.dedicated_idle_per_node,
         tls: None,
+        readonly: false,
     };
     if let Some(files) = config.backend.tls_files() {
         let c = heatshield::tls::Connector::new(files)
@@ -215,6 +216,17 @@ async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overrides)
     let Some(bound) = listen(&config, workers).await else { return 1 };
     let Bound { listeners, http, offer, confirm } = bound;
     let cluster = Cluster::new(config.backing(), opts.clone(), config.backend.connections_per_node, workers);
+    let b = &config.backend;
+    let reads = heatshield::services::reads::Reads::new(b.read_from, b.replica_max_lag_ms, &b.read_rules, true);
+    if reads.active() {
+        // (before the first slot map: each carries the replicas' pools)
+        cluster.read_replicas();
+        heatshield::upstream::lag::spawn(
+            cluster.clone(),
+            std::time::Duration::from_millis(b.replica_check_interval_ms),
+            std::time::Duration::from_millis(reads.max_lag_ms()),
+        );
+    }
     if cluster.is_cluster() {
         // Wait briefly for a first slot map; without one, requests get CLUSTERDOWN until
         // the refresher finds a node.

@@ -136,6 +136,19 @@ fn describe() {
         "heatshield_script_detours_total",
         "Requests sent on a dedicated connection because a long-running script held their shared one."
     );
+    describe_counter!("heatshield_replica_reads_total", "Reads sent to a replica by a read policy.");
+    describe_counter!(
+        "heatshield_replica_fallbacks_total",
+        "Reads a policy would send to a replica that went to the master, by reason (lag, own_write, failed)."
+    );
+    describe_gauge!(
+        "heatshield_replica_lag_seconds",
+        "How far behind its master each replica that serves reads is (-1: down or unknown)."
+    );
+    describe_counter!(
+        "heatshield_cache_stale_answers_total",
+        "Reads answered with a stale cached value while their master could not answer."
+    );
     describe_counter!("heatshield_topology_refreshes_total", "Slot-map refreshes, by result (ok, error).");
     describe_gauge!("heatshield_slot_map_epoch", "Version of the current slot map; increases with every change.");
     describe_counter!("heatshield_client_bytes_received_total", Unit::Bytes, "Bytes read from clients.");
@@ -318,6 +331,14 @@ pub struct Global {
     pub script_detours: Counter,
     /// Requests answered with an error because no reply came within the deadline.
     pub expired: Counter,
+    /// Reads sent to a replica (docs/replicas.md).
+    pub replica_reads: Counter,
+    /// Reads a policy would send to a replica that went to the master: no replica in
+    /// sync (`lag`), the client's own write not yet there (`own_write`), the replica
+    /// failed (`failed`).
+    pub replica_fallback_lag: Counter,
+    pub replica_fallback_own_write: Counter,
+    pub replica_fallback_failed: Counter,
     disconnect_output_hard: Counter,
     disconnect_output_soft: Counter,
     disconnect_output_total: Counter,
@@ -355,6 +376,10 @@ pub fn global() -> &'static Global {
         readonly_retried: counter!("heatshield_retries_total", "reason" => "readonly"),
         function_loaded: counter!("heatshield_retries_total", "reason" => "function_loaded"),
         script_detours: counter!("heatshield_script_detours_total"),
+        replica_reads: counter!("heatshield_replica_reads_total"),
+        replica_fallback_lag: counter!("heatshield_replica_fallbacks_total", "reason" => "lag"),
+        replica_fallback_own_write: counter!("heatshield_replica_fallbacks_total", "reason" => "own_write"),
+        replica_fallback_failed: counter!("heatshield_replica_fallbacks_total", "reason" => "failed"),
         expired: counter!("heatshield_requests_expired_total"),
         disconnect_output_hard: counter!("heatshield_client_disconnects_total", "reason" => "output_hard"),
         disconnect_output_soft: counter!("heatshield_client_disconnects_total", "reason" => "output_soft"),

@@ -98,6 +98,8 @@ pub struct Proxy {
     pub users: crate::services::acl::Users,
     /// Failed logins by client address (`server.auth_failures_per_minute`).
     pub auth_limiter: crate::services::acl::AuthLimiter,
+    /// Read policies: which reads go to replicas (`backend.read_from`).
+    pub reads: crate::services::reads::Reads,
 }
 
 /// What statistics need of a reply once it has been written (the reply itself is gone).
@@ -188,8 +190,12 @@ impl Proxy {
         for u in users.names() {
             crate::metrics::acl_user(&u);
         }
+        let b = &config.backend;
+        let reads =
+            crate::services::reads::Reads::new(b.read_from, b.replica_max_lag_ms, &b.read_rules, b.read_your_writes);
         Proxy {
             cache,
+            reads,
             locks: Arc::default(),
             pubsub: Arc::new(crate::services::pubsub::Hub::new(cluster.clone(), config.limits.max_subscriptions)),
             client_side: Arc::new(crate::services::cache::clients::ClientSide::new(

@@ -51,6 +51,9 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_redirections_refused_total", "counter", &[]),
     ("heatshield_retries_total", "counter", &["reason"]),
     ("heatshield_script_detours_total", "counter", &[]),
+    ("heatshield_replica_reads_total", "counter", &[]),
+    ("heatshield_replica_fallbacks_total", "counter", &["reason"]),
+    ("heatshield_replica_lag_seconds", "gauge", &["node"]),
     ("heatshield_requests_expired_total", "counter", &[]),
     ("heatshield_client_disconnects_total", "counter", &["reason"]),
     ("heatshield_topology_refreshes_total", "counter", &["result"]),
@@ -593,11 +596,11 @@ fn prometheus_scrapes_exact_counts() {
     // command in 8).
     let conf_dir = tempfile::tempdir().unwrap();
     let conf = conf_dir.path().join("heatshield.toml");
-    // one rate-limit rule that matches no key the test uses, so the per-rule counters are
-    // exported too
+    // one rate-limit rule and one replica read rule that match no key the test uses, so
+    // the per-rule counters and the replicas' lag gauges are exported too
     fs::write(
         &conf,
-        "[metrics]\nlatency_sample_every = 1\n\n[[ratelimit.rules]]\nname = \"idle\"\npattern = \"prom:never:*\"\nrate = 1\nburst = 1\n",
+        "[metrics]\nlatency_sample_every = 1\n\n[[ratelimit.rules]]\nname = \"idle\"\npattern = \"prom:never:*\"\nrate = 1\nburst = 1\n\n[[backend.read_rules]]\npattern = \"prom:never:*\"\nread_from = \"prefer-replica\"\n",
     )
     .unwrap();
     let proxy = Proxy::start_cluster(&cluster, &["--config", conf.to_str().unwrap()]);

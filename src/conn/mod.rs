@@ -92,6 +92,10 @@ pub struct ClientState {
     pub wrote: u64,
     /// SELECT: the database this client's commands run in (see `crate::upstream::backend::BackendRequest::db`).
     pub db: u16,
+    /// When the reply to this client's last write came (`backend::clock_ms`; 0: none),
+    /// while replicas are read: its reads go only to a replica that has the write
+    /// (crate::services::reads).
+    pub last_write_ms: u64,
 }
 
 impl ClientState {
@@ -198,6 +202,7 @@ mod tests {
             rl: limiter.view(),
             wrote: 0,
             db: 0,
+            last_write_ms: 0,
         }
     }
 
@@ -214,6 +219,7 @@ mod tests {
             dedicated_max: 1,
             dedicated_idle: 1,
             tls: None,
+            readonly: false,
         }
     }
 

@@ -38,6 +38,10 @@ pub enum Lane {
     Shared2,
     /// The same in RESP3: other connections.
     Shared3,
+    /// Reads a read policy may send to replicas (crate::services::reads), on their
+    /// connections or, falling back, the shared ones: reads only, so their order among
+    /// themselves changes nothing, while a write after them waits for them.
+    Replica,
     /// The client's WATCH connection.
     Pinned,
     /// Parked with the lock task (`LOCK.ACQUIRE ... WAIT`), which serves each lock's
@@ -169,6 +173,10 @@ mod tests {
         assert!(must_wait(1, r2, Lane::Own));
         assert!(must_wait(1, Lane::Own, Lane::Own));
         assert!(must_wait(1, Lane::Own, r2));
+        // reads that may go to replicas are in flight together; a write after them waits
+        assert!(!must_wait(4, Lane::Replica, Lane::Replica));
+        assert!(must_wait(1, Lane::Replica, r2));
+        assert!(must_wait(1, r2, Lane::Replica));
         // lock waiters wait together; what comes after them waits for them
         assert!(!must_wait(2, Lane::LockTask, Lane::LockTask));
         assert!(must_wait(2, Lane::LockTask, r2));

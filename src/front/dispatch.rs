@@ -28,6 +28,15 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         if !cmd.shared_lane && cmd.route == Route::Local(Local::Ping) && local::scripts_running(proxy) {
             lane = order::Lane::Own;
         }
+        // a read replicas may answer: on the replicas' lane, unless the client's requests
+        // in flight are on the shared one (after a write, say: it reads from the master)
+        if proxy.reads.active()
+            && lane == order::Lane::shared(ctx.client.proto)
+            && crate::services::reads::Reads::eligible(cmd)
+            && !(ctx.client.inflight > 0 && ctx.client.lane == lane)
+        {
+            lane = order::Lane::Replica;
+        }
         // the slot map changed since the requests in flight were routed: a request for
         // the same slot could go to another node, on another connection
         let map = proxy.cluster.version();

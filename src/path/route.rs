@@ -11,6 +11,7 @@ use bytes::{Bytes, BytesMut};
 use smallvec::{SmallVec, smallvec};
 
 use crate::command::{Command, FanOut, Split};
+use crate::conn::order::Lane;
 use crate::errors;
 use crate::mailbox::{Delivery, Tag};
 use crate::path::merge::{Merge, scan_cursor};
@@ -51,8 +52,26 @@ pub fn to_slot(proxy: &Proxy, ctx: &mut Ctx, s: u16) -> Outcome {
 pub fn forward(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
     let Some(&k0) = keys.first() else { return any_master(proxy, ctx) };
     match one_slot(proxy, ctx.req, k0, keys) {
+        Some(s) if ctx.lane == Lane::Replica => match read_target(proxy, ctx, s, k0) {
+            Ok(t) => pass(proxy, ctx, t),
+            Err(e) => ctx.error(&e),
+        },
         Some(s) => pass(proxy, ctx, Target::Slot(s)),
         None => ctx.error(errors::CROSSSLOT),
+    }
+}
+
+/// Where a read of slot `s` (its first key at `k0`) on the replicas' lane goes, as the
+/// read policies say (crate::services::reads): a replica in sync, or the master.
+fn read_target(proxy: &Proxy, ctx: &Ctx, s: u16, k0: u32) -> Result<Target, String> {
+    use crate::services::reads::Choice;
+    let topo = proxy.cluster.topology();
+    let now = crate::upstream::backend::clock_ms(ctx.now);
+    let key = ctx.req.arg(k0 as usize);
+    match proxy.reads.choose(&topo, s, key, ctx.client.id, ctx.client.last_write_ms, now) {
+        Choice::Master => Ok(Target::Slot(s)),
+        Choice::Replica(r, strict) => Ok(Target::Replica(r, s, strict)),
+        Choice::NoReplica => Err(errors::no_replica(s)),
     }
 }
 
@@ -79,8 +98,19 @@ pub fn script(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
             None => return ctx.error(errors::CROSSSLOT),
         },
     };
-    let run = proxy.cluster.topology().master_for_slot(s).cloned().map(ScriptRun::new);
-    start(proxy, ctx, Finish::Script(run), smallvec![Part::whole(Target::Slot(s))])
+    let target = match keys.first() {
+        // EVAL_RO, FCALL_RO: a read the read policies may send to a replica
+        Some(&k0) if ctx.lane == Lane::Replica => match read_target(proxy, ctx, s, k0) {
+            Ok(t) => t,
+            Err(e) => return ctx.error(&e),
+        },
+        _ => Target::Slot(s),
+    };
+    let run = match &target {
+        Target::Replica(r, ..) => Some(ScriptRun::new(r.clone())),
+        _ => proxy.cluster.topology().master_for_slot(s).cloned().map(ScriptRun::new),
+    };
+    start(proxy, ctx, Finish::Script(run), smallvec![Part::whole(target)])
 }
 
 /// A blocking command: its keys share one slot (CROSSSLOT otherwise, as Redis Cluster
@@ -120,9 +150,16 @@ pub fn split(proxy: &Proxy, ctx: &mut Ctx, kind: Split, cached: Vec<(u32, Bytes)
     let req = ctx.req;
     let step = if kind == Split::Mset { 2 } else { 1 };
     let nkeys = (req.argc() - 1) / step;
+    let replica = ctx.lane == Lane::Replica;
     if cached.is_empty() {
         let s0 = slot(req.arg(1));
         if !proxy.cluster.is_cluster() || (1..nkeys).all(|i| slot(req.arg(1 + i * step)) == s0) {
+            if replica {
+                return match read_target(proxy, ctx, s0, 1) {
+                    Ok(t) => pass(proxy, ctx, t),
+                    Err(e) => ctx.error(&e),
+                };
+            }
             return pass(proxy, ctx, Target::Slot(s0));
         }
     }
@@ -133,7 +170,15 @@ pub fn split(proxy: &Proxy, ctx: &mut Ctx, kind: Split, cached: Vec<(u32, Bytes)
     let mut positions: Vec<SmallVec<[u32; 4]>> = Vec::new();
     let (buffer, groups) = groups(req, step, wanted);
     for group in groups {
-        parts.push(Part::new(group.data, Target::Slot(group.slot)));
+        let target = match replica {
+            // (each slot's part goes where the policy of its first key says)
+            true => match read_target(proxy, ctx, group.slot, 1 + group.positions[0] * step as u32) {
+                Ok(t) => t,
+                Err(e) => return ctx.error(&e),
+            },
+            false => Target::Slot(group.slot),
+        };
+        parts.push(Part::new(group.data, target));
         positions.push(group.positions);
     }
     let merge = match kind {

@@ -202,6 +202,9 @@ pub struct BackendOptions {
     pub dedicated_idle: usize,
     /// TLS to every node (`backend.tls`): the handshake's configuration and names.
     pub tls: Option<Arc<crate::tls::Connector>>,
+    /// Sends `READONLY` on connect: a connection to a replica that reads the slots of its
+    /// master (crate::upstream::cluster, replica reads).
+    pub readonly: bool,
 }
 
 /// Connection state, for admin views.
@@ -521,6 +524,9 @@ pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<(Link
                 Some(u) => hs.push(Request::from_args(&[b"AUTH".as_slice(), u.as_bytes(), p.as_bytes()])),
                 None => hs.push(Request::from_args(&[b"AUTH".as_slice(), p.as_bytes()])),
             }
+        }
+        if opts.readonly {
+            hs.push(Request::from_args(&["READONLY"]));
         }
         if hs.is_empty() && !opts.dedicated {
             // nothing to say first: a PING, so that a node this connection cannot talk to

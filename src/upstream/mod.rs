@@ -5,9 +5,12 @@
 //!   which blocking commands reach a node, server-assisted caching state per node;
 //! - [`cluster`]: the slot function, slot map snapshots, node pools, topology refresh and
 //!   the nodes the cluster announced;
+//! - [`lag`]: how far behind each replica that serves reads is, from its and its
+//!   master's replication offsets;
 //! - [`retry`]: what a node's reply asks of its request (follow, wait and send again,
 //!   pass on), for the request path and the lock task alike.
 
 pub mod backend;
 pub mod cluster;
+pub mod lag;
 pub mod retry;

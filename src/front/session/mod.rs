@@ -371,6 +371,7 @@ impl Session {
             rl: proxy.ratelimit.view(),
             wrote: 0,
             db: 0,
+            last_write_ms: 0,
         };
         let limits = proxy.limits.load_full();
         let soft = limits.output_soft_bytes as usize;
@@ -559,6 +560,10 @@ impl Session {
                 let m = &mut e.meta;
                 let clock = now.get_or_insert_with(|| ReplyClock::new(&self.proxy));
                 m.ready_at = clock.now;
+                if m.writes && self.proxy.reads.active() {
+                    // (read-your-writes: crate::services::reads)
+                    self.client.last_write_ms = crate::upstream::backend::clock_ms(clock.now);
+                }
                 m.redirected = p.redirected;
                 if clock.slow_from.is_some_and(|t| m.started <= t) {
                     m.node = p.node(&self.proxy.cluster);
@@ -973,6 +978,10 @@ impl Session {
                 crate::metrics::global().expired.increment(1);
                 self.held.reply_ready(b.len(), self.soft, self.max_pipeline);
                 self.client.inflight -= 1;
+                if e.meta.writes {
+                    // it may still run: its reads wait for the replicas to pass this moment
+                    self.client.last_write_ms = crate::upstream::backend::clock_ms(now);
+                }
                 e.meta.ready_at = now;
                 // (a request on a dedicated connection drops it with its Pending: closed)
                 e.reply = Reply::Ready(b);

@@ -181,6 +181,9 @@ pub enum Target {
     /// After an ASK: this node, with ASKING first.
     /// (`.1`: the slot, whose owner a later retry asks again: an ASK holds for one query.)
     Ask(Arc<NodePool>, u16),
+    /// A read sent to a replica of the master serving slot `.1` (crate::services::reads);
+    /// `.2`: a `replica` policy's (no master to fall back on when it fails).
+    Replica(Arc<NodePool>, u16, bool),
 }
 
 /// A request that travels on a dedicated connection, not the node's shared pipelined
@@ -421,7 +424,7 @@ impl Pending {
     pub fn node(&self, cluster: &Cluster) -> Option<Arc<str>> {
         match &self.parts.first()?.target {
             Target::Slot(s) => cluster.topology().master_for_slot(*s).map(|n| n.addr.clone()),
-            Target::Node(n) | Target::Ask(n, _) => Some(n.addr.clone()),
+            Target::Node(n) | Target::Ask(n, _) | Target::Replica(n, ..) => Some(n.addr.clone()),
         }
     }
 }

@@ -40,6 +40,20 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
     } else {
         retry::classify(&reply.result, cluster)
     };
+    if let Some(Target::Replica(_, s, strict)) = p.parts.get(idx).map(|x| &x.target)
+        && (!matches!(verdict, Verdict::Answer | Verdict::NoScript)
+            || matches!(&reply.result, Ok(d) if d.starts_with(b"-LOADING") || d.starts_with(b"-MASTERDOWN")))
+    {
+        // the replica failed, does not serve the slot any more, or is not ready: a read
+        // is safe to send again, to the master (crate::services::reads)
+        let (s, strict) = (*s, *strict);
+        if strict {
+            return complete(proxy, ctx, p, idx, errors::resp(&errors::no_replica(s)));
+        }
+        crate::metrics::global().replica_fallback_failed.increment(1);
+        p.parts[idx].target = Target::Slot(s);
+        return resend(proxy, ctx, p, idx);
+    }
     if p.pinned() && verdict.leaves_node() {
         // the watched keys' master is not where the WATCH ran any more
         void_watch(ctx);
@@ -161,7 +175,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
                 Verdict::ReadOnly => {
                     let promoted = match &part.target {
                         Target::Node(n) | Target::Ask(n, _) => proxy.cluster.topology().promoted_for(&n.addr),
-                        Target::Slot(_) => None,
+                        Target::Slot(_) | Target::Replica(..) => None,
                     };
                     if let Some(n) = promoted {
                         part.target = Target::Node(n);

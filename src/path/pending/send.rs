@@ -28,7 +28,7 @@ pub(super) fn resolve_in<'a>(topo: &'a Topology, target: &'a Target) -> Result<(
             Some(n) => Ok((n, false)),
             None => Err(errors::resp(&errors::slot_not_served(*s))),
         },
-        Target::Node(n) => Ok((n, false)),
+        Target::Node(n) | Target::Replica(n, ..) => Ok((n, false)),
         Target::Ask(n, _) => Ok((n, true)),
     }
 }
@@ -165,7 +165,7 @@ pub(super) fn send_later(proxy: &Proxy, ctx: &Ctx, dedicated: bool, part: &mut P
         }
         let node = match &target {
             Target::Slot(s) => cluster.topology().master_for_slot(*s).cloned(),
-            Target::Node(n) | Target::Ask(n, _) => Some(n.clone()),
+            Target::Node(n) | Target::Ask(n, _) | Target::Replica(n, ..) => Some(n.clone()),
         };
         match node {
             Some(n) => n.conn(proto, affinity).send(BackendRequest {

@@ -68,6 +68,11 @@ pub struct NodePool {
     pub scripts: AtomicUsize,
     /// The order blocking commands for this node are written in.
     pub order: backend::SendOrder,
+    /// A replica's pool for reads (its connections sent `READONLY`; see [`Topology::readers`]):
+    /// the time (`backend::clock_ms`) of the latest sample of its master's replication
+    /// offset that the replica had reached when last asked, 0 when it is down or unknown
+    /// (kept by `crate::upstream::lag`).
+    pub synced_at: AtomicU64,
 }
 
 #[derive(Default)]
@@ -77,13 +82,17 @@ struct WorkerConns {
 }
 
 impl NodePool {
-    fn new(addr: &str, opts: &BackendOptions, n: usize, workers: usize) -> NodePool {
+    fn new(addr: &str, opts: &BackendOptions, n: usize, workers: usize, replica: bool) -> NodePool {
         let tracking = Arc::new(NodeTracking::default());
         static MADE: AtomicUsize = AtomicUsize::new(0);
         NodePool {
             addr: Arc::from(addr),
             bit: 1 << (MADE.fetch_add(1, Ordering::Relaxed) % 64),
-            opts: BackendOptions { tracking: Some(tracking.clone()), ..opts.clone() },
+            opts: match replica {
+                // nothing read from a replica is cached
+                true => BackendOptions { tracking: None, readonly: true, ..opts.clone() },
+                false => BackendOptions { tracking: Some(tracking.clone()), ..opts.clone() },
+            },
             tracking,
             per_conn: n.max(1),
             workers: (0..workers.max(1)).map(|_| WorkerConns::default()).collect(),
@@ -92,6 +101,7 @@ impl NodePool {
             dedicated: AtomicUsize::new(0),
             scripts: AtomicUsize::new(0),
             order: backend::SendOrder::default(),
+            synced_at: AtomicU64::new(0),
         }
     }
 
@@ -237,6 +247,9 @@ pub struct Topology {
     pub masters: Vec<Arc<NodePool>>,
     /// Replica addresses of each master, same order.
     pub replicas: Vec<Vec<String>>,
+    /// Pools for reads from each master's replicas, same order (empty unless replica
+    /// reads are on: [`Cluster::read_replicas`]).
+    pub readers: Vec<Vec<Arc<NodePool>>>,
 }
 
 impl Topology {
@@ -246,6 +259,15 @@ impl Topology {
         match self.slots[slot as usize] {
             UNASSIGNED => None,
             i => Some(&self.masters[i as usize]),
+        }
+    }
+
+    /// The index of the master serving `slot` (in `masters`, `replicas` and `readers`).
+    #[inline]
+    pub fn master_index(&self, slot: u16) -> Option<usize> {
+        match self.slots[slot as usize] {
+            UNASSIGNED => None,
+            i => Some(i as usize),
         }
     }
 
@@ -285,6 +307,7 @@ impl Topology {
             slots: vec![UNASSIGNED; SLOTS],
             masters: vec![],
             replicas: vec![],
+            readers: vec![],
         }
     }
 }
@@ -301,6 +324,11 @@ pub struct Cluster {
     pub backing: Backing,
     topo: ArcSwap<Topology>,
     pools: Mutex<HashMap<String, Arc<NodePool>>>,
+    /// Pools for reads from replicas, by address (apart from `pools`: their connections
+    /// sent `READONLY`, which must not serve a master's requests).
+    reader_pools: Mutex<HashMap<String, Arc<NodePool>>>,
+    /// Replica reads are on: every slot map carries the replicas' pools.
+    replica_reads: std::sync::atomic::AtomicBool,
     opts: BackendOptions,
     conns_per_node: usize,
     workers: usize,
@@ -326,6 +354,8 @@ impl Cluster {
             backing: backing.clone(),
             topo: ArcSwap::from_pointee(Topology::empty()),
             pools: Mutex::new(HashMap::new()),
+            reader_pools: Mutex::new(HashMap::new()),
+            replica_reads: std::sync::atomic::AtomicBool::new(false),
             opts,
             conns_per_node: conns_per_node.max(1),
             workers: workers.max(1),
@@ -339,7 +369,7 @@ impl Cluster {
         });
         if let Backing::Standalone { addr } = &backing {
             let pool = c.pool(addr);
-            c.install(HashSet::from([addr.clone()]), vec![0; SLOTS], vec![pool], vec![vec![]]);
+            c.install(HashSet::from([addr.clone()]), vec![0; SLOTS], vec![pool], vec![vec![]], vec![vec![]]);
         }
         c
     }
@@ -379,9 +409,46 @@ impl Cluster {
         if let Some(p) = pools.get(addr) {
             return p.clone();
         }
-        let p = Arc::new(NodePool::new(addr, &self.opts, self.conns_per_node, self.workers));
+        let p = Arc::new(NodePool::new(addr, &self.opts, self.conns_per_node, self.workers, false));
         pools.insert(addr.to_string(), p.clone());
         p
+    }
+
+    /// Reads go to replicas too (set before the first refresh): each slot map carries
+    /// pools for reads from the replicas.
+    pub fn read_replicas(&self) {
+        self.replica_reads.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether replica reads are on.
+    pub fn reads_replicas(&self) -> bool {
+        self.replica_reads.load(Ordering::Relaxed)
+    }
+
+    /// The pools for reads from the replicas at `addrs` (none when replica reads are off).
+    fn reader_pools(&self, addrs: &[Vec<String>]) -> Vec<Vec<Arc<NodePool>>> {
+        if !self.reads_replicas() {
+            return vec![vec![]; addrs.len()];
+        }
+        let mut pools = self.reader_pools.lock();
+        let out = addrs
+            .iter()
+            .map(|list| {
+                list.iter()
+                    .map(|a| {
+                        pools
+                            .entry(a.clone())
+                            .or_insert_with(|| {
+                                Arc::new(NodePool::new(a, &self.opts, self.conns_per_node, self.workers, true))
+                            })
+                            .clone()
+                    })
+                    .collect()
+            })
+            .collect();
+        // forget the pools of nodes that are no replicas any more
+        pools.retain(|a, _| addrs.iter().flatten().any(|r| r == a));
+        out
     }
 
     fn install(
@@ -390,9 +457,10 @@ impl Cluster {
         slots: Vec<u16>,
         masters: Vec<Arc<NodePool>>,
         replicas: Vec<Vec<String>>,
+        readers: Vec<Vec<Arc<NodePool>>>,
     ) {
         let version = self.version.fetch_add(1, Ordering::Relaxed) + 1;
-        self.topo.store(Arc::new(Topology { version, nodes, slots, masters, replicas }));
+        self.topo.store(Arc::new(Topology { version, nodes, slots, masters, replicas, readers }));
         crate::metrics::global().slot_map_version.set(version as f64);
     }
 
@@ -409,11 +477,13 @@ impl Cluster {
         }
         let mut masters = cur.masters.clone();
         let mut replicas = cur.replicas.clone();
+        let mut readers = cur.readers.clone();
         let idx = match masters.iter().position(|p| &*p.addr == addr) {
             Some(i) => i,
             None => {
                 masters.push(self.pool(addr));
                 replicas.push(vec![]);
+                readers.push(vec![]);
                 masters.len() - 1
             }
         };
@@ -421,7 +491,7 @@ impl Cluster {
         slots[slot as usize] = idx as u16;
         let nodes = cur.nodes.clone();
         drop(cur);
-        self.install(nodes, slots, masters, replicas);
+        self.install(nodes, slots, masters, replicas, readers);
         self.request_refresh();
         true
     }
@@ -503,8 +573,17 @@ impl Cluster {
         let slots = ask(&mut s, &["CLUSTER", "SLOTS"]).await?;
         let nodes = ask(&mut s, &["CLUSTER", "NODES"]).await?;
         let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or("127.0.0.1");
-        let map = parse_cluster_slots(&slots, host)?;
-        let mut announced = parse_cluster_nodes(&nodes, host)?;
+        let mut map = parse_cluster_slots(&slots, host)?;
+        let (mut announced, replicas) = parse_cluster_nodes(&nodes, host)?;
+        // CLUSTER SLOTS leaves out a replica until the cluster bus has told of its
+        // replication offset (seconds after it joined): CLUSTER NODES lists it at once
+        for r in &mut map {
+            for (replica, master) in &replicas {
+                if *master == r.master && !r.replicas.contains(replica) {
+                    r.replicas.push(replica.clone());
+                }
+            }
+        }
         for r in &map {
             announced.insert(r.master.clone());
             announced.extend(r.replicas.iter().cloned());
@@ -541,7 +620,8 @@ impl Cluster {
         }
         let masters: Vec<Arc<NodePool>> = addrs.iter().map(|a| self.pool(a)).collect();
         info!(masters = ?addrs, "topology updated");
-        self.install(nodes, slots, masters, replicas);
+        let readers = self.reader_pools(&replicas);
+        self.install(nodes, slots, masters, replicas, readers);
         // Forget pools of nodes that are no longer masters: their tasks finish what is in
         // flight and exit once no snapshot or session holds them.
         self.pools.lock().retain(|a, _| addrs.iter().any(|m| m == a));
@@ -607,9 +687,11 @@ fn node_addr(f: &OwnedFrame, default_host: &str) -> Option<String> {
 }
 
 /// The addresses of the nodes in a `CLUSTER NODES` reply (a bulk string, one node a
-/// line: `id host:port@cport[,hostname] flags ...`), but for nodes still in handshake
-/// or without an address.
-fn parse_cluster_nodes(reply: &[u8], default_host: &str) -> Result<HashSet<String>, String> {
+/// line: `id host:port@cport[,hostname] flags master-id ...`), but for nodes still in
+/// handshake or without an address; and each replica not marked failing, with its
+/// master's address.
+#[allow(clippy::type_complexity)]
+fn parse_cluster_nodes(reply: &[u8], default_host: &str) -> Result<(HashSet<String>, Vec<(String, String)>), String> {
     let (frame, _) = decode(reply).map_err(|e| e.to_string())?.ok_or("incomplete CLUSTER NODES reply")?;
     let text = match frame {
         OwnedFrame::BulkString(b) | OwnedFrame::SimpleString(b) => b,
@@ -617,9 +699,11 @@ fn parse_cluster_nodes(reply: &[u8], default_host: &str) -> Result<HashSet<Strin
         _ => return Err("unexpected CLUSTER NODES reply".into()),
     };
     let mut out = HashSet::new();
+    let mut ids: HashMap<String, String> = HashMap::new();
+    let mut replicas: Vec<(String, String)> = Vec::new();
     for line in String::from_utf8_lossy(&text).lines() {
         let mut f = line.split(' ');
-        let (Some(_id), Some(addr), Some(flags)) = (f.next(), f.next(), f.next()) else { continue };
+        let (Some(id), Some(addr), Some(flags)) = (f.next(), f.next(), f.next()) else { continue };
         if flags.split(',').any(|x| x == "handshake" || x == "noaddr") {
             continue;
         }
@@ -630,9 +714,20 @@ fn parse_cluster_nodes(reply: &[u8], default_host: &str) -> Result<HashSet<Strin
         }
         let host = if host.is_empty() || host == "?" { default_host } else { host };
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        out.insert(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") });
+        let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+        ids.insert(id.to_string(), addr.clone());
+        let failing = flags.split(',').any(|x| x == "fail" || x == "fail?");
+        if let Some(master) = f.next()
+            && flags.split(',').any(|x| x == "slave" || x == "replica")
+            && !failing
+            && master != "-"
+        {
+            replicas.push((addr.clone(), master.to_string()));
+        }
+        out.insert(addr);
     }
-    Ok(out)
+    let replicas = replicas.into_iter().filter_map(|(r, m)| Some((r, ids.get(&m)?.clone()))).collect();
+    Ok((out, replicas))
 }
 
 /// Parses a `CLUSTER SLOTS` reply (decoded with redis-protocol).
@@ -688,9 +783,10 @@ mod tests {
                     e5 :0@0 master,noaddr - 0 0 3 disconnected\n\
                     f6 ::1:7004@17004 master - 0 0 4 connected\n";
         let reply = format!("${}\r\n{}\r\n", text.len(), text);
-        let n = parse_cluster_nodes(reply.as_bytes(), "127.0.0.1").unwrap();
+        let (n, replicas) = parse_cluster_nodes(reply.as_bytes(), "127.0.0.1").unwrap();
         let mut got: Vec<&str> = n.iter().map(|s| s.as_str()).collect();
         got.sort();
         assert_eq!(got, ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002", "[::1]:7004"]);
+        assert_eq!(replicas, vec![("127.0.0.1:7002".to_string(), "127.0.0.1:7001".to_string())]);
     }
 }
