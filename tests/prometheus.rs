@@ -72,7 +72,7 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_cache_misses_total", "counter", &[]),
     ("heatshield_cache_fills_total", "counter", &[]),
     ("heatshield_cache_fills_coalesced_total", "counter", &[]),
-    ("heatshield_cache_stale_answers_total", "counter", &[]),
+    ("heatshield_cache_stale_answers_total", "counter", &["rule"]),
     ("heatshield_cache_fills_discarded_total", "counter", &["reason"]),
     ("heatshield_cache_invalidations_total", "counter", &["cause"]),
     ("heatshield_cache_hot_keys", "gauge", &[]),

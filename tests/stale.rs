@@ -307,3 +307,103 @@ fn a_key_written_through_heatshield_is_never_answered_stale() {
     assert_eq!(stats(a.port(), "stale_answers"), before + 1, "the written key was answered stale");
     cluster.wait_ok(Duration::from_secs(30));
 }
+
+/// What 200 clients saw of a key whose TTL ended while they read it.
+struct Stampede {
+    /// GETs the key's master ran meanwhile.
+    redis_reads: u64,
+    /// Reads answered nil (each client that got one reloaded the key, as cache-aside does).
+    nils: u64,
+    reads: u64,
+    errors: u64,
+}
+
+/// 200 clients read `key` (TTL 1.5 s, read and cached just before) through `port` for
+/// 3 s; a client that reads nil writes the key again with a long TTL (the reload).
+fn stampede(port: u16, master: u16, key: &str) -> Stampede {
+    let mut c = Conn::connect(port);
+    assert_eq!(c.cmd(&["SET", key, "old", "PX", "1500"]), V::ok());
+    assert_eq!(c.cmd(&["GET", key]), V::s("old"));
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(c.cmd(&["GET", key]), V::s("old"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(std::sync::Barrier::new(201));
+    let clients: Vec<_> = (0..200)
+        .map(|_| {
+            let (key, stop, ready) = (key.to_string(), stop.clone(), ready.clone());
+            thread::spawn(move || {
+                let mut c = Conn::connect(port);
+                // (a read of another key of the master first: heatshield's connections
+                // to it, made on first use, are up before the TTL ends)
+                assert!(c.cmd(&["GET", &format!("warm-up{key}")]).is_nil());
+                ready.wait();
+                let (mut reads, mut nils, mut errors) = (0, 0, 0);
+                while !stop.load(Ordering::Relaxed) {
+                    reads += 1;
+                    match c.try_cmd(&["GET", &key]) {
+                        Ok(V::Nil) => {
+                            nils += 1;
+                            let _ = c.try_cmd(&["SET", &key, "reloaded", "PX", "60000"]);
+                        }
+                        Ok(V::Str(_)) => {}
+                        _ => errors += 1,
+                    }
+                    thread::sleep(Duration::from_millis(2));
+                }
+                (reads, nils, errors)
+            })
+        })
+        .collect();
+    ready.wait();
+    let before = common::cmdstat_calls(master, "get");
+    thread::sleep(Duration::from_millis(3000));
+    stop.store(true, Ordering::Relaxed);
+    let seen: Vec<(u64, u64, u64)> = clients.into_iter().map(|h| h.join().unwrap()).collect();
+    Stampede {
+        redis_reads: common::cmdstat_calls(master, "get") - before,
+        reads: seen.iter().map(|s| s.0).sum(),
+        nils: seen.iter().map(|s| s.1).sum(),
+        errors: seen.iter().map(|s| s.2).sum(),
+    }
+}
+
+/// Stale-while-revalidate (the field notes' logical expiry): 200 clients read a hot key
+/// whose TTL ends. With a `revalidate` rule, the first read after the end goes to Redis
+/// (nil: its client reloads the key) and every other read keeps the last value until
+/// the reload lands: Redis sees one refresh read, and the database one reload, not 200.
+/// The same through a heatshield without the rule, for comparison.
+#[test]
+fn a_key_whose_ttl_ends_is_refreshed_by_one_read() {
+    let cluster = RedisCluster::start();
+    let owners = SlotOwners::read(&cluster);
+    let master = owners.masters()[0];
+    let tag = owners.tag_on(master, "swr:");
+    let rule = "[[cache.revalidate]]\npattern = \"swr:*\"\nmax_stale_ms = 3000\n";
+    let (_d1, with) = common::config_file(&format!("{CACHE}pin = [\"swr:*\"]\n{rule}"));
+    let (_d2, without) = common::config_file(&format!("{CACHE}pin = [\"swr:*\"]\n"));
+    let a = Proxy::start_cluster(&cluster, &["--config", &with]);
+    let b = Proxy::start_cluster(&cluster, &["--config", &without]);
+    let with = stampede(a.port(), master, &format!("swr:{tag}:a"));
+    let held = stats(a.port(), "revalidate_holds");
+    let answers = stats(a.port(), "revalidate_answers");
+    let without = stampede(b.port(), master, &format!("swr:{tag}:b"));
+    eprintln!(
+        "200 readers of a key whose TTL ended: with revalidate, {} reads, {} nil (reloads), {} GETs on Redis, {} \
+         errors ({held} hold, {answers} answers from it); without, {} reads, {} nil, {} GETs on Redis, {} errors",
+        with.reads,
+        with.nils,
+        with.redis_reads,
+        with.errors,
+        without.reads,
+        without.nils,
+        without.redis_reads,
+        without.errors
+    );
+    assert_eq!(held, 1, "the key was not held at the end of its TTL");
+    assert_eq!(with.nils, 1, "more than one client found the key gone");
+    // the refresh, and the fill of the reloaded value
+    assert!(with.redis_reads <= 3, "Redis saw {} reads", with.redis_reads);
+    assert!(answers > 0);
+    assert_eq!(with.errors + without.errors, 0);
+    assert!(without.nils > with.nils, "without the rule, too, only one client found the key gone");
+}

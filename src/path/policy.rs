@@ -136,7 +136,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
             // write's reply comes (see crate::path::pending::Pending)
             for &k in &keys {
                 if cache.tracked(key(k)) {
-                    cache.invalidate(key(k), crate::services::cache::Cause::Write);
+                    cache.invalidate_sent(key(k));
                     ctx.invalidate.push(req.arg_bytes(k as usize));
                 }
             }

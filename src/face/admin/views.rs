@@ -30,6 +30,8 @@ pub fn cache_stats(proxy: &Proxy) -> Vec<(String, i64)> {
         ("fills_too_big".into(), get(&st.too_big)),
         ("fills_in_flight".into(), c.fills_in_flight() as i64),
         ("stale_answers".into(), get(&st.stale)),
+        ("revalidate_answers".into(), get(&st.revalidated)),
+        ("revalidate_holds".into(), get(&st.held)),
     ];
     for (i, cause) in crate::services::cache::CAUSES.iter().enumerate() {
         v.push((format!("invalidations_{cause}"), get(&st.invalidations[i])));

@@ -207,7 +207,15 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             held
         }
         // a shared cache fill could not answer for this request: send it ourselves
-        Step::Resend => return resend(proxy, ctx, p, idx),
+        Step::Resend => {
+            // once, it joins (or starts) the next fill of the same read, so the readers
+            // a raced fill gives back read Redis once together, not once each
+            if part.retries == 0 && refill(proxy, ctx) {
+                part.retries += 1;
+                return None;
+            }
+            return resend(proxy, ctx, p, idx);
+        }
         Step::Unreachable { addr, retry } => {
             proxy.cluster.request_refresh();
             if retry {
@@ -313,4 +321,24 @@ pub fn stale_answer(proxy: &Proxy, ctx: &mut Ctx, cmd: &crate::command::Command)
     let r = cache.lookup_stale(cmd.id, ctx.client.proto, ctx.client.db, req, req.arg(1))?;
     ctx.cached = true;
     Some(r)
+}
+
+/// Sends a read a shared cache fill gave back as a fill again (joining one in flight):
+/// false when it cannot be one now (the caller sends it itself).
+fn refill(proxy: &Proxy, ctx: &mut Ctx) -> bool {
+    let cache = &proxy.cache;
+    let Ok(cmd) = proxy.commands.lookup(ctx.req) else { return false };
+    if !cache.enabled || !cache.is_cacheable(cmd) || ctx.req.argc() < 2 || ctx.client.modes.watch.is_some() {
+        return false;
+    }
+    let key = ctx.req.arg(1);
+    if !cache.tracked(key) {
+        return false;
+    }
+    let Some(owner) = proxy.cluster.topology().master_for_slot(crate::upstream::cluster::slot(key)).cloned() else {
+        return false;
+    };
+    let conn = owner.conn(ctx.client.proto, ctx.client.id);
+    let tag = Tag { seq: ctx.seq, part: 0 };
+    cache.fill(cmd.id, ctx.client.proto, ctx.client.db, ctx.req, key, &owner, conn, ctx.reply_to, tag)
 }

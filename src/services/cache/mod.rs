@@ -72,16 +72,20 @@ pub struct CacheConfig {
     /// Keys whose last cached value answers their reads while their master cannot
     /// (`[[cache.stale_if_error]]`), the first matching rule deciding.
     pub stale_if_error: Vec<StaleRule>,
+    /// Keys whose last value answers their reads for a while after their TTL ends in
+    /// Redis, while one read goes to Redis (`[[cache.revalidate]]`: stale-while-revalidate).
+    pub revalidate: Vec<StaleRule>,
 }
 
-/// One `[[cache.stale_if_error]]` rule.
+/// One `[[cache.stale_if_error]]` or `[[cache.revalidate]]` rule.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StaleRule {
     /// A glob of keys (their client names, under colocation rules).
     pub pattern: String,
-    /// The oldest value served: how long ago it stopped being known current (its
-    /// node's invalidations stopped coming, or it was read, whichever is later known).
+    /// The oldest value served: how long ago it stopped being known current (for
+    /// `stale_if_error`: its node's invalidations stopped coming, or it was read; for
+    /// `revalidate`: its TTL ended).
     pub max_stale_ms: u64,
 }
 
@@ -132,6 +136,7 @@ impl Default for CacheConfig {
             pin: vec![],
             never: vec![],
             stale_if_error: vec![],
+            revalidate: vec![],
         }
     }
 }
@@ -177,12 +182,14 @@ impl CacheConfig {
                 p.push(format!("{k}: patterns must not be empty"));
             }
         }
-        for (i, r) in self.stale_if_error.iter().enumerate() {
-            if r.pattern.is_empty() {
-                p.push(format!("cache.stale_if_error[{i}].pattern: must not be empty"));
-            }
-            if !(1..=3_600_000).contains(&r.max_stale_ms) {
-                p.push(format!("cache.stale_if_error[{i}].max_stale_ms: must be between 1 and 3600000"));
+        for (name, rules) in [("stale_if_error", &self.stale_if_error), ("revalidate", &self.revalidate)] {
+            for (i, r) in rules.iter().enumerate() {
+                if r.pattern.is_empty() {
+                    p.push(format!("cache.{name}[{i}].pattern: must not be empty"));
+                }
+                if !(1..=3_600_000).contains(&r.max_stale_ms) {
+                    p.push(format!("cache.{name}[{i}].max_stale_ms: must be between 1 and 3600000"));
+                }
             }
         }
         p
@@ -243,6 +250,11 @@ pub struct CacheStats {
     pub invalidations: [AtomicU64; 5],
     /// Reads answered with a stale value while their master could not answer.
     pub stale: AtomicU64,
+    /// Reads answered with the last value of a key whose TTL ended, while one read
+    /// refreshes it (`revalidate`).
+    pub revalidated: AtomicU64,
+    /// Keys held past the end of their TTL (`revalidate`).
+    pub held: AtomicU64,
 }
 
 /// A hot key as the request path sees it.
@@ -265,8 +277,9 @@ struct Variant {
     /// The arguments after the command name.
     args: Vec<Bytes>,
     reply: Bytes,
-    /// When it was read.
+    /// When it was read, and until when it is served (`max_age_ms` later).
     filled: Instant,
+    fresh_until: Instant,
     /// Where it was read, and that node's tracking generation then.
     pool: Arc<NodePool>,
     node_generation: u64,
@@ -291,6 +304,34 @@ impl Variant {
 /// The cached variants of one key.
 struct KeyEntry {
     variants: Vec<Variant>,
+    /// When the key's TTL ends in Redis (`backend::clock_ms`; 0: none or not known),
+    /// learned by fills of keys under a `revalidate` rule.
+    expires_at: AtomicU64,
+    /// When its TTL ended and the entry was held for stale-while-revalidate (0: not).
+    held: AtomicU64,
+    /// A held entry's refresh (one read sent to Redis) has been started.
+    refreshing: std::sync::atomic::AtomicBool,
+}
+
+impl KeyEntry {
+    fn new(variants: Vec<Variant>, expires_at: u64) -> KeyEntry {
+        KeyEntry {
+            variants,
+            expires_at: AtomicU64::new(expires_at),
+            held: AtomicU64::new(0),
+            refreshing: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+/// How early an invalidation may come before the end of a key's TTL as heatshield
+/// estimated it (the estimate is early by up to a round trip, and counts whole ms) and
+/// still be taken for the expiry.
+const EXPIRY_SLACK_MS: u64 = 2;
+
+/// Whether a reply says the key does not exist: nil, an empty collection, 0.
+fn missing(reply: &[u8]) -> bool {
+    matches!(reply, b"$-1\r\n" | b"*-1\r\n" | b"_\r\n" | b"*0\r\n" | b"%0\r\n" | b"~0\r\n" | b":0\r\n")
 }
 
 /// Generations a fill saw when it started.
@@ -311,6 +352,8 @@ struct Fill {
     pool: Arc<NodePool>,
     snap: Snap,
     sent: Instant,
+    /// The refresh of a held entry (`revalidate`).
+    refresh: bool,
     /// The client whose request was sent, then clients waiting for the same reply.
     waiters: Vec<(ReplyTx, Tag)>,
     req: (Proto, u16, Bytes),
@@ -333,6 +376,10 @@ pub struct HotCache {
     never: Vec<Vec<u8>>,
     /// `stale_if_error`: glob, limit.
     stale: Vec<(Vec<u8>, Duration)>,
+    /// `revalidate`: glob, limit.
+    revalidate: Vec<(Vec<u8>, Duration)>,
+    /// PTTLs asked by fills (`revalidate`): fill id -> key, when the read was sent.
+    ttl_asks: Mutex<HashMap<u64, (Bytes, Instant)>>,
     /// `max_age_ms`: older entries are not served (but kept for stale answers).
     max_age: Duration,
     /// Colocation rules: `pin` and `never` match a key's client name too.
@@ -366,9 +413,14 @@ impl HotCache {
             .iter()
             .map(|r| (r.pattern.as_bytes().to_vec(), Duration::from_millis(r.max_stale_ms)))
             .collect();
+        let revalidate: Vec<(Vec<u8>, Duration)> = cfg
+            .revalidate
+            .iter()
+            .map(|r| (r.pattern.as_bytes().to_vec(), Duration::from_millis(r.max_stale_ms)))
+            .collect();
         let max_age = Duration::from_millis(cfg.max_age_ms.max(1));
         // an entry is kept past its age for as long as it may answer as a stale value
-        let keep = max_age + stale.iter().map(|s| s.1).max().unwrap_or_default();
+        let keep = max_age + stale.iter().chain(&revalidate).map(|s| s.1).max().unwrap_or_default();
         let entries = moka::sync::Cache::builder()
             .max_capacity(cfg.max_bytes)
             .weigher(|k: &Bytes, v: &Arc<KeyEntry>| {
@@ -384,6 +436,8 @@ impl HotCache {
             pins: cfg.pin.iter().map(|p| p.as_bytes().to_vec()).collect(),
             never: cfg.never.iter().map(|p| p.as_bytes().to_vec()).collect(),
             stale,
+            revalidate,
+            ttl_asks: Mutex::new(HashMap::new()),
             max_age,
             names,
             detector: Mutex::new(Detector::new(DetectorConfig {
@@ -479,7 +533,7 @@ impl HotCache {
         Arc::ptr_eq(&v.pool, owner)
             && v.node_generation == owner.tracking.generation.load(Ordering::SeqCst)
             && v.generation == self.generation.load(Ordering::SeqCst)
-            && now < v.filled + self.max_age
+            && now < v.fresh_until
     }
 
     /// A cached reply for this read, if one is valid: `owner` is the master serving the
@@ -497,6 +551,11 @@ impl HotCache {
     ) -> Option<Bytes> {
         let found = self.entries.get(key).and_then(|e| {
             let v = e.variants.iter().find(|v| v.matches(cmd, proto, db, req))?;
+            let held = e.held.load(Ordering::Relaxed);
+            if held != 0 {
+                // (its age is bounded by the rule, not max_age_ms)
+                return (self.valid(v, owner, v.filled) && self.held(key, &e, held, now)).then(|| v.reply.clone());
+            }
             self.valid(v, owner, now).then(|| v.reply.clone())
         });
         match &found {
@@ -506,12 +565,34 @@ impl HotCache {
         found
     }
 
+    /// A read of a held entry (its TTL ended: `revalidate`): answered with its last value
+    /// (true), unless the hold is over (the entry goes) or no read has been sent to
+    /// Redis yet (this one is: it becomes the refresh).
+    #[cold]
+    fn held(&self, key: &[u8], e: &KeyEntry, held: u64, now: Instant) -> bool {
+        let limit = self.rule_limit(&self.revalidate, key).unwrap_or_default();
+        if crate::upstream::backend::clock_ms(now).saturating_sub(held) > limit.as_millis() as u64 {
+            self.entries.invalidate(key);
+            return false;
+        }
+        if !e.refreshing.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        self.stats.revalidated.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// The limit of the first rule of `rules` that covers `key`.
+    fn rule_limit(&self, rules: &[(Vec<u8>, Duration)], key: &[u8]) -> Option<Duration> {
+        rules.iter().find(|(p, _)| self.matches(std::slice::from_ref(p), key)).map(|r| r.1)
+    }
+
     /// The cached `GET key` reply (for MGET), if valid.
     pub fn lookup_get(&self, proto: Proto, db: u16, key: &[u8], owner: &Arc<NodePool>, now: Instant) -> Option<Bytes> {
         let e = self.entries.get(key)?;
         let v =
             e.variants.iter().find(|v| v.cmd == self.get_id && v.proto == proto && v.db == db && v.args.len() == 1)?;
-        if self.valid(v, owner, now) {
+        if self.valid(v, owner, now) && e.held.load(Ordering::Relaxed) == 0 {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
             Some(v.reply.clone())
         } else {
@@ -531,10 +612,14 @@ impl HotCache {
     /// its node, whose invalidations kept coming since (a write through heatshield or one
     /// Redis reported dropped the entry, and a flush voided it). Counted in `stale`.
     pub fn lookup_stale(&self, cmd: usize, proto: Proto, db: u16, req: &Request, key: &[u8]) -> Option<Bytes> {
-        let limit = self.stale.iter().find(|(p, _)| self.matches(std::slice::from_ref(p), key))?.1;
+        let limit = self.rule_limit(&self.stale, key)?;
         let e = self.entries.get(key)?;
         let v = e.variants.iter().find(|v| v.matches(cmd, proto, db, req))?;
-        if v.generation != self.generation.load(Ordering::SeqCst) || !self.tracked(key) {
+        // (a held entry may have a write of its key in flight: see invalidate_sent)
+        if v.generation != self.generation.load(Ordering::SeqCst)
+            || !self.tracked(key)
+            || e.held.load(Ordering::SeqCst) != 0
+        {
             return None;
         }
         let t = &v.pool.tracking;
@@ -584,6 +669,8 @@ impl HotCache {
         }
         let id = self.next_fill.fetch_add(1, Ordering::Relaxed);
         let raw = Bytes::copy_from_slice(req.raw());
+        let refresh =
+            !self.revalidate.is_empty() && self.entries.get(key).is_some_and(|e| e.held.load(Ordering::SeqCst) != 0);
         fills.by_req.insert((proto, db, raw.clone()), id);
         fills.by_id.insert(
             id,
@@ -596,6 +683,7 @@ impl HotCache {
                 pool: owner.clone(),
                 snap: self.snap(key, owner),
                 sent: Instant::now(),
+                refresh,
                 waiters: vec![(reply_to.clone(), tag)],
                 req: (proto, db, raw.clone()),
             },
@@ -611,13 +699,45 @@ impl HotCache {
             order: None,
             db,
         });
+        if !self.revalidate.is_empty() && self.rule_limit(&self.revalidate, key).is_some() {
+            // the key's TTL, read right after it on the same connection (revalidate)
+            self.ttl_asks.lock().insert(id, (Bytes::copy_from_slice(key), Instant::now()));
+            conn.send(BackendRequest {
+                data: Request::from_args(&[b"PTTL".as_slice(), key]).raw().clone(),
+                count: 1,
+                prefix: Prefix::None,
+                tag: Tag { seq: id, part: 1 },
+                reply_to: fill_tx.clone(),
+                order: None,
+                db,
+            });
+        }
         true
+    }
+
+    /// The PTTL read after a fill: when the key's TTL ends.
+    fn ttl_done(&self, reply: BackendReply) {
+        let Some((key, sent)) = self.ttl_asks.lock().remove(&reply.tag.seq) else { return };
+        let Ok(data) = reply.result else { return };
+        let ms = match crate::protocol::reply::Value::parse(&data) {
+            Ok((crate::protocol::reply::Value::Int(ms), _)) if ms > 0 => ms as u64,
+            _ => 0,
+        };
+        if let Some(e) = self.entries.get(&key)
+            && e.held.load(Ordering::SeqCst) == 0
+        {
+            let at = if ms == 0 { 0 } else { crate::upstream::backend::clock_ms(sent) + ms };
+            e.expires_at.store(at, Ordering::SeqCst);
+        }
     }
 
     /// A fill's reply: keep it if nothing invalidated the key meanwhile, and answer the
     /// waiters. The first waiter (whose request it was) always gets the reply; the others
     /// get it only if it is still current, else they send their own read.
     pub fn fill_done(&self, reply: BackendReply) {
+        if reply.tag.part == 1 {
+            return self.ttl_done(reply);
+        }
         let Some(f) = ({
             let mut fills = self.fills.lock();
             let f = fills.by_id.remove(&reply.tag.seq);
@@ -642,6 +762,15 @@ impl HotCache {
             }
         };
         let current = self.snap(&f.key, &f.pool) == f.snap && self.tracked(&f.key);
+        if f.refresh && missing(&data) && self.entries.get(&f.key).is_some_and(|e| e.held.load(Ordering::SeqCst) != 0) {
+            // the key is still gone: the held value keeps answering the others until it
+            // is written (Redis tracks the key again for this read) or the hold ends
+            let _ = first_tx.send(Delivery::reply(first_tag, Ok(data.clone())));
+            for (tx, tag) in waiters {
+                let _ = tx.send(Delivery::reply(tag, Err(BackendError::Resend)));
+            }
+            return;
+        }
         if !current {
             self.stats.raced.fetch_add(1, Ordering::Relaxed);
         } else if data.len() as u64 > self.cfg.max_entry_bytes {
@@ -654,6 +783,7 @@ impl HotCache {
                 args: f.args,
                 reply: data.clone(),
                 filled: f.sent,
+                fresh_until: f.sent + self.max_age,
                 node_generation: f.snap.node,
                 generation: f.snap.generation,
                 pool: f.pool.clone(),
@@ -683,6 +813,7 @@ impl HotCache {
             args: args.iter().map(|a| Bytes::copy_from_slice(a)).collect(),
             reply,
             filled: Instant::now(),
+            fresh_until: Instant::now() + self.max_age,
             pool: owner.clone(),
             node_generation: owner.tracking.generation.load(Ordering::SeqCst),
             generation: self.generation.load(Ordering::SeqCst),
@@ -704,6 +835,7 @@ impl HotCache {
                         args: o.args.clone(),
                         reply: o.reply.clone(),
                         filled: o.filled,
+                        fresh_until: o.fresh_until,
                         pool: o.pool.clone(),
                         node_generation: o.node_generation,
                         generation: o.generation,
@@ -712,14 +844,59 @@ impl HotCache {
             }
         }
         variants.push(v);
-        self.entries.insert(key, Arc::new(KeyEntry { variants }));
+        // the key's TTL is the same for every variant (a new one is read with the fill)
+        let expires_at = self
+            .entries
+            .get(&key)
+            .filter(|e| e.held.load(Ordering::SeqCst) == 0)
+            .map_or(0, |e| e.expires_at.load(Ordering::SeqCst));
+        self.entries.insert(key, Arc::new(KeyEntry::new(variants, expires_at)));
     }
 
-    /// Drops every cached reply of `key` and voids fills of it in flight.
+    /// Drops every cached reply of `key` and voids fills of it in flight. Redis's word
+    /// that the key changed, at the end of its TTL, holds it instead if a `revalidate`
+    /// rule covers it ([`HotCache::hold`]).
     pub fn invalidate(&self, key: &[u8], cause: Cause) {
+        if cause == Cause::Tracking && !self.revalidate.is_empty() && self.hold(key) {
+            return;
+        }
         self.stripe(key).fetch_add(1, Ordering::SeqCst);
         self.entries.invalidate(key);
         self.stats.invalidations[cause as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A write of `key` is being sent: fills in flight and from now on are void, and its
+    /// entry goes ([`HotCache::invalidate`]) unless it is held after its TTL ended: then
+    /// the others keep its last value until the write's reply drops it (the write, a
+    /// reload, is not acknowledged yet; its own client's reads wait for it).
+    pub fn invalidate_sent(&self, key: &[u8]) {
+        if !self.revalidate.is_empty() && self.entries.get(key).is_some_and(|e| e.held.load(Ordering::SeqCst) != 0) {
+            self.stripe(key).fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+        self.invalidate(key, Cause::Write);
+    }
+
+    /// Stale-while-revalidate: `key`'s TTL ended in Redis (its invalidation came at the
+    /// time heatshield learned it would), and a `revalidate` rule covers it: the entry
+    /// stays, held, and answers every read but one, which goes to Redis; the hold ends
+    /// with the rule's limit, with any other invalidation (a write anywhere: the refresh
+    /// read is tracked), or when the refresh finds a value.
+    fn hold(&self, key: &[u8]) -> bool {
+        let Some(e) = self.entries.get(key) else { return false };
+        let expires = e.expires_at.load(Ordering::SeqCst);
+        let now = crate::upstream::backend::clock_ms(Instant::now());
+        if e.held.load(Ordering::SeqCst) != 0 || expires == 0 || now + EXPIRY_SLACK_MS < expires {
+            return false;
+        }
+        if self.rule_limit(&self.revalidate, key).is_none() {
+            return false;
+        }
+        // (fills in flight read the key before it expired: void)
+        self.stripe(key).fetch_add(1, Ordering::SeqCst);
+        e.held.store(now, Ordering::SeqCst);
+        self.stats.held.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Drops everything.
@@ -812,7 +989,10 @@ impl HotCache {
             counter!("heatshield_cache_invalidations_total", "cause" => *cause)
                 .absolute(st.invalidations[i].load(Ordering::Relaxed));
         }
-        counter!("heatshield_cache_stale_answers_total").absolute(st.stale.load(Ordering::Relaxed));
+        counter!("heatshield_cache_stale_answers_total", "rule" => "stale_if_error")
+            .absolute(st.stale.load(Ordering::Relaxed));
+        counter!("heatshield_cache_stale_answers_total", "rule" => "revalidate")
+            .absolute(st.revalidated.load(Ordering::Relaxed));
         let (entries, bytes) = self.usage();
         gauge!("heatshield_cache_hot_keys").set(self.hot_count() as f64);
         gauge!("heatshield_cache_entries").set(entries as f64);
