@@ -336,3 +336,58 @@ fn replica_and_any_policies() {
     assert_eq!(c.cmd(&["SET", &k, "w"]), V::ok());
     assert!(s.proxy.is_alive());
 }
+
+/// A manual failover (`CLUSTER FAILOVER`) while clients read and write through a
+/// `prefer-replica` heatshield: the replica read from becomes the master, the master a
+/// replica; reads and writes go on with no error, and each client reads its own writes.
+#[test]
+fn a_manual_failover_under_replica_reads() {
+    let s = setup("prefer-replica", "");
+    let port = s.proxy.port();
+    let keys = keys(&s, "mf:k");
+    let (m, k) = keys[0].clone();
+    let r = s.cluster.replica_of(m);
+    wait_replica_serving(port, r, &k);
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|i| {
+            let stop = stop.clone();
+            let k = format!("{k}:{i}");
+            thread::spawn(move || {
+                let mut c = Conn::connect(port);
+                let (mut n, mut failed) = (0u64, vec![]);
+                while !stop.load(Ordering::Relaxed) {
+                    let v = format!("v{n}");
+                    let set = c.try_cmd(&["SET", &k, &v]);
+                    // a read of another client's key (may go to a replica), then its own
+                    let other = c.try_cmd(&["GET", &format!("{}:{}", &k[..k.len() - 2], (i + 1) % 4)]);
+                    let get = c.try_cmd(&["GET", &k]);
+                    match (set, other, get) {
+                        (Ok(s), Ok(o), Ok(g)) if s.is_ok() && !o.is_err() && g == V::s(&v) => {}
+                        other => failed.push(format!("{other:?}")),
+                    }
+                    n += 1;
+                    thread::sleep(Duration::from_millis(1));
+                }
+                (n, failed)
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(common::cmd_text(r, &["CLUSTER", "FAILOVER"]), "OK");
+    wait_until(Duration::from_secs(15), "the replica to become master", || {
+        common::try_cmd(r, &["ROLE"]).ok().is_some_and(|v| v.items().first() == Some(&V::s("master")))
+    });
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let seen: Vec<(u64, Vec<String>)> = clients.into_iter().map(|h| h.join().unwrap()).collect();
+    let failed: Vec<&String> = seen.iter().flat_map(|x| &x.1).collect();
+    eprintln!(
+        "manual failover under replica reads: {} rounds, {} failed",
+        seen.iter().map(|x| x.0).sum::<u64>(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{:?}", &failed[..failed.len().min(5)]);
+    // the old master is a replica now, and serves reads
+    wait_replica_serving(port, m, &k);
+}

@@ -619,3 +619,31 @@ fn a_fleet_divides_its_rules_on_valkey_too() {
     }
     assert_eq!(field(&a, "share"), V::s("1.0000"));
 }
+
+#[test]
+fn replicas_serve_reads_on_valkey_too() {
+    // READONLY connections, INFO replication's offsets and CLUSTER NODES's replicas on
+    // Valkey 9.1: reads reach the replicas, and a client reads its own writes
+    let env = env();
+    let (_conf, path) = config_file("[cache]\nenabled = false\n[backend]\nread_from = \"prefer-replica\"\n");
+    let p = Proxy::start_cluster(&env.cluster, &["--config", &path]);
+    let owners = common::SlotOwners::read(&env.cluster);
+    let (m, k) = owners.key_per_master("vk:rr:")[0].clone();
+    let r = env.cluster.replica_of(m);
+    let mut c = Conn::connect(p.port());
+    assert_eq!(c.cmd(&["SET", &k, "v"]), V::ok());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = common::cmdstat_calls(r, "get");
+        assert_eq!(Conn::connect(p.port()).cmd(&["GET", &k]), V::s("v"));
+        if common::cmdstat_calls(r, "get") > before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no read reached Valkey's replica");
+        thread::sleep(Duration::from_millis(50));
+    }
+    for i in 0..200 {
+        assert_eq!(c.cmd(&["SET", &k, &i.to_string()]), V::ok());
+        assert_eq!(c.cmd(&["GET", &k]), V::s(i.to_string()));
+    }
+}
