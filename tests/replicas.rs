@@ -93,6 +93,8 @@ fn prefer_replica_sends_reads_to_replicas_and_never_a_write() {
     }
     let after: Vec<(u64, u64)> =
         masters.iter().zip(&replicas).map(|(&m, &r)| (calls(m, "get"), calls(r, "get"))).collect();
+    let nodes = c.cmd(&["PROXY", "NODES"]).text();
+    assert_eq!(nodes.lines().filter(|l| l.contains(" replica of=") && l.contains(" lag_ms=")).count(), 3, "{nodes}");
     let on_masters: u64 = before.iter().zip(&after).map(|(b, a)| a.0 - b.0).sum();
     let on_replicas: u64 = before.iter().zip(&after).map(|(b, a)| a.1 - b.1).sum();
     let mget: u64 = replicas.iter().map(|&r| calls(r, "mget")).sum::<u64>() - mget_before;
@@ -102,6 +104,14 @@ fn prefer_replica_sends_reads_to_replicas_and_never_a_write() {
     assert_eq!(mget, 300, "each MGET's three parts on the replicas");
     // every replica took its share
     assert!(before.iter().zip(&after).all(|(b, a)| a.1 - b.1 >= 600));
+
+    // read-only scripts too
+    let ro: u64 = replicas.iter().map(|&r| calls(r, "eval_ro")).sum();
+    for (_, k) in &keys {
+        assert_eq!(c.cmd(&["EVAL_RO", "return redis.call('GET', KEYS[1])", "1", k]), V::s("v"));
+    }
+    assert_eq!(replicas.iter().map(|&r| calls(r, "eval_ro")).sum::<u64>() - ro, 3, "EVAL_RO on the replicas");
+    assert_eq!(masters.iter().map(|&m| calls(m, "eval_ro")).sum::<u64>(), 0);
 
     // writes, transactions, WATCH and blocking commands: never on a replica
     let replica_gets: Vec<u64> = replicas.iter().map(|&r| calls(r, "get")).collect();

@@ -117,8 +117,19 @@ pub(super) fn proxy_nodes(proxy: &Proxy) -> String {
             s.truncate(s.len() - 2);
             let _ = write!(s, " error=\"{}\"\r\n", e.replace('"', "'"));
         }
+        let now = crate::upstream::backend::clock_ms(std::time::Instant::now());
         for r in &topo.replicas[i] {
-            let _ = write!(s, "{r} replica of={}\r\n", n.addr);
+            let _ = write!(s, "{r} replica of={}", n.addr);
+            // while replicas serve reads: how far behind it is (docs/replicas.md)
+            if let Some(p) = topo.readers.get(i).and_then(|l| l.iter().find(|p| &*p.addr == r.as_str())) {
+                match p.synced_at.load(Ordering::Relaxed) {
+                    0 => s.push_str(" lag_ms=-"),
+                    t => {
+                        let _ = write!(s, " lag_ms={}", now.saturating_sub(t));
+                    }
+                }
+            }
+            s.push_str("\r\n");
         }
     }
     s
