@@ -192,7 +192,8 @@ impl Proxy {
         }
         let b = &config.backend;
         let reads =
-            crate::services::reads::Reads::new(b.read_from, b.replica_max_lag_ms, &b.read_rules, b.read_your_writes);
+            crate::services::reads::Reads::new(b.read_from, b.replica_max_lag_ms, &b.read_rules, b.read_your_writes)
+                .with_names(colocate.clone());
         Proxy {
             cache,
             reads,

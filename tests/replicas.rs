@@ -401,3 +401,26 @@ fn a_manual_failover_under_replica_reads() {
     // the old master is a replica now, and serves reads
     wait_replica_serving(port, m, &k);
 }
+
+/// A read rule's pattern matches a key's client name under a colocation rule, as every
+/// other rule's pattern does: `col:*` keys, stored as `{col}col:...`, stay on the masters.
+#[test]
+fn read_rules_match_the_client_names_of_colocated_keys() {
+    let extra = "[[backend.read_rules]]\npattern = \"col:*\"\nread_from = \"master\"\n\n\
+                 [[colocate]]\nname = \"c\"\nkeys = [\"col:*\"]\ntag = \"col\"\n";
+    let s = setup("prefer-replica", extra);
+    let port = s.proxy.port();
+    let mut c = Conn::connect(port);
+    assert_eq!(c.cmd(&["SET", "col:a", "1"]), V::ok());
+    let m = s.cluster.master_for_key(b"{col}col:a");
+    let r = s.cluster.replica_of(m);
+    // another key of that master is read from its replica
+    let other = s.owners.tag_on(m, "x");
+    assert_eq!(c.cmd(&["SET", &other, "2"]), V::ok());
+    wait_replica_serving(port, r, &other);
+    let (mb, rb) = (calls(m, "get"), calls(r, "get"));
+    for _ in 0..50 {
+        assert_eq!(Conn::connect(port).cmd(&["GET", "col:a"]), V::s("1"));
+    }
+    assert_eq!((calls(m, "get") - mb, calls(r, "get") - rb), (50, 0));
+}

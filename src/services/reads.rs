@@ -55,6 +55,8 @@ pub struct Reads {
     rules: Vec<(Vec<u8>, ReadFrom, u64)>,
     read_your_writes: bool,
     active: bool,
+    /// Colocation rules: a pattern matches a key's client name too.
+    names: Option<Arc<crate::services::colocate::Colocate>>,
 }
 
 impl Reads {
@@ -64,7 +66,14 @@ impl Reads {
             .map(|r| (r.pattern.as_bytes().to_vec(), r.read_from, r.max_lag_ms.unwrap_or(max_lag_ms)))
             .collect();
         let active = default != ReadFrom::Master || rules.iter().any(|r| r.1 != ReadFrom::Master);
-        Reads { default: (default, max_lag_ms), rules, read_your_writes, active }
+        Reads { default: (default, max_lag_ms), rules, read_your_writes, active, names: None }
+    }
+
+    /// Patterns match the client's names of keys that colocation rules store under
+    /// another (crate::services::colocate), as every other rule's patterns do.
+    pub fn with_names(mut self, names: Arc<crate::services::colocate::Colocate>) -> Reads {
+        self.names = Some(names);
+        self
     }
 
     /// Whether some policy reads replicas.
@@ -89,8 +98,17 @@ impl Reads {
 
     /// The policy for `key` and its lag limit.
     pub fn policy(&self, key: &[u8]) -> (ReadFrom, u64) {
+        if self.rules.is_empty() {
+            return self.default;
+        }
+        let client = match &self.names {
+            Some(n) => n.client_name(key),
+            None => std::borrow::Cow::Borrowed(key),
+        };
         for (p, from, lag) in &self.rules {
-            if crate::glob::matches(p, key, false) {
+            if crate::glob::matches(p, key, false)
+                || (client.len() != key.len() && crate::glob::matches(p, &client, false))
+            {
                 return (*from, *lag);
             }
         }
