@@ -318,7 +318,8 @@ fn replica_and_any_policies() {
     let (m, k) = only[0].clone();
     let r = s.cluster.replica_of(m);
     wait_replica_serving(port, r, &k);
-    // any: spread by client over the master and its replica
+    // any: spread by client over the master and its replica (once heatshield knows it)
+    wait_replica_serving(port, s.cluster.replica_of(spread[1].0), &spread[1].1);
     let (mb, rb) = (calls(spread[1].0, "get"), calls(s.cluster.replica_of(spread[1].0), "get"));
     for _ in 0..40 {
         assert_eq!(Conn::connect(port).cmd(&["GET", &spread[1].1]), V::s("v"));
