@@ -175,8 +175,8 @@ fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, keys: &[u32], cost: usize)
     if q.held + cost > limit {
         return Some(refuse(ctx, &errors::transaction_too_large(limit)));
     }
-    let keys_iter = keys.iter().map(|&k| req.arg(k as usize));
-    if let Err(t) = proxy.ratelimit.check_in(&mut ctx.client.rl, cmd, keys_iter, ctx.now, false) {
+    // (the same step, on the client's names, as a command sent alone)
+    if let Err(t) = crate::path::policy::charge(proxy, ctx, cmd, keys, crate::path::policy::Cached::None) {
         return Some(refuse(ctx, &t.message()));
     }
     ctx.first_key = keys.first().copied().unwrap_or(0);

@@ -98,29 +98,20 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
         }
     }
 
-    // 3. rate limits: all keys charged, or none; a rule's pattern and a key's budget
-    // are the client's name (crate::services::colocate)
-    let key = |k: u32| {
-        let n = req.arg(k as usize);
-        // (a stored name starts with its tag)
-        match n.first() == Some(&b'{') && proxy.colocate.active() {
-            true => proxy.colocate.rules().client_name(n).unwrap_or(n),
-            false => n,
-        }
-    };
+    // 3. rate limits: all keys charged, or none
     let charged = match &found {
-        Lookup::Some(cached) => {
-            let is_cached = |i: usize| cached.iter().any(|(p, _)| *p as usize == i);
-            let keys = keys.iter().enumerate().map(|(i, &k)| (key(k), is_cached(i)));
-            proxy.ratelimit.check_mixed(&mut ctx.client.rl, cmd, keys, ctx.now)
-        }
-        _ => {
-            let cached = matches!(found, Lookup::Hit(_));
-            proxy.ratelimit.check_in(&mut ctx.client.rl, cmd, keys.iter().map(|&k| key(k)), ctx.now, cached)
-        }
+        Lookup::Some(cached) => charge(proxy, ctx, cmd, &keys, Cached::These(cached)),
+        Lookup::Hit(_) => charge(proxy, ctx, cmd, &keys, Cached::All),
+        _ => charge(proxy, ctx, cmd, &keys, Cached::None),
     };
     if let Err(t) = charged {
         return ctx.error(&t.message());
+    }
+    match &found {
+        Lookup::Hit(_) => cache.answered(1, 0),
+        Lookup::Fill(_) => cache.answered(0, 1),
+        Lookup::Some(cached) => cache.answered(cached.len() as u64, 0),
+        Lookup::None => {}
     }
 
     let key = |k: u32| req.arg(k as usize);
@@ -169,6 +160,51 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
         (Route::Block, _) => route::block(proxy, ctx, cmd, &keys),
         _ if cmd.keys.is_script() => route::script(proxy, ctx, &keys),
         _ => route::forward(proxy, ctx, &keys),
+    }
+}
+
+/// Which of a command's keys the hot-key cache answers (they count only for rules with
+/// `count_cached`).
+pub enum Cached<'c> {
+    None,
+    All,
+    /// By position among the keys.
+    These(&'c [(u32, Bytes)]),
+}
+
+/// Admission's rate-limit step, the one every path that admits keys takes (a request
+/// sent now, through [`admit`], and a command queued in a transaction,
+/// [`crate::modes::transaction`]): every key of `keys` (argument positions of
+/// `ctx.req`) checked under the client's name, a rule's pattern and a key's budget
+/// being written for the names the client knows ([`crate::services::colocate`]), then
+/// all charged, or none.
+#[inline]
+pub fn charge(
+    proxy: &Proxy,
+    ctx: &mut Ctx,
+    cmd: &Command,
+    keys: &[u32],
+    cached: Cached,
+) -> Result<(), crate::services::ratelimit::Throttled> {
+    let req = ctx.req;
+    let colocated = proxy.colocate.active();
+    let key = |k: u32| {
+        let n = req.arg(k as usize);
+        // (a stored name starts with its tag)
+        match colocated && n.first() == Some(&b'{') {
+            true => proxy.colocate.client_key(n),
+            false => n,
+        }
+    };
+    let (rl, now) = (&mut ctx.client.rl, ctx.now);
+    match cached {
+        Cached::These(these) => {
+            let is_cached = |i: usize| these.iter().any(|(p, _)| *p as usize == i);
+            let keys = keys.iter().enumerate().map(|(i, &k)| (key(k), is_cached(i)));
+            proxy.ratelimit.check_mixed(rl, cmd, keys, now)
+        }
+        Cached::All => proxy.ratelimit.check_in(rl, cmd, keys.iter().map(|&k| key(k)), now, true),
+        Cached::None => proxy.ratelimit.check_in(rl, cmd, keys.iter().map(|&k| key(k)), now, false),
     }
 }
 

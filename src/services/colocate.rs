@@ -768,15 +768,15 @@ impl Colocate {
         Some(Request::from_args(&args))
     }
 
-    /// The client's name for a stored key name (the name itself if no rule made it).
-    pub fn client_name<'a>(&self, stored: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+    /// The client's name for a stored key name (the name itself if no rule made it): the
+    /// one way back from a stored key name, for whatever must see the client's names
+    /// (rate limits, ACL key rules, statistics, the admin views).
+    #[inline]
+    pub fn client_key<'a>(&self, stored: &'a [u8]) -> &'a [u8] {
         if stored.first() != Some(&b'{') || !self.active() {
-            return std::borrow::Cow::Borrowed(stored);
+            return stored;
         }
-        match self.rules.load().client_name(stored) {
-            Some(k) => std::borrow::Cow::Borrowed(k),
-            None => std::borrow::Cow::Borrowed(stored),
-        }
+        self.rules.load().client_name(stored).unwrap_or(stored)
     }
 
     /// What a request of `cmd` needs on its way in and out: `req` with its keys under

@@ -102,12 +102,12 @@ impl Reads {
             return self.default;
         }
         let client = match &self.names {
-            Some(n) => n.client_name(key),
-            None => std::borrow::Cow::Borrowed(key),
+            Some(n) => n.client_key(key),
+            None => key,
         };
         for (p, from, lag) in &self.rules {
             if crate::glob::matches(p, key, false)
-                || (client.len() != key.len() && crate::glob::matches(p, &client, false))
+                || (client.len() != key.len() && crate::glob::matches(p, client, false))
             {
                 return (*from, *lag);
             }

@@ -161,7 +161,7 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 for (k, rate, cached) in &keys {
                     w.map(3);
                     w.bulk(b"key");
-                    w.bulk(&proxy.colocate.client_name(k));
+                    w.bulk(proxy.colocate.client_key(k));
                     w.bulk(b"reads_per_sec");
                     w.int(rate.round() as i64);
                     w.bulk(b"cached");

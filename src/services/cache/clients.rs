@@ -133,7 +133,7 @@ fn prefixed(prefixes: &[Bytes], key: &[u8], names: &Colocate) -> bool {
     if prefixes.is_empty() || prefixes.iter().any(|p| key.starts_with(p)) {
         return true;
     }
-    let client = names.client_name(key);
+    let client = names.client_key(key);
     client.len() != key.len() && prefixes.iter().any(|p| client.starts_with(p))
 }
 

@@ -510,8 +510,8 @@ impl HotCache {
         if globs.iter().any(|p| crate::glob::matches(p, key, false)) {
             return true;
         }
-        let client = self.names.client_name(key);
-        client.len() != key.len() && globs.iter().any(|p| crate::glob::matches(p, &client, false))
+        let client = self.names.client_key(key);
+        client.len() != key.len() && globs.iter().any(|p| crate::glob::matches(p, client, false))
     }
 
     fn stripe(&self, key: &[u8]) -> &AtomicU64 {
@@ -537,7 +537,8 @@ impl HotCache {
     }
 
     /// A cached reply for this read, if one is valid: `owner` is the master serving the
-    /// key's slot now.
+    /// key's slot now. Counted as a hit or miss by [`HotCache::answered`], once the read
+    /// is admitted.
     #[allow(clippy::too_many_arguments)]
     pub fn lookup(
         &self,
@@ -549,7 +550,7 @@ impl HotCache {
         owner: &Arc<NodePool>,
         now: Instant,
     ) -> Option<Bytes> {
-        let found = self.entries.get(key).and_then(|e| {
+        self.entries.get(key).and_then(|e| {
             let v = e.variants.iter().find(|v| v.matches(cmd, proto, db, req))?;
             let held = e.held.load(Ordering::Relaxed);
             if held != 0 {
@@ -557,12 +558,19 @@ impl HotCache {
                 return (self.valid(v, owner, v.filled) && self.held(key, &e, held, now)).then(|| v.reply.clone());
             }
             self.valid(v, owner, now).then(|| v.reply.clone())
-        });
-        match &found {
-            Some(_) => self.stats.hits.fetch_add(1, Ordering::Relaxed),
-            None => self.stats.misses.fetch_add(1, Ordering::Relaxed),
-        };
-        found
+        })
+    }
+
+    /// Counts an admitted read's lookups: `hits` answered from the cache, `misses` sent to
+    /// Redis as the cache's fill (a read refused by a rate limit is neither).
+    #[inline]
+    pub fn answered(&self, hits: u64, misses: u64) {
+        if hits > 0 {
+            self.stats.hits.fetch_add(hits, Ordering::Relaxed);
+        }
+        if misses > 0 {
+            self.stats.misses.fetch_add(misses, Ordering::Relaxed);
+        }
     }
 
     /// A read of a held entry (its TTL ended: `revalidate`): answered with its last value
@@ -587,17 +595,12 @@ impl HotCache {
         rules.iter().find(|(p, _)| self.matches(std::slice::from_ref(p), key)).map(|r| r.1)
     }
 
-    /// The cached `GET key` reply (for MGET), if valid.
+    /// The cached `GET key` reply (for MGET), if valid (counted by [`HotCache::answered`]).
     pub fn lookup_get(&self, proto: Proto, db: u16, key: &[u8], owner: &Arc<NodePool>, now: Instant) -> Option<Bytes> {
         let e = self.entries.get(key)?;
         let v =
             e.variants.iter().find(|v| v.cmd == self.get_id && v.proto == proto && v.db == db && v.args.len() == 1)?;
-        if self.valid(v, owner, now) && e.held.load(Ordering::Relaxed) == 0 {
-            self.stats.hits.fetch_add(1, Ordering::Relaxed);
-            Some(v.reply.clone())
-        } else {
-            None
-        }
+        if self.valid(v, owner, now) && e.held.load(Ordering::Relaxed) == 0 { Some(v.reply.clone()) } else { None }
     }
 
     /// Whether some `stale_if_error` rule exists.
