@@ -142,15 +142,21 @@ const SET_SCRIPT: &str = "return redis.call('SET', KEYS[1], ARGV[1])";
 /// client reads as the command's result (for a transaction: the refusal at queue time,
 /// else EXEC's reply).
 fn attempts(c: &mut Conn, path: Path, k: &str, n: usize) -> Vec<V> {
+    writes(c, path, k, "v", n)
+}
+
+/// [`attempts`] writing `v` (the blocking path moves an element onto list `k`; the lock
+/// path takes lock `k`).
+fn writes(c: &mut Conn, path: Path, k: &str, v: &str, n: usize) -> Vec<V> {
     match path {
-        Path::Single => (0..n).map(|_| c.cmd(&["SET", k, "v"])).collect(),
+        Path::Single => (0..n).map(|_| c.cmd(&["SET", k, v])).collect(),
         Path::Pipeline => {
-            let cmds: Vec<Vec<Vec<u8>>> = (0..n).map(|_| args(&["SET", k, "v"])).collect();
+            let cmds: Vec<Vec<Vec<u8>>> = (0..n).map(|_| args(&["SET", k, v])).collect();
             c.pipeline(&cmds)
         }
         Path::Split => {
             let other = elsewhere(k);
-            (0..n).map(|_| c.cmd(&["MSET", k, "v", &other, "v"])).collect()
+            (0..n).map(|_| c.cmd(&["MSET", k, v, &other, v])).collect()
         }
         Path::Multi | Path::Watch => (0..n)
             .map(|_| {
@@ -158,20 +164,20 @@ fn attempts(c: &mut Conn, path: Path, k: &str, n: usize) -> Vec<V> {
                     assert_eq!(c.cmd(&["WATCH", k]), V::ok());
                 }
                 assert_eq!(c.cmd(&["MULTI"]), V::ok());
-                let queued = c.cmd(&["SET", k, "v"]);
+                let queued = c.cmd(&["SET", k, v]);
                 let exec = c.cmd(&["EXEC"]);
                 if queued == V::s("QUEUED") { exec } else { queued }
             })
             .collect(),
-        Path::Eval => (0..n).map(|_| c.cmd(&["EVAL", SET_SCRIPT, "1", k, "v"])).collect(),
+        Path::Eval => (0..n).map(|_| c.cmd(&["EVAL", SET_SCRIPT, "1", k, v])).collect(),
         Path::Evalsha => {
             let sha = c.cmd(&["SCRIPT", "LOAD", SET_SCRIPT]).text();
-            (0..n).map(|_| c.cmd(&["EVALSHA", &sha, "1", k, "v"])).collect()
+            (0..n).map(|_| c.cmd(&["EVALSHA", &sha, "1", k, v])).collect()
         }
-        Path::Fcall => (0..n).map(|_| c.cmd(&["FCALL", "mxset", "1", k, "v"])).collect(),
+        Path::Fcall => (0..n).map(|_| c.cmd(&["FCALL", "mxset", "1", k, v])).collect(),
         // (a list key; BLPOP times out at once: an admitted attempt answers nil)
         Path::Blocking => (0..n).map(|_| c.cmd(&["BLPOP", k, "0.01"])).collect(),
-        Path::Lock => (0..n).map(|_| c.cmd(&["LOCK.ACQUIRE", k, "owner", "10000"])).collect(),
+        Path::Lock => (0..n).map(|_| c.cmd(&["LOCK.ACQUIRE", k, v, "10000"])).collect(),
     }
 }
 
@@ -312,4 +318,168 @@ fn acl_key_rules_on_replica_reads_and_cache_hits() {
             assert!(c.cmd(&["GET", &other]).err().is_some_and(|e| e.starts_with("NOPERM")), "{family} {area}");
         }
     }
+}
+
+/// Reads that show what a write by `path` changed, and a write of `v` by it: a string
+/// read with GET for the string paths, LLEN of the list a BLMOVE feeds for the blocking
+/// path, EXISTS for the lock path (every one of them a cacheable read).
+fn read_of(path: Path, k: &str) -> Vec<String> {
+    match path {
+        Path::Blocking => vec!["LLEN".into(), k.into()],
+        Path::Lock => vec!["EXISTS".into(), k.into()],
+        _ => vec!["GET".into(), k.into()],
+    }
+}
+
+/// One write by `path` that changes what [`read_of`] answers for `k`: `Ok` the reply.
+fn change(c: &mut Conn, path: Path, k: &str, v: &str) -> V {
+    match path {
+        // (BLMOVE from a list of the same slot, so it moves at once: `k` is colocated or
+        // a hash tag, see changed_key)
+        Path::Blocking => {
+            let src = format!("{k}:src");
+            assert_eq!(c.cmd(&["RPUSH", &src, v]), V::Int(1));
+            c.cmd(&["BLMOVE", &src, k, "LEFT", "RIGHT", "1"])
+        }
+        _ => writes(c, path, k, v, 1).remove(0),
+    }
+}
+
+/// The key [`change`] writes for `k` (the blocking path's list shares a slot with its
+/// source).
+fn changed_key(path: Path, k: &str) -> String {
+    match path {
+        Path::Blocking if !k.starts_with("mx:") => format!("{{{k}}}"),
+        _ => k.to_string(),
+    }
+}
+
+/// Hot-key cache × every write path: a pinned key's read is cached (a hit proves it), then
+/// written by the path: the next read through heatshield, from the writer and from another
+/// client, shows the write (never the cached reply), for both families.
+#[test]
+fn cache_is_never_stale_after_a_write_on_any_path() {
+    let env = env();
+    let port = env.proxy.port();
+    let mut failures = Vec::new();
+    for family in FAMILIES {
+        for path in WRITE_PATHS {
+            let k = changed_key(path, &key(family, "pin", &format!("{path:?}")));
+            let mut w = Conn::connect(port);
+            let mut r = Conn::connect(port);
+            let read = read_of(path, &k);
+            let before = r.cmd(&read);
+            // (a fill may be refused while a connection is still being made: read until
+            // one read is a hit)
+            wait_until(Duration::from_secs(5), "a cache hit", || {
+                let hits = cache_hits(&mut r);
+                assert_eq!(r.cmd(&read), before, "{family} {path:?}");
+                cache_hits(&mut r) - hits == 1
+            });
+            let reply = change(&mut w, path, &k, "new");
+            assert!(!reply.is_err() && !reply.is_nil(), "{family} {path:?}: {reply:?}");
+            for (who, c) in [("writer", &mut w), ("reader", &mut r)] {
+                let after = c.cmd(&read);
+                if after == before {
+                    failures.push(format!("{family} {path:?}: the {who} read {after:?} after the write"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn cache_hits(c: &mut Conn) -> i64 {
+    c.cmd(&["PROXY", "CACHE", "STATS"]).get("hits").map(|v| v.int()).unwrap_or(0)
+}
+
+/// CLIENT TRACKING × every write path: a RESP3 client that read a key is told of a write
+/// by another client on each path, under the name it read (a colocated key's client
+/// name, never the stored one).
+#[test]
+fn tracking_clients_hear_of_writes_on_every_path() {
+    let env = env();
+    let port = env.proxy.port();
+    let mut failures = Vec::new();
+    for family in FAMILIES {
+        for path in WRITE_PATHS {
+            let k = changed_key(path, &key(family, "trk", &format!("{path:?}")));
+            let mut t = Conn::connect_proto(port, common::client::Proto::Resp3);
+            assert!(t.cmd(&["CLIENT", "TRACKING", "on"]).is_ok());
+            let read = read_of(path, &k);
+            t.cmd(&read);
+            let mut w = Conn::connect(port);
+            let reply = change(&mut w, path, &k, "new");
+            assert!(!reply.is_err() && !reply.is_nil(), "{family} {path:?}: {reply:?}");
+            let want = format!(">2\r\n$10\r\ninvalidate\r\n*1\r\n${}\r\n{k}\r\n", k.len()).into_bytes();
+            let deadline = Instant::now() + Duration::from_secs(3);
+            let mut got = Vec::new();
+            let heard = loop {
+                if Instant::now() > deadline {
+                    break false;
+                }
+                t.stream().set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+                if let Ok(r) = t.try_read_full() {
+                    if r.raw == want {
+                        break true;
+                    }
+                    got.push(String::from_utf8_lossy(&r.raw).into_owned());
+                }
+            };
+            if !heard {
+                failures.push(format!("{family} {path:?}: no invalidation of {k}; got {got:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Colocation on the way out × the paths whose replies name keys: the client sees only
+/// the names it sent (never `{mx}...`) in a blocking pop's reply (alone, pipelined,
+/// inside MULTI and after WATCH), a script returning its key, a lock's refusal, and KEYS.
+#[test]
+fn colocated_names_never_reach_the_client_on_any_path() {
+    let env = env();
+    let mut c = Conn::connect(env.proxy.port());
+    let k = key("mx", "out", "list");
+    let push = |c: &mut Conn, n: usize| {
+        for _ in 0..n {
+            assert!(c.cmd(&["RPUSH", &k, "x"]).int() > 0);
+        }
+    };
+    let popped = V::Arr(vec![V::s(&k), V::s("x")]);
+    push(&mut c, 1);
+    assert_eq!(c.cmd(&["BLPOP", &k, "1"]), popped, "blocking");
+    push(&mut c, 2);
+    let pipe = vec![args(&["BLPOP", &k, "1"]), args(&["BLPOP", &k, "1"])];
+    assert_eq!(c.pipeline(&pipe), vec![popped.clone(), popped.clone()], "pipeline");
+    push(&mut c, 1);
+    assert_eq!(c.cmd(&["MULTI"]), V::ok());
+    assert_eq!(c.cmd(&["BLPOP", &k, "1"]), V::s("QUEUED"));
+    assert_eq!(c.cmd(&["EXEC"]), V::Arr(vec![popped.clone()]), "MULTI");
+    push(&mut c, 1);
+    assert_eq!(c.cmd(&["WATCH", &k]), V::ok());
+    assert_eq!(c.cmd(&["MULTI"]), V::ok());
+    assert_eq!(c.cmd(&["BLPOP", &k, "1"]), V::s("QUEUED"));
+    assert_eq!(c.cmd(&["EXEC"]), V::Arr(vec![popped.clone()]), "WATCH");
+    assert_eq!(c.cmd(&["EVAL", "return KEYS[1]", "1", &k]), V::s(&k), "EVAL");
+    let lock = key("mx", "out", "lock");
+    assert!(c.cmd(&["LOCK.ACQUIRE", &lock, "a", "10000"]).int() > 0);
+    assert_eq!(
+        c.cmd(&["LOCK.RELEASE", &lock, "b"]),
+        V::Err(format!("NOTOWNER lock '{lock}' is not held by 'b'")),
+        "lock"
+    );
+    assert_eq!(c.cmd(&["EXISTS", &lock]), V::Int(1), "the lock is the key of its client name");
+    assert_eq!(c.cmd(&["LOCK.RELEASE", &lock, "a"]), V::Int(1));
+    assert_eq!(c.cmd(&["EXISTS", &lock]), V::Int(0));
+    // (the fencing counter outlives the lock; under the rule it is `{mx}<lock>:lock-fence`)
+    let fence = format!("{lock}:lock-fence");
+    assert_eq!(c.cmd(&["KEYS", &format!("{lock}*")]), V::Arr(vec![V::s(&fence)]), "KEYS");
+    assert!(c.cmd(&["LOCK.ACQUIRE", &lock, "a", "10000"]).int() > 0);
+    assert_eq!(c.cmd(&["KEYS", &lock]), V::Arr(vec![V::s(&lock)]), "KEYS");
+    // stored under the rule's tag, with its fencing counter
+    let m = env.cluster.master_for_slot(key_slot(b"mx"));
+    assert_eq!(common::cmd(m, &["EXISTS", &format!("{{mx}}{lock}")]), V::Int(1));
+    assert_eq!(common::cmd(m, &["EXISTS", &format!("{{mx}}{lock}:lock-fence")]), V::Int(1));
 }

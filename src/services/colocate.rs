@@ -23,7 +23,7 @@ use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
-use crate::command::{Command, NamesInReply, Route, keys_of};
+use crate::command::{Command, NamesInReply, keys_of};
 use crate::protocol::Request;
 use crate::protocol::reply::reply_len;
 use crate::protocol::request::write_bulk;
@@ -936,9 +936,6 @@ fn restore_push(rules: &Rules, push: &[u8]) -> Option<Bytes> {
 /// `req` with its keys under their stored names, if a rule colocates one of them. Lock
 /// commands keep theirs (their names are heatshield's).
 pub fn rewrite(rules: &Rules, cmd: &Command, req: &Request) -> Option<Request> {
-    if matches!(cmd.route, Route::Lock(_)) {
-        return None;
-    }
     let keys = keys_of(cmd, req).ok()?;
     let mut new: SmallVec<[(u32, Vec<u8>); 4]> = SmallVec::new();
     for &k in &keys {
