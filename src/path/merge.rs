@@ -17,12 +17,9 @@ pub enum Merge {
     /// One part; its reply is the reply.
     Pass,
     /// Split MGET: for each part, the positions of its keys in the request.
-    Mget {
-        positions: Vec<SmallVec<[u32; 4]>>,
-        total: usize,
-        /// Keys answered from the hot-key cache: position and `GET` reply.
-        cached: Vec<(u32, Bytes)>,
-    },
+    /// (Boxed, as the other large variants: every request carries a [`Merge`], and its
+    /// size is copied with it.)
+    Mget(Box<Mget>),
     Mset,
     Sum,
     Keys,
@@ -54,10 +51,18 @@ pub enum Merge {
     /// CLUSTER SLOT-STATS: every master's slots; by slot (SLOTSRANGE), or by a statistic
     /// (`ORDERBY`: its name, how many, descending), ties by slot, as one node orders them.
     SlotStats {
-        order: Option<(Vec<u8>, usize, bool)>,
+        order: Option<Box<(Vec<u8>, usize, bool)>>,
     },
     /// COMMAND and COMMAND COUNT / INFO / LIST / DOCS from one master: see [`Commands`].
     Commands(Box<Commands>),
+}
+
+/// A split MGET's merge: for each part, the positions of its keys in the request.
+pub struct Mget {
+    pub positions: Vec<SmallVec<[u32; 4]>>,
+    pub total: usize,
+    /// Keys answered from the hot-key cache: position and `GET` reply.
+    pub cached: Vec<(u32, Bytes)>,
 }
 
 /// One master's description of its commands made heatshield's: the commands heatshield
@@ -199,7 +204,7 @@ fn merge_split(s: &crate::conn::multi::TxSplit, parts: &[&[u8]], proto: Proto) -
     let replies: Vec<Bytes> = parts.iter().map(|p| Bytes::copy_from_slice(p)).collect();
     let merge = match s.kind {
         crate::command::Split::Mget => {
-            Merge::Mget { positions: s.keys.clone(), total: s.nkeys as usize, cached: vec![] }
+            Merge::Mget(Box::new(Mget { positions: s.keys.clone(), total: s.nkeys as usize, cached: vec![] }))
         }
         crate::command::Split::Mset => Merge::Mset,
         crate::command::Split::Sum => Merge::Sum,
@@ -466,7 +471,7 @@ pub fn merge_replies(
     let mut w = Writer::new(scratch, proto);
     match merge {
         Merge::Pass => w.raw(&replies[0]),
-        Merge::Mget { positions, total, cached } => merge_mget(replies, positions, *total, cached, w.buf)?,
+        Merge::Mget(m) => merge_mget(replies, &m.positions, m.total, &m.cached, w.buf)?,
         Merge::Mset => w.ok(),
         Merge::Sum | Merge::Dbsize => {
             let mut sum = 0i64;
@@ -588,14 +593,15 @@ pub fn merge_replies(
             for (f, e) in entries(replies, "slot statistics entry is not an array")? {
                 let slot = f.first().and_then(Value::as_int).ok_or("slot statistics entry has no slot")?;
                 let stat = match order {
-                    Some((name, ..)) => stat_of(f.get(1), name),
+                    Some(o) => stat_of(f.get(1), &o.0),
                     None => 0,
                 };
                 all.push((slot, stat, e));
             }
             match order {
                 None => all.sort_by_key(|&(slot, ..)| slot),
-                Some((_, limit, desc)) => {
+                Some(o) => {
+                    let (limit, desc) = (&o.1, &o.2);
                     all.sort_by(|a, b| if *desc { b.1.cmp(&a.1) } else { a.1.cmp(&b.1) }.then(a.0.cmp(&b.0)));
                     all.truncate(*limit);
                 }
@@ -661,15 +667,16 @@ mod tests {
         let replies = vec![stats(&[(9, 1), (3, 4)]), stats(&[(5, 4), (1, 0)])];
         let by_slot = merge_replies(&Merge::SlotStats { order: None }, &replies, Proto::Resp2, &mut s).unwrap();
         assert_eq!(by_slot, stats(&[(1, 0), (3, 4), (5, 4), (9, 1)]));
-        let top = Merge::SlotStats { order: Some((b"KEY-COUNT".to_vec(), 3, true)) };
+        let top = Merge::SlotStats { order: Some(Box::new((b"KEY-COUNT".to_vec(), 3, true))) };
         assert_eq!(merge_replies(&top, &replies, Proto::Resp2, &mut s).unwrap(), stats(&[(3, 4), (5, 4), (9, 1)]));
-        let low = Merge::SlotStats { order: Some((b"key-count".to_vec(), 2, false)) };
+        let low = Merge::SlotStats { order: Some(Box::new((b"key-count".to_vec(), 2, false))) };
         assert_eq!(merge_replies(&low, &replies, Proto::Resp2, &mut s).unwrap(), stats(&[(1, 0), (9, 1)]));
     }
 
     #[test]
     fn mget_merge_restores_order() {
-        let m = Merge::Mget { positions: vec![smallvec![0, 2], smallvec![1]], total: 3, cached: vec![] };
+        let m =
+            Merge::Mget(Box::new(Mget { positions: vec![smallvec![0, 2], smallvec![1]], total: 3, cached: vec![] }));
         let replies = vec![b(b"*2\r\n$1\r\na\r\n$-1\r\n"), b(b"*1\r\n$1\r\nb\r\n")];
         let mut s = BytesMut::new();
         let out = merge_replies(&m, &replies, Proto::Resp2, &mut s).unwrap();

@@ -182,7 +182,7 @@ pub fn split(proxy: &Proxy, ctx: &mut Ctx, kind: Split, cached: Vec<(u32, Bytes)
         positions.push(group.positions);
     }
     let merge = match kind {
-        Split::Mget => Merge::Mget { positions, total: nkeys, cached },
+        Split::Mget => Merge::Mget(Box::new(crate::path::merge::Mget { positions, total: nkeys, cached })),
         Split::Mset => Merge::Mset,
         Split::Sum => Merge::Sum,
     };
@@ -231,7 +231,7 @@ pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
             }
             (Merge::AllSame, all(req.raw()))
         }
-        FanOut::SlotStats => (Merge::SlotStats { order: slot_stats_order(req) }, all(req.raw())),
+        FanOut::SlotStats => (Merge::SlotStats { order: slot_stats_order(req).map(Box::new) }, all(req.raw())),
         FanOut::Commands => {
             let node = topo.masters[(ctx.client.id % topo.masters.len() as u64) as usize].clone();
             let (merge, data) = commands_view(proxy, req);

@@ -63,10 +63,18 @@ impl Session {
     /// hard limit and the soft limit's duration apply once a client holds more than one.
     /// The process-wide total applies to every byte.
     pub(super) fn check_limits(&mut self) -> Option<Cut> {
+        let limits = &self.limits;
+        // nothing held near a limit, nothing counted over one: the common case
+        if self.held.replies <= self.unlimited_below
+            && self.held.counted_over_soft == 0
+            && self.held.over_soft_since.is_none()
+            && self.held.over_pubsub_soft_since.is_none()
+        {
+            return None;
+        }
         // (requests waiting for the ordering rule hold no reply yet)
         let later = self.deferred.map_or(0, |d| self.queue.next_seq() - d) as usize;
         let several = self.queue.entries.len() - self.client.inflight as usize - later > 1;
-        let limits = &self.limits;
         if self.client.modes.subs.is_some() {
             // a subscriber's messages: Redis's pubsub limits, the process-wide total as
             // for everyone

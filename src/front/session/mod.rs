@@ -131,6 +131,8 @@ struct Session {
     armed: Option<Instant>,
     soft: usize,
     hard: usize,
+    /// Reply bytes held at or below which no byte limit can apply (the least of them).
+    unlimited_below: usize,
     max_pipeline: usize,
     request_budget: usize,
     reply_deadline: Duration,
@@ -420,6 +422,15 @@ impl Session {
             armed: None,
             soft,
             hard: limits.output_hard_bytes as usize,
+            unlimited_below: [
+                soft as u64,
+                limits.output_hard_bytes,
+                limits.pubsub_output_soft_bytes,
+                limits.pubsub_output_hard_bytes,
+            ]
+            .into_iter()
+            .min()
+            .unwrap_or(0) as usize,
             max_pipeline,
             request_budget: limits.max_inflight_request_bytes as usize,
             limits: limits.clone(),
@@ -516,8 +527,9 @@ impl Session {
     /// retried, a later request's non-answers wait for it ([`Session::hold`]); a TRYAGAIN
     /// or NOSCRIPT waits for the replies of the requests sent behind it ([`Unrun`]).
     fn take_reply(&mut self, r: BackendReply, now: &mut Option<ReplyClock>) {
-        // the usual reply: nothing of the ordering rule's to look at
-        if self.calm && !retry::ran_nothing(&r.result) {
+        // the usual reply: nothing of the ordering rule's to look at (an answer, or an
+        // error that did run)
+        if self.calm && (matches!(&r.result, Ok(d) if d.first() != Some(&b'-')) || !retry::ran_nothing(&r.result)) {
             return self.deliver(r, now, false);
         }
         self.take_reply_ordered(r, now);
@@ -699,7 +711,8 @@ impl Session {
         self.held.requests += req.raw().len();
         let deferred = self.deferred.is_some();
         self.queue.entries.push_back(Entry {
-            reply: if deferred { Reply::Later } else { Reply::Ready(Bytes::new()) },
+            // (dispatch_at writes the reply whatever the outcome)
+            reply: Reply::Later,
             last: false,
             silent: false,
             meta: Meta::new(0, self.read_at, Some(req)),

@@ -96,18 +96,15 @@ impl Session {
             && matches!(e.reply, Reply::Ready(_))
         {
             let at = *now.get_or_insert_with(Instant::now);
-            let Reply::Ready(b) = std::mem::replace(&mut e.reply, Reply::Sent { summary: ReplySummary::of(&[]), at })
-            else {
-                break;
-            };
-            let b = match self.fixes.is_empty() {
+            // (the bytes taken out of the entry, not the whole entry's reply moved: a reply
+            // has a request in flight's size)
+            let Reply::Ready(b) = &mut e.reply else { break };
+            let b = std::mem::take(b);
+            // colocation: the client's names in the reply, and in an error quoting a key
+            // (NOGROUP ... 'key') while rules are in force
+            let b = match self.fixes.is_empty() && self.colocate.is_none() {
                 true => b,
-                false => fix_names(&self.proxy, &mut self.fixes, &mut self.held.replies, q.head + q.sent as u64, b),
-            };
-            // an error quoting a key (NOGROUP ... 'key'), while colocation rules are in force
-            let b = match self.colocate.is_some() && b.first() == Some(&b'-') {
-                true => fix_error(&self.proxy, &mut self.held.replies, b),
-                false => b,
+                false => colocated(&self.proxy, &mut self.fixes, &mut self.held.replies, q.head + q.sent as u64, b),
             };
             e.reply = Reply::Sent { summary: ReplySummary::of(&b), at };
             if e.silent {
@@ -216,6 +213,26 @@ fn fix_error(proxy: &Proxy, replies: &mut usize, b: Bytes) -> Bytes {
             nb
         }
         None => b,
+    }
+}
+
+/// [`fix_names`] then [`fix_error`]: a reply of request `seq` while colocation rules are
+/// in force or a fix is pending.
+#[cold]
+fn colocated(
+    proxy: &Proxy,
+    fixes: &mut Vec<(u64, Box<crate::services::colocate::ReplyFix>)>,
+    held: &mut usize,
+    seq: u64,
+    b: Bytes,
+) -> Bytes {
+    let b = match fixes.is_empty() {
+        true => b,
+        false => fix_names(proxy, fixes, held, seq, b),
+    };
+    match b.first() == Some(&b'-') {
+        true => fix_error(proxy, held, b),
+        false => b,
     }
 }
 

@@ -79,11 +79,11 @@ pub(super) fn piece_done(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, parent: 
         Some(e) => e.clone(),
         None => {
             let merge = match kind {
-                Split::Mget => Merge::Mget {
+                Split::Mget => Merge::Mget(Box::new(crate::path::merge::Mget {
                     positions: (0..count as u32).map(|j| smallvec::smallvec![j]).collect(),
                     total: count,
                     cached: Vec::new(),
-                },
+                })),
                 Split::Mset => Merge::Mset,
                 Split::Sum => Merge::Sum,
             };

@@ -249,6 +249,8 @@ pub struct Limiter {
     publish: std::sync::Mutex<()>,
     /// Some rule is per-key.
     per_key: std::sync::atomic::AtomicBool,
+    /// Some rule exists (one relaxed load on the request path when none does).
+    some: std::sync::atomic::AtomicBool,
     max_keys: usize,
     /// Nanoseconds a full budget stays before [`Limiter::reclaim`] drops it.
     idle_ns: u64,
@@ -330,6 +332,7 @@ impl Limiter {
             })),
             publish: std::sync::Mutex::new(()),
             per_key: std::sync::atomic::AtomicBool::new(false),
+            some: std::sync::atomic::AtomicBool::new(false),
             max_keys,
             idle_ns: idle.as_nanos() as u64,
             table: OnceLock::new(),
@@ -341,10 +344,11 @@ impl Limiter {
         l
     }
 
-    /// Whether any rule exists (the request path skips everything otherwise).
-    #[inline]
+    /// Whether any rule exists (the request path skips everything otherwise): one
+    /// relaxed load.
+    #[inline(always)]
     pub fn active(&self) -> bool {
-        !self.state.load().rules.is_empty()
+        self.some.load(Ordering::Relaxed)
     }
 
     pub fn rules(&self) -> Arc<Vec<Arc<Rule>>> {
@@ -364,6 +368,7 @@ impl Limiter {
             self.table.get_or_init(|| table::Budgets::new(self.max_keys));
         }
         self.per_key.store(per_key, Ordering::Relaxed);
+        self.some.store(!rules.is_empty(), Ordering::Relaxed);
         self.state.store(Arc::new(State { rules: Arc::new(rules), leases: Arc::new(share::Leases::default()) }));
     }
 
