@@ -33,7 +33,9 @@
 //!   masters': INFO, CONFIG, PROXY (admin), CLUSTER, CLIENT, and the other commands it
 //!   answers itself (PING, HELLO, SELECT, WAIT, HOTKEYS, ...);
 //! - [`front`]: where clients connect: dispatch (lookup, gates, route), the session (one
-//!   connection, replies in order, byte limits), the listeners and shutdown.
+//!   connection, replies in order, byte limits), the listeners and shutdown;
+//! - [`life`]: the process's life: start-up in order, listeners bound or taken over, the
+//!   drain after a signal, reloads on their signals, the sampled gauges.
 #![forbid(unsafe_code)]
 
 pub mod command;
@@ -44,6 +46,7 @@ pub mod face;
 pub mod front;
 pub mod glob;
 pub mod learn;
+pub mod life;
 pub mod mailbox;
 pub mod metrics;
 pub mod migrate;
