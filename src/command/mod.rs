@@ -144,7 +144,7 @@ pub enum Local {
     /// (crate::face::config).
     Config,
     /// WAIT: the replicas' acknowledgements of the client's writes, asked of the masters
-    /// on connections of heatshield's own (crate::services::replicas).
+    /// on connections of heatshield's own (crate::services::wait).
     Wait,
     /// WAITAOF (Redis 7.2): the same, for the fsyncs of the masters and their replicas.
     WaitAof,
@@ -1202,7 +1202,7 @@ fn make(id: usize, name: String, arity: i32, flags: u32, keys: KeySpec, route: R
         Route::Split(_) | Route::AnyMaster | Route::Unsupported(_) => true,
         Route::FanOut(f) => f != FanOut::Kill,
         // (PING takes connections of its own while a script runs: see crate::front::dispatch)
-        // (and WAIT waits for the client's requests in flight: see crate::services::replicas)
+        // (and WAIT waits for the client's requests in flight: see crate::services::wait)
         Route::Local(l) => !matches!(l, Local::Reset | Local::Ping | Local::Wait | Local::WaitAof),
         Route::Lock(_) | Route::Transaction(_) | Route::Block | Route::Subscribe(..) => false,
     };

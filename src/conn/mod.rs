@@ -88,7 +88,7 @@ pub struct ClientState {
     /// This session's handle on the rate limiter.
     pub rl: crate::services::ratelimit::View,
     /// The nodes this client's writes were sent to, as a mask of their pools' bits (what
-    /// WAIT and WAITAOF answer for, see crate::services::replicas).
+    /// WAIT and WAITAOF answer for, see crate::services::wait).
     pub wrote: u64,
     /// SELECT: the database this client's commands run in (see `crate::upstream::backend::BackendRequest::db`).
     pub db: u16,

@@ -53,13 +53,13 @@ fn ping_busy(proxy: &Proxy, ctx: &mut Ctx) -> Option<Outcome> {
 
 /// WAIT numreplicas timeout, WAITAOF numlocal numreplicas timeout: after the client's
 /// earlier commands have their replies (its lane waits for them), asked of the masters it
-/// wrote to on connections of heatshield's own ([`crate::services::replicas`]).
-fn wait(proxy: &Proxy, ctx: &mut Ctx, req: &Request, kind: crate::services::replicas::Kind) -> Outcome {
+/// wrote to on connections of heatshield's own ([`crate::services::wait`]).
+fn wait(proxy: &Proxy, ctx: &mut Ctx, req: &Request, kind: crate::services::wait::Kind) -> Outcome {
     // (arguments the server refuses are its to refuse, in its words: an ask with them
     // answers its error; only the timeout is read here, to keep the request alive)
     let timeout = parse_i64(req.arg(req.argc() - 1)).filter(|&t| t >= 0).unwrap_or(0);
     let topo = proxy.cluster.topology();
-    let (asks, lost) = crate::services::replicas::asks(&topo, ctx.client.wrote);
+    let (asks, lost) = crate::services::wait::asks(&topo, ctx.client.wrote);
     // (a node that is no master any more is answered for once, then forgotten)
     ctx.client.wrote &= topo.masters.iter().fold(0, |m, n| m | n.bit);
     let Some(first) = asks.first().map(|a| a.node.clone()).or_else(|| topo.masters.first().cloned()) else {
@@ -69,7 +69,7 @@ fn wait(proxy: &Proxy, ctx: &mut Ctx, req: &Request, kind: crate::services::repl
     // its own timeout, not the proxy's reply deadline (0: for ever)
     ctx.wait_ms = if timeout == 0 { u32::MAX } else { timeout.min(u32::MAX as i64) as u32 };
     let tag = crate::mailbox::Tag { seq: ctx.seq, part: 0 };
-    crate::services::replicas::spawn(asks, kind, req.clone(), lost, deadline, ctx.reply_to.clone(), tag);
+    crate::services::wait::spawn(asks, kind, req.clone(), lost, deadline, ctx.reply_to.clone(), tag);
     crate::path::pending::answered_elsewhere(ctx, crate::path::pending::Target::Node(first))
 }
 
@@ -99,8 +99,8 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
         },
         Local::Echo => ctx.reply(|w| w.bulk(req.arg(1))),
         Local::Acl => acl(proxy, ctx, req),
-        Local::Wait => wait(proxy, ctx, req, crate::services::replicas::Kind::Wait),
-        Local::WaitAof => wait(proxy, ctx, req, crate::services::replicas::Kind::WaitAof),
+        Local::Wait => wait(proxy, ctx, req, crate::services::wait::Kind::Wait),
+        Local::WaitAof => wait(proxy, ctx, req, crate::services::wait::Kind::WaitAof),
         Local::Quit => {
             ctx.client.quit = true;
             ctx.reply(|w| w.ok())

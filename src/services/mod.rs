@@ -16,7 +16,7 @@
 //! - [`scripts`]: the Lua script bodies seen (EVAL, SCRIPT LOAD), for EVALSHA anywhere;
 //! - [`pubsub`]: subscribers, the shared backend subscriptions that serve them, message
 //!   fan-out;
-//! - [`replicas`]: WAIT and WAITAOF, asked of the masters a client wrote to;
+//! - [`wait`]: WAIT and WAITAOF, asked of the masters a client wrote to;
 //! - [`reads`]: read policies, which reads go to a master's replicas and to which.
 
 pub mod acl;
@@ -27,6 +27,6 @@ pub mod locks;
 pub mod pubsub;
 pub mod ratelimit;
 pub mod reads;
-pub mod replicas;
 pub mod scripts;
 pub mod stats;
+pub mod wait;

@@ -121,8 +121,8 @@ struct Session {
     after_write: Vec<(u64, Bytes)>,
     /// The place of the last tracked write that got its reply (see [`Session::pushed`]).
     last_tracked_write: Option<u64>,
-    /// A parked reply is being handed over ([`crate::path::pending::Ctx::stale`]).
-    stale: bool,
+    /// A parked reply is being handed over ([`crate::path::pending::Ctx::behind_retry`]).
+    behind_retry: bool,
     /// None of `deferred`, `retrying` and `unrun` holds anything: the usual case, one
     /// test on the request path ([`Session::recalm`] keeps it).
     calm: bool,
@@ -416,7 +416,7 @@ impl Session {
             calm: true,
             after_write: Vec::new(),
             last_tracked_write: None,
-            stale: false,
+            behind_retry: false,
             killed: false,
             stopped_blocked: false,
             armed: None,
@@ -559,7 +559,7 @@ impl Session {
                     let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, e.meta.started);
                     ctx.cmd = e.meta.cmd;
                     ctx.writes = e.meta.writes;
-                    ctx.stale = self.stale;
+                    ctx.behind_retry = self.behind_retry;
                     if as_is {
                         crate::path::pending::answer_as_is(&self.proxy, &mut ctx, p, r)
                     } else {

@@ -73,14 +73,14 @@ impl Session {
         let Some(t) = self.unrun.take() else { return };
         let mut replies = t.replies.into_iter();
         // (they waited: a redirection among them may be out of date)
-        self.stale = true;
+        self.behind_retry = true;
         if let Some(first) = replies.next() {
             self.deliver(first, now, t.ran);
         }
         for r in replies {
             self.deliver(r, now, false);
         }
-        self.stale = false;
+        self.behind_retry = false;
     }
 
     /// Request `seq` is being retried (see [`Session::retrying`]).
@@ -149,9 +149,9 @@ impl Session {
                 self.parked.iter().position(|r| self.retrying.first().is_none_or(|&first| first >= r.tag.seq))
             {
                 let r = self.parked.remove(i);
-                self.stale = true;
+                self.behind_retry = true;
                 self.take_reply(r, now);
-                self.stale = false;
+                self.behind_retry = false;
             }
         }
         self.recalm();

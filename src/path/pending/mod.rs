@@ -95,7 +95,7 @@ pub struct Ctx<'a> {
     pub pushing: bool,
     /// Set by the session: the reply being handed over waited behind an earlier request's
     /// retry ([`crate::conn::order`]), so a redirection in it may be out of date.
-    pub stale: bool,
+    pub behind_retry: bool,
     /// Set by dispatch: the way to Redis the request takes ([`crate::conn::order`]).
     pub lane: crate::conn::order::Lane,
     /// Set by dispatch: the command may write (not `readonly`): the nodes it is sent to
@@ -141,7 +141,7 @@ impl<'a> Ctx<'a> {
             wait_ms: 0,
             tracked_write: false,
             pushing: false,
-            stale: false,
+            behind_retry: false,
             lane: crate::conn::order::Lane::Local,
             writes: false,
         }

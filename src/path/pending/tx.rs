@@ -155,7 +155,7 @@ pub(super) fn on_transaction_reply(
         (verdict, Ok(data)) if i == t.queued + 1 => {
             match verdict {
                 // (an ASK that waited behind an earlier retry is out of date: ask again later)
-                Verdict::Redirect(Redirect::Ask { .. }) if ctx.stale => t.busy = true,
+                Verdict::Redirect(Redirect::Ask { .. }) if ctx.behind_retry => t.busy = true,
                 Verdict::Redirect(r) => {
                     t.redirect.get_or_insert(r);
                 }
@@ -164,7 +164,7 @@ pub(super) fn on_transaction_reply(
             }
             t.exec = Some(data);
         }
-        (Verdict::Redirect(Redirect::Ask { .. }), Ok(_)) if i > 0 && ctx.stale => t.busy = true,
+        (Verdict::Redirect(Redirect::Ask { .. }), Ok(_)) if i > 0 && ctx.behind_retry => t.busy = true,
         (Verdict::Redirect(r), Ok(_)) if i > 0 => {
             t.redirect.get_or_insert(r);
         }

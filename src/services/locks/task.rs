@@ -393,7 +393,8 @@ fn on_reply(h: &Handles, st: &mut State, rtx: &ReplyTx, r: BackendReply) {
             h.cluster.request_refresh();
             Some(RETRY_DELAY)
         }
-        Step::Answer | Step::LoadFunction | Step::TimedOut => None,
+        // (the lock task reads no cache and no replica)
+        Step::Answer | Step::LoadFunction | Step::TimedOut | Step::Stale(_) | Step::ToMaster | Step::NoReplica => None,
         Step::AskOwner(_)
         | Step::Busy { .. }
         | Step::Reissue

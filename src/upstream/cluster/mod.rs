@@ -51,7 +51,7 @@ const CONFIRM_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct NodePool {
     pub addr: Arc<str>,
     /// This pool's bit in a client's mask of the nodes it wrote to (one of 64, given in
-    /// turn as pools are made; see crate::services::replicas).
+    /// turn as pools are made; see crate::services::wait).
     pub bit: u64,
     /// Server-assisted caching state of this node's connections (the hot-key cache owns the policy).
     pub tracking: Arc<NodeTracking>,
@@ -416,18 +416,18 @@ impl Cluster {
 
     /// Reads go to replicas too (set before the first refresh): each slot map carries
     /// pools for reads from the replicas.
-    pub fn read_replicas(&self) {
+    pub fn enable_replica_reads(&self) {
         self.replica_reads.store(true, Ordering::SeqCst);
     }
 
     /// Whether replica reads are on.
-    pub fn reads_replicas(&self) -> bool {
+    pub fn replica_reads_on(&self) -> bool {
         self.replica_reads.load(Ordering::Relaxed)
     }
 
     /// The pools for reads from the replicas at `addrs` (none when replica reads are off).
     fn reader_pools(&self, addrs: &[Vec<String>]) -> Vec<Vec<Arc<NodePool>>> {
-        if !self.reads_replicas() {
+        if !self.replica_reads_on() {
             return vec![vec![]; addrs.len()];
         }
         let mut pools = self.reader_pools.lock();
