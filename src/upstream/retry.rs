@@ -106,7 +106,7 @@ pub struct Attempt {
     /// Sends retried so far (at most [`MAX_RETRIES`]).
     pub retries: u16,
     /// The reply waited behind an earlier request's retry: an ASK in it is out of date.
-    pub stale: bool,
+    pub behind_retry: bool,
     /// A blocking command on a connection of its own.
     pub blocked: bool,
     /// ... whose own timeout is over.
@@ -117,6 +117,9 @@ pub struct Attempt {
     pub by_slot: bool,
     /// Sent after an ASK (to the node it named, for that one query).
     pub asked: bool,
+    /// A read whose exact reply the hot-key cache holds under a stale-if-error rule:
+    /// when its master cannot answer, that reply answers ([`Step::Stale`]).
+    pub may_stale: bool,
 }
 
 /// What a request does next with a reply ([`react`]).
@@ -162,16 +165,47 @@ pub enum Step {
     /// A blocked command sent back and forth past the limit while slots move, once its
     /// own timeout is over: it timed out, as on one Redis (its nil reply, not a MOVED).
     TimedOut,
+    /// The master cannot answer now (busy, unreachable, failed) and a stale-if-error rule
+    /// covers the read: answer with the cached reply (crate::services::cache) if one is
+    /// held, else do what the step inside says.
+    Stale(Box<Step>),
+    /// A read sent to a replica that failed, does not serve the slot any more, or is not
+    /// ready (LOADING, MASTERDOWN): a read is safe to send again, to the slot's master.
+    ToMaster,
+    /// The same under `read_from = "replica"`: no master to fall back on; give up with
+    /// [`crate::errors::no_replica`].
+    NoReplica,
 }
 
 /// The reaction table: what a request at `a` does with a reply that [`classify`] read as
-/// `verdict`.
+/// `verdict`. (A replica's reply first goes through [`react_on_replica`].)
 pub fn react(verdict: Verdict, result: &Result<Bytes, BackendError>, a: &Attempt) -> Step {
+    let step = react_on_master(verdict, result, a);
+    match step {
+        Step::Busy { .. } | Step::Unreachable { .. } | Step::Fail(_) if a.may_stale => Step::Stale(Box::new(step)),
+        step => step,
+    }
+}
+
+/// The rows of the table for a reply from a replica that serves reads
+/// (crate::services::reads): `Some` when the replica could not answer the read
+/// ([`Step::ToMaster`], or [`Step::NoReplica`] when `strict`), `None` when its reply is
+/// the answer (or a NOSCRIPT, reloaded there as on a master).
+pub fn react_on_replica(verdict: &Verdict, result: &Result<Bytes, BackendError>, strict: bool) -> Option<Step> {
+    let not_ready = matches!(result, Ok(d) if d.starts_with(b"-LOADING") || d.starts_with(b"-MASTERDOWN"));
+    if matches!(verdict, Verdict::Answer | Verdict::NoScript) && !not_ready {
+        return None;
+    }
+    Some(if strict { Step::NoReplica } else { Step::ToMaster })
+}
+
+/// [`react`] before the stale-if-error row.
+fn react_on_master(verdict: Verdict, result: &Result<Bytes, BackendError>, a: &Attempt) -> Step {
     let redirect = a.redirects < MAX_REDIRECTS;
     let retry = a.retries < MAX_RETRIES;
     match (verdict, result) {
         (Verdict::NoScript, _) if redirect => Step::Reload,
-        (Verdict::Redirect(Redirect::Ask { slot, .. }), _) if a.stale && redirect => Step::AskOwner(slot),
+        (Verdict::Redirect(Redirect::Ask { slot, .. }), _) if a.behind_retry && redirect => Step::AskOwner(slot),
         (Verdict::Redirect(r), _) if redirect => Step::Follow(r),
         (Verdict::Busy, Ok(d)) if retry => Step::Busy { tryagain: d.starts_with(b"-TRYAGAIN") },
         (Verdict::ReadOnly, _) if retry => Step::NewMaster,
@@ -306,7 +340,7 @@ mod tests {
         let ask = ok(b"-ASK 12 127.0.0.1:7001\r\n");
         assert!(matches!(step(&ask, Attempt::default()), Step::Follow(Redirect::Ask { slot: 12, .. })));
         // an ASK that waited is out of date: the slot's owner is asked again
-        assert!(matches!(step(&ask, Attempt { stale: true, ..Attempt::default() }), Step::AskOwner(12)));
+        assert!(matches!(step(&ask, Attempt { behind_retry: true, ..Attempt::default() }), Step::AskOwner(12)));
         let noscript = ok(b"-NOSCRIPT No matching script\r\n");
         assert!(matches!(step(&noscript, Attempt::default()), Step::Reload));
         assert!(matches!(step(&noscript, spent), Step::Answer));
@@ -374,5 +408,36 @@ mod tests {
         assert!(!exec_aborted(b"-CROSSSLOT Keys\r\n", false));
         assert!(exec_aborted(b"-CROSSSLOT Keys\r\n", true));
         assert!(!exec_aborted(b"*1\r\n+OK\r\n", true));
+    }
+
+    #[test]
+    fn a_replica_that_cannot_answer_sends_the_read_to_its_master() {
+        let ok = |d: &'static [u8]| -> Result<Bytes, BackendError> { Ok(Bytes::from_static(d)) };
+        for d in [&b"-LOADING Redis is loading\r\n"[..], b"-MASTERDOWN Link down\r\n", b"-MOVED 3 127.0.0.1:1\r\n"] {
+            let r = ok(d);
+            assert!(matches!(react_on_replica(&classify(&r, true), &r, false), Some(Step::ToMaster)), "{d:?}");
+            assert!(matches!(react_on_replica(&classify(&r, true), &r, true), Some(Step::NoReplica)), "{d:?}");
+        }
+        let lost: Result<Bytes, BackendError> = Err(BackendError::Lost(Arc::from("x")));
+        assert!(matches!(react_on_replica(&classify(&lost, true), &lost, false), Some(Step::ToMaster)));
+        for d in [&b"$1\r\nv\r\n"[..], b"-WRONGTYPE x\r\n", b"-NOSCRIPT x\r\n"] {
+            let r = ok(d);
+            assert!(react_on_replica(&classify(&r, true), &r, false).is_none(), "{d:?}");
+        }
+    }
+
+    #[test]
+    fn a_master_that_cannot_answer_gives_a_stale_answer_only_where_a_rule_allows() {
+        let busy: Result<Bytes, BackendError> = Ok(Bytes::from_static(b"-CLUSTERDOWN x\r\n"));
+        let lost: Result<Bytes, BackendError> = Err(BackendError::Lost(Arc::from("x")));
+        let unsent: Result<Bytes, BackendError> = Err(BackendError::NotSent(Arc::from("x")));
+        let may = Attempt { may_stale: true, by_slot: true, ..Attempt::default() };
+        let may_not = Attempt { by_slot: true, ..Attempt::default() };
+        for r in [&busy, &lost, &unsent] {
+            assert!(matches!(react(classify(r, true), r, &may), Step::Stale(_)));
+            assert!(!matches!(react(classify(r, true), r, &may_not), Step::Stale(_)));
+        }
+        let answer: Result<Bytes, BackendError> = Ok(Bytes::from_static(b"$1\r\nv\r\n"));
+        assert!(matches!(react(classify(&answer, true), &answer, &may), Step::Answer));
     }
 }

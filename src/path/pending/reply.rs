@@ -41,13 +41,11 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
         retry::classify(&reply.result, cluster)
     };
     if let Some(Target::Replica(_, s, strict)) = p.parts.get(idx).map(|x| &x.target)
-        && (!matches!(verdict, Verdict::Answer | Verdict::NoScript)
-            || matches!(&reply.result, Ok(d) if d.starts_with(b"-LOADING") || d.starts_with(b"-MASTERDOWN")))
+        && let Some(step) = retry::react_on_replica(&verdict, &reply.result, *strict)
     {
-        // the replica failed, does not serve the slot any more, or is not ready: a read
-        // is safe to send again, to the master (crate::services::reads)
-        let (s, strict) = (*s, *strict);
-        if strict {
+        // (crate::services::reads)
+        let s = *s;
+        if let Step::NoReplica = step {
             return complete(proxy, ctx, p, idx, errors::resp(&errors::no_replica(s)));
         }
         crate::metrics::global().replica_fallback_failed.increment(1);
@@ -67,31 +65,37 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
         }
     }
     let block = p.dedicated.as_ref().and_then(|d| d.block.as_ref());
+    // (not through WATCH: docs/cache.md#stale-if-error)
     let may_stale = proxy.cache.serves_stale()
         && !ctx.writes
         && block.is_none()
+        && !p.pinned()
         && p.parts.len() == 1
         && matches!(p.finish, Finish::Merge(Merge::Pass));
     let part = p.parts.get_mut(idx)?;
     let attempt = Attempt {
         redirects: part.redirects,
         retries: part.retries,
-        stale: ctx.stale,
+        behind_retry: ctx.behind_retry,
         blocked: block.is_some(),
         expired: block.is_some_and(|b| b.deadline.is_some_and(|t| t <= Instant::now())),
         dedicated: p.dedicated.is_some(),
         by_slot: matches!(part.target, Target::Slot(_)),
         asked: matches!(part.target, Target::Ask(..)),
+        may_stale,
     };
-    let step = retry::react(verdict, &reply.result, &attempt);
-    if may_stale
-        && matches!(step, Step::Busy { .. } | Step::Unreachable { .. } | Step::Fail(_))
-        && let Ok(cmd) = proxy.commands.lookup(ctx.req)
-        && let Some(r) = stale_answer(proxy, ctx, cmd)
-    {
-        // the master cannot answer now: the read's last value, as a rule allows
-        return complete(proxy, ctx, p, idx, r);
-    }
+    let step = match retry::react(verdict, &reply.result, &attempt) {
+        Step::Stale(otherwise) => {
+            // the master cannot answer now: the read's last value, as a rule allows
+            if let Ok(cmd) = proxy.commands.lookup(ctx.req)
+                && let Some(r) = stale_answer(proxy, ctx, cmd)
+            {
+                return complete(proxy, ctx, p, idx, r);
+            }
+            *otherwise
+        }
+        step => step,
+    };
     let part = p.parts.get_mut(idx)?;
     let dedicated = p.dedicated.is_some();
     let data = match step {
@@ -266,8 +270,9 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
             }
             ctx.scratch.split().freeze()
         }
-        // an answer, or a redirection or retry past its limit: passed on as it is
-        Step::Answer => reply.result.ok()?,
+        // an answer, or a redirection or retry past its limit: passed on as it is (a
+        // replica's and a stale answer's rows were taken above)
+        Step::Answer | Step::Stale(_) | Step::ToMaster | Step::NoReplica => reply.result.ok()?,
     };
     complete(proxy, ctx, p, idx, data)
 }
