@@ -4,7 +4,7 @@
 
 /// A case-sensitive glob, with the common shapes (`*`, `prefix*`, a plain key) matched
 /// without the general matcher.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pattern {
     Any,
     Prefix(Vec<u8>),

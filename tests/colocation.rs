@@ -577,6 +577,13 @@ fn transactions_sort_errors_bcast_and_pins_see_the_clients_names() {
     assert_eq!(c.cmd(&["SET", "rq:pin:1", "blob"]), V::ok());
     assert_eq!(c.cmd(&["GET", "rq:pin:1"]), V::s("blob")); // fills
     let hits = |c: &mut Conn| c.cmd(&["PROXY", "CACHE", "STATS"]).get("hits").unwrap().int();
+    // (a fill is refused while the worker's connection to the node is still being made:
+    // read until one read is a hit, then every read is)
+    common::wait_until(Duration::from_secs(5), "the pinned key cached", || {
+        let before = hits(&mut c);
+        assert_eq!(c.cmd(&["GET", "rq:pin:1"]), V::s("blob"));
+        hits(&mut c) > before
+    });
     let before = hits(&mut c);
     for _ in 0..10 {
         assert_eq!(c.cmd(&["GET", "rq:pin:1"]), V::s("blob"));

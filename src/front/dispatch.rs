@@ -141,8 +141,11 @@ fn acl_denied(proxy: &Proxy, ctx: &Ctx, cmd: &Command) -> Option<crate::services
     if perms.unrestricted() {
         return None;
     }
-    // key patterns are written for the client's names (crate::services::colocate)
-    let restored = match proxy.colocate.active() {
+    // key patterns are written for the client's names (crate::services::colocate): a
+    // stored name starts with its tag, and a script's body may be shimmed
+    let restored = match proxy.colocate.active()
+        && (cmd.keys.is_script() || ctx.req.args().skip(1).any(|a| a.first() == Some(&b'{')))
+    {
         true => proxy.colocate.restore_request(cmd, ctx.req),
         false => None,
     };

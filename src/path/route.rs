@@ -64,11 +64,15 @@ pub fn forward(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
 /// Where a read of slot `s` (its first key at `k0`) on the replicas' lane goes, as the
 /// read policies say (crate::services::reads): a replica in sync, or the master.
 fn read_target(proxy: &Proxy, ctx: &Ctx, s: u16, k0: u32) -> Result<Target, String> {
-    use crate::services::reads::Choice;
+    use crate::services::reads::{Choice, ReadFrom};
+    // (the key's policy first: a key the rules leave on the master needs no more)
+    let policy = proxy.reads.policy(ctx.req.arg(k0 as usize));
+    if policy.0 == ReadFrom::Master {
+        return Ok(Target::Slot(s));
+    }
     let topo = proxy.cluster.topology();
     let now = crate::upstream::backend::clock_ms(ctx.now);
-    let key = ctx.req.arg(k0 as usize);
-    match proxy.reads.choose(&topo, s, key, ctx.client.id, ctx.client.last_write_ms, now) {
+    match proxy.reads.choose(&topo, s, policy, ctx.client.id, ctx.client.last_write_ms, now) {
         Choice::Master => Ok(Target::Slot(s)),
         Choice::Replica(r, strict) => Ok(Target::Replica(r, s, strict)),
         Choice::NoReplica => Err(errors::no_replica(s)),

@@ -105,6 +105,14 @@ pub struct KeyPattern {
     pub pattern: Vec<u8>,
     pub read: bool,
     pub write: bool,
+    /// `pattern` prepared for matching (a `prefix*` compared as a prefix).
+    glob: crate::glob::Pattern,
+}
+
+impl KeyPattern {
+    fn new(pattern: &[u8], read: bool, write: bool) -> KeyPattern {
+        KeyPattern { pattern: pattern.to_vec(), read, write, glob: crate::glob::Pattern::new(pattern) }
+    }
 }
 
 /// What a user may do: all of it swapped at once when its rules change.
@@ -222,7 +230,7 @@ impl Perms {
             nopass: password.is_none(),
             passwords: password.map(|p| vec![hash(p.as_bytes())]).unwrap_or_default(),
             rules: vec![CmdRule::All(true)],
-            keys: vec![KeyPattern { pattern: b"*".to_vec(), read: true, write: true }],
+            keys: vec![KeyPattern::new(b"*", true, true)],
             channels: vec![b"*".to_vec()],
             sanitize: None,
             settled: Settled { unrestricted: true, all_keys: true, ..Settled::default() },
@@ -269,7 +277,7 @@ impl Perms {
                 self.nopass = false;
                 self.passwords.clear();
             }
-            b"allkeys" => self.keys = vec![KeyPattern { pattern: b"*".to_vec(), read: true, write: true }],
+            b"allkeys" => self.keys = vec![KeyPattern::new(b"*", true, true)],
             b"resetkeys" => self.keys.clear(),
             b"allchannels" => self.channels = vec![b"*".to_vec()],
             b"resetchannels" => self.channels.clear(),
@@ -413,12 +421,12 @@ impl Perms {
             return Err(RuleError::KeysAfterAll);
         }
         if pattern == b"*" && read && write {
-            self.keys = vec![KeyPattern { pattern: b"*".to_vec(), read, write }];
+            self.keys = vec![KeyPattern::new(b"*", read, write)];
         } else if let Some(k) = self.keys.iter_mut().find(|k| k.pattern == pattern) {
             k.read |= read;
             k.write |= write;
         } else {
-            self.keys.push(KeyPattern { pattern: pattern.to_vec(), read, write });
+            self.keys.push(KeyPattern::new(pattern, read, write));
         }
         Ok(())
     }
@@ -481,11 +489,7 @@ impl Perms {
     /// pattern must allow all of it.
     pub fn may_touch(&self, key: &[u8], need: u8) -> bool {
         let (read, write) = (need & key::ACCESS != 0, need & key::CHANGE != 0);
-        self.all_keys()
-            || self
-                .keys
-                .iter()
-                .any(|k| (!read || k.read) && (!write || k.write) && crate::glob::matches(&k.pattern, key, false))
+        self.all_keys() || self.keys.iter().any(|k| (!read || k.read) && (!write || k.write) && k.glob.matches(key))
     }
 
     /// Whether the user may run `req` (resolved to `cmd`): the command, then each of its

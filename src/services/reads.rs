@@ -52,7 +52,7 @@ pub enum Choice {
 /// The read policies in force.
 pub struct Reads {
     default: (ReadFrom, u64),
-    rules: Vec<(Vec<u8>, ReadFrom, u64)>,
+    rules: Vec<(crate::glob::Pattern, ReadFrom, u64)>,
     read_your_writes: bool,
     active: bool,
     /// Colocation rules: a pattern matches a key's client name too.
@@ -61,9 +61,9 @@ pub struct Reads {
 
 impl Reads {
     pub fn new(default: ReadFrom, max_lag_ms: u64, rules: &[ReadRule], read_your_writes: bool) -> Reads {
-        let rules: Vec<(Vec<u8>, ReadFrom, u64)> = rules
+        let rules: Vec<(crate::glob::Pattern, ReadFrom, u64)> = rules
             .iter()
-            .map(|r| (r.pattern.as_bytes().to_vec(), r.read_from, r.max_lag_ms.unwrap_or(max_lag_ms)))
+            .map(|r| (crate::glob::Pattern::new(r.pattern.as_bytes()), r.read_from, r.max_lag_ms.unwrap_or(max_lag_ms)))
             .collect();
         let active = default != ReadFrom::Master || rules.iter().any(|r| r.1 != ReadFrom::Master);
         Reads { default: (default, max_lag_ms), rules, read_your_writes, active, names: None }
@@ -106,19 +106,26 @@ impl Reads {
             None => key,
         };
         for (p, from, lag) in &self.rules {
-            if crate::glob::matches(p, key, false)
-                || (client.len() != key.len() && crate::glob::matches(p, client, false))
-            {
+            if p.matches(key) || (client.len() != key.len() && p.matches(client)) {
                 return (*from, *lag);
             }
         }
         self.default
     }
 
-    /// Where a read of `key` (slot `slot`) by client `id`, whose last write was answered
-    /// at `last_write_ms` (`backend::clock_ms`), goes at `now_ms`.
-    pub fn choose(&self, topo: &Topology, slot: u16, key: &[u8], id: u64, last_write_ms: u64, now_ms: u64) -> Choice {
-        let (from, max_lag) = self.policy(key);
+    /// Where a read of slot `slot` under `policy` (its key's, [`Reads::policy`]) by
+    /// client `id`, whose last write was answered at `last_write_ms`
+    /// (`backend::clock_ms`), goes at `now_ms`.
+    pub fn choose(
+        &self,
+        topo: &Topology,
+        slot: u16,
+        policy: (ReadFrom, u64),
+        id: u64,
+        last_write_ms: u64,
+        now_ms: u64,
+    ) -> Choice {
+        let (from, max_lag) = policy;
         if from == ReadFrom::Master {
             return Choice::Master;
         }
