@@ -61,6 +61,8 @@ pub struct ClientState {
     pub authed: bool,
     /// The ACL user it is logged in as (`default` until AUTH).
     pub user: Arc<crate::services::acl::User>,
+    /// Its user's permissions as last seen (see `User::perms_cached`).
+    pub perms_seen: crate::services::acl::PermsSeen,
     /// What other connections see of this one.
     pub info: Arc<ClientInfo>,
     /// CLIENT REPLY.
@@ -187,6 +189,7 @@ mod tests {
             proto,
             authed: true,
             user: Arc::new(crate::services::acl::User::new("default", crate::services::acl::Perms::everything(None))),
+            perms_seen: None,
             info: Arc::new(ClientInfo::new(7, "a".into(), "l".into(), tx)),
             reply: ReplyMode::On,
             no_evict: false,

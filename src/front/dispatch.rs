@@ -136,8 +136,9 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
 /// refusal, as Redis finds it: crate::services::acl::Perms::check); a refusal is
 /// logged (`ACL LOG`).
 #[cold]
-fn acl_denied(proxy: &Proxy, ctx: &Ctx, cmd: &Command) -> Option<crate::services::acl::Denied> {
-    let perms = ctx.client.user.perms();
+fn acl_denied(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Option<crate::services::acl::Denied> {
+    let client = &mut *ctx.client;
+    let perms = client.user.perms_cached(&mut client.perms_seen);
     if perms.unrestricted() {
         return None;
     }
@@ -155,9 +156,9 @@ fn acl_denied(proxy: &Proxy, ctx: &Ctx, cmd: &Command) -> Option<crate::services
         crate::services::acl::Denied::Command => cmd.lower.as_bytes(),
         _ => req.arg(denial.arg),
     };
-    let context = if matches!(ctx.client.modes.multi, Mode::Multi(_)) { "multi" } else { "toplevel" };
-    let line = crate::face::client::line(proxy, &ctx.client.info);
-    proxy.users.log.add(denial.why.reason(), context, object, &ctx.client.user.name, line);
+    let context = if matches!(client.modes.multi, Mode::Multi(_)) { "multi" } else { "toplevel" };
+    let line = crate::face::client::line(proxy, &client.info);
+    proxy.users.log.add(denial.why.reason(), context, object, &client.user.name, line);
     Some(denial.why)
 }
 

@@ -679,11 +679,32 @@ impl Perms {
 pub struct User {
     pub name: String,
     perms: ArcSwap<Perms>,
+    /// Counts the changes of `perms` (a session keeps the permissions it saw last, and
+    /// looks again only when this moved: [`User::perms_cached`]).
+    changes: std::sync::atomic::AtomicU64,
 }
+
+/// A session's copy of its user's permissions, as of a change count ([`User::perms_cached`]).
+pub type PermsSeen = Option<(usize, u64, Arc<Perms>)>;
 
 impl User {
     pub fn new(name: &str, perms: Perms) -> User {
-        User { name: name.to_string(), perms: ArcSwap::from_pointee(perms) }
+        User { name: name.to_string(), perms: ArcSwap::from_pointee(perms), changes: Default::default() }
+    }
+
+    /// The permissions now, from `seen` while they have not changed since it was taken
+    /// (one relaxed load on the request path instead of an `ArcSwap` load), else taken
+    /// anew into it.
+    #[inline]
+    pub fn perms_cached<'s>(self: &Arc<User>, seen: &'s mut PermsSeen) -> &'s Perms {
+        let key = (Arc::as_ptr(self) as usize, self.changes.load(std::sync::atomic::Ordering::Acquire));
+        if !matches!(seen, Some((p, c, _)) if (*p, *c) == key) {
+            *seen = Some((key.0, key.1, self.perms.load_full()));
+        }
+        match seen {
+            Some((_, _, p)) => p,
+            None => unreachable!("set just above"),
+        }
     }
 
     /// The permissions now.
@@ -693,6 +714,7 @@ impl User {
 
     pub fn set(&self, perms: Perms) {
         self.perms.store(Arc::new(perms));
+        self.changes.fetch_add(1, std::sync::atomic::Ordering::Release);
     }
 }
 

@@ -358,6 +358,7 @@ impl Session {
                 p.enabled && p.nopass
             },
             user: proxy.users.default_user(),
+            perms_seen: None,
             info,
             reply: ReplyMode::On,
             no_evict: false,
