@@ -185,6 +185,21 @@ fn writes(c: &mut Conn, path: Path, k: &str, v: &str, n: usize) -> Vec<V> {
     }
 }
 
+/// Five attempts made within `took` against a rule of 1/s with a burst of 1: exactly one
+/// admitted, the others refused with THROTTLED and nothing else (not judged when the
+/// attempts took long enough for the budget to refill).
+fn one_admitted(cell: &str, replies: &[V], took: Duration, failures: &mut Vec<String>) {
+    assert!(replies.iter().all(|v| !v.is_err() || throttled(v)), "{cell}: {replies:?}");
+    if took >= Duration::from_millis(900) {
+        eprintln!("{cell}: took {took:?}, the budget may have refilled; not judged");
+        return;
+    }
+    let admitted = replies.iter().filter(|v| !throttled(v)).count();
+    if admitted != 1 {
+        failures.push(format!("{cell}: {admitted} of 5 admitted: {replies:?}"));
+    }
+}
+
 /// Per-key rate limit (1/s, burst 1) × every write path, for a key stored under its own
 /// name and one colocated: five attempts within a second, exactly one admitted. Before the
 /// admission step was one, MULTI and WATCH admitted all five colocated ones (the queued
@@ -199,17 +214,7 @@ fn rate_limit_on_every_write_path() {
             let mut c = Conn::connect(env.proxy.port());
             let started = Instant::now();
             let replies = attempts(&mut c, path, &k, 5);
-            let took = started.elapsed();
-            let admitted = replies.iter().filter(|v| !throttled(v)).count();
-            let errors: Vec<&V> = replies.iter().filter(|v| v.is_err() && !throttled(v)).collect();
-            assert!(errors.is_empty(), "{family} {path:?}: {replies:?}");
-            if took >= Duration::from_millis(900) {
-                eprintln!("{family} {path:?}: took {took:?}, the budget may have refilled; not judged");
-                continue;
-            }
-            if admitted != 1 {
-                failures.push(format!("{family} {path:?}: {admitted} of 5 admitted: {replies:?}"));
-            }
+            one_admitted(&format!("{family} {path:?}"), &replies, started.elapsed(), &mut failures);
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -596,15 +601,7 @@ fn shared_rate_limit_on_every_write_path() {
             let replies: Vec<V> = (0..5).map(|i| attempts(&mut c, path, &keys[i % 2], 1).remove(0)).collect();
             let took = started.elapsed();
             assert_eq!(admin.cmd(&["PROXY", "RATELIMIT", "DEL", &rule]), V::Int(1));
-            let admitted = replies.iter().filter(|v| !throttled(v)).count();
-            assert!(replies.iter().all(|v| !v.is_err() || throttled(v)), "{family} {path:?}: {replies:?}");
-            if took >= Duration::from_millis(900) {
-                eprintln!("{family} {path:?}: took {took:?}, the budget may have refilled; not judged");
-                continue;
-            }
-            if admitted != 1 {
-                failures.push(format!("{family} {path:?}: {admitted} of 5 admitted: {replies:?}"));
-            }
+            one_admitted(&format!("{family} {path:?}"), &replies, took, &mut failures);
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -58,7 +58,15 @@ async fn subscriber(h: Arc<Handles>, tx: mpsc::UnboundedSender<Event>) {
                         if n == 0 {
                             break;
                         }
-                        while let Ok(Some(len)) = sc.scan(&buf) {
+                        loop {
+                            let len = match sc.scan(&buf) {
+                                Ok(Some(len)) => len,
+                                Ok(None) => break,
+                                // bytes that are no reply: nothing after them can be read
+                                // either, and keeping them would grow the buffer without
+                                // bound; a new connection starts clean
+                                Err(_) => break 'read,
+                            };
                             let frame = buf.split_to(len);
                             if let Ok((Value::Array(items), _)) = Value::parse(&frame)
                                 && items.len() == 3
