@@ -32,6 +32,10 @@ users = [
 [cache]
 pin = ["*:pin:*"]
 
+# the big-key row: requests of 2 KiB or more are noted under their first key
+[admin]
+bigkey_bytes = 2048
+
 [[colocate]]
 name = "mx"
 keys = ["mx:*"]
@@ -602,6 +606,38 @@ fn shared_rate_limit_on_every_write_path() {
             let took = started.elapsed();
             assert_eq!(admin.cmd(&["PROXY", "RATELIMIT", "DEL", &rule]), V::Int(1));
             one_admitted(&format!("{family} {path:?}"), &replies, took, &mut failures);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The big-key log × every write path: a 4 KiB value written by each path is noted under
+/// the request's first key by the client's name (never `{mx}...`): the written key, or for
+/// the blocking path the list the value was pushed to and moved from.
+#[test]
+fn big_keys_are_noted_under_the_clients_names_on_every_write_path() {
+    let env = env();
+    let port = env.proxy.port();
+    let big = "x".repeat(4096);
+    let mut failures = Vec::new();
+    for family in FAMILIES {
+        for path in WRITE_PATHS {
+            let k = changed_key(path, &key(family, "big", &format!("{path:?}")));
+            let mut c = Conn::connect(port);
+            let reply = change(&mut c, path, &k, &big);
+            assert!(!reply.is_err() && !reply.is_nil(), "{family} {path:?}: {reply:?}");
+            let noted = match path {
+                Path::Blocking => format!("{k}:src"),
+                _ => k.clone(),
+            };
+            let log = c.cmd(&["PROXY", "BIGKEYS", "1000"]);
+            let keys: Vec<V> = log.items().iter().filter_map(|e| e.get("key")).collect();
+            if !keys.contains(&V::s(&noted)) {
+                failures.push(format!("{family} {path:?}: {noted} not in the big-key log"));
+            }
+            if keys.iter().any(|n| n.bytes().starts_with(b"{mx}")) {
+                failures.push(format!("{family} {path:?}: a stored name in the big-key log: {keys:?}"));
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
