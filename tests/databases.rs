@@ -79,6 +79,27 @@ fn select_works_in_front_of_a_valkey_cluster_with_databases() {
     assert_eq!(three.cmd(&["EVAL", "return redis.call('GET', KEYS[1])", "1", "{db:t}a"]), V::s("2"));
     assert!(zero.cmd(&["EXISTS", "{db:t}a"]) == V::Int(0));
 
+    // a split command and a lock land in the client's database too: MSET / MGET over
+    // keys of several masters, and LOCK.ACQUIRE (run by heatshield's lock task)
+    let keys: Vec<String> = (0..6).map(|i| format!("db:split{i}")).collect();
+    let mut mset = vec!["MSET"];
+    for k in &keys {
+        mset.extend([k.as_str(), "s3"]);
+    }
+    assert_eq!(three.cmd(&mset), V::ok());
+    let mut mget = vec!["MGET"];
+    mget.extend(keys.iter().map(String::as_str));
+    assert_eq!(three.cmd(&mget), V::strs(&["s3"; 6]));
+    assert_eq!(zero.cmd(&mget), V::Arr(vec![V::Nil; 6]));
+    for k in &keys {
+        assert_eq!(in_db(cluster.master_for_key(k.as_bytes()), 3, &["GET", k]), V::s("s3"), "{k} in db 3");
+    }
+    assert!(three.cmd(&["LOCK.ACQUIRE", "db:lock", "me", "10000"]).int() > 0);
+    assert_eq!(three.cmd(&["EXISTS", "db:lock"]), V::Int(1), "the lock in the client's database");
+    assert_eq!(zero.cmd(&["EXISTS", "db:lock"]), V::Int(0));
+    assert_eq!(in_db(cluster.master_for_key(b"db:lock"), 3, &["EXISTS", "db:lock"]), V::Int(1));
+    assert_eq!(three.cmd(&["LOCK.RELEASE", "db:lock", "me"]), V::Int(1));
+
     // WATCH guards the key in its own database: a write of the same name elsewhere does
     // not touch it, a write in its database does
     assert_eq!(three.cmd(&["WATCH", "{db:t}a"]), V::ok());
