@@ -13,9 +13,8 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::command::learned;
-use crate::protocol::Request;
 use crate::proxy::Proxy;
-use crate::upstream::backend;
+use crate::upstream::side::Side;
 
 /// What one master said about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,25 +111,18 @@ async fn check(proxy: &Proxy, seen: &mut Vec<Seen>) -> Result<(), String> {
 /// A connection of the learner's own to one master.
 struct Conn {
     addr: String,
-    stream: crate::tls::Link,
-    timeout: Duration,
+    side: Side,
 }
 
 impl Conn {
     async fn open(node: &crate::upstream::cluster::NodePool) -> Result<Conn, String> {
-        let opts = crate::upstream::backend::BackendOptions { resp3: false, ..node.options().clone() };
-        let (stream, _) = tokio::time::timeout(opts.command_timeout, backend::connect(&node.addr, &opts))
-            .await
-            .map_err(|_| "timeout".to_string())?
-            .map_err(|e| e.to_string())?;
-        Ok(Conn { addr: node.addr.to_string(), stream, timeout: opts.command_timeout })
+        let mut side = Side::new(node.addr.clone(), node.options(), "learn");
+        side.open().await.map_err(|e| e.to_string())?;
+        Ok(Conn { addr: node.addr.to_string(), side })
     }
 
     async fn ask(&mut self, args: &[&str]) -> Result<bytes::Bytes, String> {
-        tokio::time::timeout(self.timeout, backend::roundtrip(&mut self.stream, Request::from_args(args).raw()))
-            .await
-            .map_err(|_| "timeout".to_string())?
-            .map_err(|e| e.to_string())
+        self.side.call(args).await.map_err(|e| e.to_string())
     }
 
     /// The master's version and command count.

@@ -14,12 +14,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::protocol::Request;
 use crate::protocol::reply::Value;
 use crate::services::colocate::{Rules, compile};
-use crate::tls::Link;
-use crate::upstream::backend::{BackendOptions, connect, roundtrip};
+use crate::upstream::backend::BackendOptions;
 use crate::upstream::cluster::{Cluster, slot};
+use crate::upstream::side::Side;
 
 /// What one run found and did.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -49,28 +48,13 @@ pub struct Options {
 /// One connection per node, opened when first needed.
 struct Nodes {
     opts: BackendOptions,
-    links: HashMap<String, Link>,
+    links: HashMap<String, Side>,
 }
 
 impl Nodes {
     async fn ask(&mut self, addr: &str, args: &[&[u8]]) -> Result<Bytes, String> {
-        if !self.links.contains_key(addr) {
-            let (link, _) = connect(addr, &self.opts).await.map_err(|e| format!("{addr}: {e}"))?;
-            self.links.insert(addr.to_string(), link);
-        }
-        let link = self.links.get_mut(addr).ok_or("no link")?;
-        let req = Request::from_args(args);
-        match tokio::time::timeout(self.opts.command_timeout, roundtrip(link, req.raw())).await {
-            Ok(Ok(r)) => Ok(r),
-            Ok(Err(e)) => {
-                self.links.remove(addr);
-                Err(format!("{addr}: {e}"))
-            }
-            Err(_) => {
-                self.links.remove(addr);
-                Err(format!("{addr}: no reply in time"))
-            }
-        }
+        let side = self.links.entry(addr.to_string()).or_insert_with(|| Side::new(addr, &self.opts, "migrate"));
+        side.call(args).await.map_err(|e| format!("{addr}: {e}"))
     }
 }
 

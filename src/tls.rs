@@ -272,6 +272,14 @@ impl Link {
         }
     }
 
+    /// The TCP socket under the connection (for socket options).
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Link::Plain(s) => s,
+            Link::Tls(s) => s.get_ref().0,
+        }
+    }
+
     /// Writes all of `data` and flushes it: over TLS, records the socket did not take
     /// at once are still heatshield's until flushed.
     pub async fn send(&mut self, data: &[u8]) -> io::Result<()> {

@@ -14,10 +14,10 @@ use crate::life::drain::{drain, shutdown_signal};
 use crate::life::gauges::spawn_gauges;
 use crate::life::listen::{Bound, listen};
 use crate::life::reloaders::{spawn_reloader, spawn_tls_reloader};
-use crate::protocol::Request;
 use crate::proxy::Proxy;
-use crate::upstream::backend::{self, BackendOptions};
+use crate::upstream::backend::BackendOptions;
 use crate::upstream::cluster::Cluster;
+use crate::upstream::side::Side;
 
 /// The options of heatshield's connections to the nodes, from the configuration; `Err`
 /// names what cannot be loaded (backend TLS's certificates).
@@ -107,8 +107,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overri
     // only leaves the default in place.
     let probe = async {
         let node = cluster.topology().masters.first()?.addr.clone();
-        let (mut s, _) = backend::connect(&node, &opts).await.ok()?;
-        let reply = backend::roundtrip(&mut s, Request::from_args(&["INFO", "server"]).raw()).await.ok()?;
+        let reply = Side::new(node, &opts, "version").call(&["INFO", "server"]).await.ok()?;
         crate::face::info::redis_version_of(&reply)
     };
     if let Ok(Some(v)) = tokio::time::timeout(opts.command_timeout, probe).await {

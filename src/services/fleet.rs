@@ -36,8 +36,8 @@ use tracing::{debug, info, warn};
 use crate::protocol::Request;
 use crate::protocol::reply::Value;
 use crate::services::ratelimit::{Limiter, Plan, Rule, Seen};
-use crate::upstream::backend;
 use crate::upstream::cluster::{Cluster, slot};
+use crate::upstream::side::Side;
 
 /// `[fleet]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -266,15 +266,10 @@ return redis.call('HGETALL', KEYS[1])";
 /// The script an instance that stops runs: its report and membership go at once.
 const LEAVE: &str = "redis.call('HDEL', KEYS[1], ARGV[1]) return redis.call('ZREM', KEYS[2], ARGV[1])";
 
-/// The fleet task's connection to the master of the fleet's slot.
-struct Link {
-    addr: String,
-    stream: crate::tls::Link,
-}
-
 /// What the task keeps between rounds.
 struct Round {
-    link: Option<Link>,
+    /// The connection to the master of the fleet's slot.
+    link: Option<Side>,
     last: Instant,
     /// Each rule's demand counted at the last round, by rule id.
     counted: HashMap<String, u64>,
@@ -329,14 +324,9 @@ pub async fn leave(fleet: &Fleet, cluster: &Cluster) {
     let (reports, members) = fleet.config.keys();
     let req = Request::from_args(&["EVAL", LEAVE, "2", &reports, &members, &fleet.id]);
     let Some(node) = cluster.topology().master_for_slot(slot::slot(reports.as_bytes())).cloned() else { return };
-    let opts = backend::BackendOptions { resp3: false, tracking: None, ..node.options().clone() };
-    let left = tokio::time::timeout(opts.command_timeout, async {
-        let (mut s, _) = backend::connect(&node.addr, &opts).await?;
-        backend::roundtrip(&mut s, req.raw()).await
-    })
-    .await;
-    match left {
-        Ok(Ok(_)) => info!(fleet = %fleet.config.name, "left the fleet"),
+    let mut side = Side::new(node.addr.clone(), node.options(), "fleet");
+    match side.call_raw(req.raw(), 1).await {
+        Ok(_) => info!(fleet = %fleet.config.name, "left the fleet"),
         _ => {
             warn!(fleet = %fleet.config.name, "could not leave the fleet; the others drop this instance after fleet.member_ttl_ms")
         }
@@ -408,22 +398,15 @@ async fn exchange(fleet: &Fleet, cluster: &Cluster, round: &mut Round, me: &Repo
         .master_for_slot(slot::slot(reports.as_bytes()))
         .cloned()
         .ok_or("no master for the fleet's slot")?;
-    let opts = backend::BackendOptions { resp3: false, tracking: None, ..node.options().clone() };
-    if round.link.as_ref().is_none_or(|l| l.addr != *node.addr) {
-        let (stream, _) = tokio::time::timeout(opts.command_timeout, backend::connect(&node.addr, &opts))
-            .await
-            .map_err(|_| format!("{}: connect timeout", node.addr))?
-            .map_err(|e| format!("{}: {e}", node.addr))?;
-        round.link = Some(Link { addr: node.addr.to_string(), stream });
+    if round.link.as_ref().is_none_or(|l| **l.addr() != *node.addr) {
+        round.link = Some(Side::new(node.addr.clone(), node.options(), "fleet"));
     }
     let Some(link) = round.link.as_mut() else { return Err("no link".into()) };
     let ttl = fleet.config.member_ttl_ms.to_string();
     let body = me.encode();
     let req = Request::from_args(&["EVAL", SYNC, "2", &reports, &members, &fleet.id, &ttl, &body]);
-    let reply = tokio::time::timeout(opts.command_timeout, backend::roundtrip(&mut link.stream, req.raw()))
-        .await
-        .map_err(|_| format!("{}: timeout", link.addr))?
-        .map_err(|e| format!("{}: {e}", link.addr))?;
+    let reply =
+        link.call_raw(req.raw(), 1).await.map_err(|e| format!("{}: {e}", link.addr()))?.pop().unwrap_or_default();
     match Value::parse(&reply) {
         Ok((Value::Array(v), _)) => Ok(v
             .chunks(2)
@@ -438,7 +421,7 @@ async fn exchange(fleet: &Fleet, cluster: &Cluster, round: &mut Round, me: &Repo
             {
                 cluster.request_refresh();
             }
-            Err(format!("{}: {}", link.addr, String::from_utf8_lossy(&reply[..reply.len().min(200)]).trim_end()))
+            Err(format!("{}: {}", link.addr(), String::from_utf8_lossy(&reply[..reply.len().min(200)]).trim_end()))
         }
     }
 }

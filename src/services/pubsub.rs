@@ -31,15 +31,14 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
-use tokio::io::AsyncReadExt;
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
 
 use crate::mailbox::{Delivery, ReplyTx, Tag};
 use crate::protocol::Request;
-use crate::protocol::reply::{ReplyScanner, Value};
-use crate::upstream::backend::{self, BackendOptions};
+use crate::protocol::reply::Value;
 use crate::upstream::cluster::{Cluster, NodePool, slot};
+use crate::upstream::side::Side;
 
 /// After the home master changed, how long messages from the new home (other than
 /// notifications) are not passed on. Redis Cluster's bus may bring the new home a message
@@ -713,17 +712,14 @@ pub fn start(hub: Arc<Hub>) {
 
 /// Keeps one link's connection up while the hub keeps the link.
 async fn link(hub: Arc<Hub>, pool: Arc<NodePool>, mut rx: mpsc::UnboundedReceiver<Op>) {
-    let opts = BackendOptions { resp3: true, tracking: None, ..pool.options().clone() };
-    let mut backoff = Duration::from_millis(50);
+    let mut side = Side::new(pool.addr.clone(), pool.options(), "pubsub").resp3();
     loop {
-        match serve(&hub, &pool, &opts, &mut rx).await {
+        match serve(&hub, &pool, &mut side, &mut rx).await {
             Ok(()) => break,
-            Err(e) => {
-                warn!(node = %pool.addr, error = %e, "pub/sub connection lost; subscribing again");
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-            }
+            Err(e) => warn!(node = %pool.addr, error = %e, "pub/sub connection lost; subscribing again"),
         }
-        tokio::time::sleep(backoff).await;
+        side.close();
+        side.backoff.wait().await;
         if rx.is_closed() {
             break;
         }
@@ -750,11 +746,11 @@ fn encode(op: &Op, out: &mut BytesMut, fifo: &mut VecDeque<Sent>) {
 async fn serve(
     hub: &Hub,
     pool: &Arc<NodePool>,
-    opts: &BackendOptions,
+    s: &mut Side,
     rx: &mut mpsc::UnboundedReceiver<Op>,
 ) -> std::io::Result<()> {
-    let (mut s, _) = backend::connect(&pool.addr, opts).await?;
-    backend::roundtrip(&mut s, Request::from_args(&["CLIENT", "SETNAME", "heatshield-pubsub"]).raw()).await?;
+    s.open().await?;
+    s.backoff.reset();
     // what was asked while down is in the link's set already
     while rx.try_recv().is_ok() {}
     let mut fifo: VecDeque<Sent> = VecDeque::new();
@@ -765,8 +761,6 @@ async fn serve(
     s.send(&out).await?;
     out.clear();
     debug!(node = %pool.addr, subscriptions = fifo.len(), "pub/sub connection up");
-    let mut buf = BytesMut::with_capacity(16 * 1024);
-    let mut scanner = ReplyScanner::new();
     loop {
         tokio::select! {
             op = rx.recv() => {
@@ -778,15 +772,7 @@ async fn serve(
                 s.send(&out).await?;
                 out.clear();
             }
-            r = s.read_buf(&mut buf) => {
-                if r? == 0 {
-                    return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed by peer"));
-                }
-                while let Some(n) = scanner.scan(&buf).map_err(std::io::Error::other)? {
-                    let frame = buf.split_to(n).freeze();
-                    on_frame(hub, &pool.addr, frame, &mut fifo);
-                }
-            }
+            frame = s.frame() => on_frame(hub, &pool.addr, frame?, &mut fifo),
         }
     }
 }

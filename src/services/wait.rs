@@ -20,15 +20,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::AsyncReadExt;
 use tokio::sync::Semaphore;
 
 use crate::mailbox::{Delivery, ReplyTx, Tag};
 use crate::protocol::Request;
-use crate::protocol::reply::ReplyScanner;
-use crate::tls::Link;
-use crate::upstream::backend::{self, BackendOptions};
 use crate::upstream::cluster::{NodePool, Topology};
+use crate::upstream::side::Side;
 
 /// WAIT / WAITAOF asked at once, proxy-wide (each holds one connection per master asked).
 pub const MAX_RUNNING: usize = 64;
@@ -150,34 +147,27 @@ async fn answer(
 /// error reply to give the client.
 async fn ask(a: &Ask, data: &Bytes, deadline: Option<Instant>, gone: &ReplyTx) -> Result<[i64; 2], Bytes> {
     let fail = |e: String| crate::errors::resp(&crate::errors::wait_failed(&a.node.addr, &e));
-    let opts = BackendOptions { resp3: false, ..a.node.options().clone() };
-    let timeout = opts.command_timeout;
-    let (mut s, _) = tokio::time::timeout(timeout, backend::connect(&a.node.addr, &opts))
-        .await
-        .map_err(|_| fail("timeout".into()))?
-        .map_err(|e| fail(e.to_string()))?;
+    let mut s = Side::new(a.node.addr.clone(), a.node.options(), "wait");
+    s.open().await.map_err(|e| fail(e.to_string()))?;
     if let Some(key) = &a.touch {
         let mut batch = BytesMut::new();
         for args in [&["MULTI"][..], &["SET", key, "1"], &["DEL", key], &["EXEC"]] {
             batch.extend_from_slice(Request::from_args(args).raw());
         }
-        let replies =
-            tokio::time::timeout(timeout, exchange(&mut s, &batch, 4)).await.map_err(|_| fail("timeout".into()))?;
-        let replies = replies.map_err(|e| fail(e.to_string()))?;
+        let replies = s.call_raw(&batch, 4).await.map_err(|e| fail(e.to_string()))?;
         if let Some(e) = replies.iter().find(|r| r.first() == Some(&b'-')) {
             return Err(fail(String::from_utf8_lossy(e.trim_ascii_end()).into_owned()));
         }
     }
     // the master times the client's timeout; heatshield gives it the usual reply time on
     // top, and stops when the client has gone (the connection closed unblocks it)
-    let until = deadline.map(|d| d + timeout);
-    let reply = exchange(&mut s, data, 1);
-    tokio::pin!(reply);
+    let until = deadline.map(|d| d + a.node.options().command_timeout);
+    s.send(data).await.map_err(|e| fail(e.to_string()))?;
     loop {
         tokio::select! {
-            r = &mut reply => {
+            r = s.frame() => {
                 let r = r.map_err(|e| fail(e.to_string()))?;
-                return counts(&r[0]).ok_or_else(|| r[0].clone());
+                return counts(&r).ok_or(r);
             }
             _ = tokio::time::sleep(GONE_CHECK) => {
                 if gone.is_closed() || until.is_some_and(|u| Instant::now() >= u) {
@@ -186,24 +176,6 @@ async fn ask(a: &Ask, data: &Bytes, deadline: Option<Instant>, gone: &ReplyTx) -
             }
         }
     }
-}
-
-/// Writes `data` and reads `n` replies.
-async fn exchange(s: &mut Link, data: &[u8], n: usize) -> std::io::Result<Vec<Bytes>> {
-    s.send(data).await?;
-    let mut buf = BytesMut::with_capacity(256);
-    let mut sc = ReplyScanner::new();
-    let mut out = Vec::with_capacity(n);
-    while out.len() < n {
-        if let Some(len) = sc.scan(&buf).map_err(std::io::Error::other)? {
-            out.push(buf.split_to(len).freeze());
-            continue;
-        }
-        if s.read_buf(&mut buf).await? == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed"));
-        }
-    }
-    Ok(out)
 }
 
 /// WAIT's `:n` as `[n, n]`, WAITAOF's `*2 :local :replicas`; `None` for anything else (an

@@ -559,8 +559,10 @@ pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<(Link
     }
 }
 
-/// Sends one request on a fresh connection and reads one whole reply (handshakes, topology).
-pub async fn roundtrip(s: &mut Link, req: &[u8]) -> std::io::Result<Bytes> {
+/// Sends one handshake request on a fresh connection and reads its reply (nothing else
+/// has been sent, so nothing follows it; heatshield's own connections read replies
+/// through [`crate::upstream::side::Side`]).
+async fn roundtrip(s: &mut Link, req: &[u8]) -> std::io::Result<Bytes> {
     // A node that speaks only TLS closes (or resets) a plain connection at its first
     // bytes: said so, rather than left as a bare "connection reset".
     let plain = matches!(s, Link::Plain(_));

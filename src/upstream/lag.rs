@@ -21,10 +21,11 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info};
 
-use crate::protocol::Request;
-use crate::tls::Link;
-use crate::upstream::backend::{self, BackendOptions, clock_ms};
+use bytes::Bytes;
+
+use crate::upstream::backend::clock_ms;
 use crate::upstream::cluster::{Cluster, NodePool};
+use crate::upstream::side::Side;
 
 /// How often the slot map is read again while a master has no replica known.
 const ASK_AGAIN: Duration = Duration::from_secs(2);
@@ -66,10 +67,9 @@ pub fn spawn(cluster: Arc<Cluster>, every: Duration, keep: Duration) {
                 if tasks.contains_key(&addr) {
                     continue;
                 }
-                let opts = BackendOptions { resp3: false, tracking: None, readonly: false, ..m.options().clone() };
                 let master = m.addr.clone();
                 info!(replica = %addr, master = %master, "watching the replica's lag for reads");
-                let task = tokio::spawn(watch(master.clone(), r, opts, every, keep));
+                let task = tokio::spawn(watch(m, r, every, keep));
                 tasks.insert(addr, (master, task));
             }
             drop(c);
@@ -102,26 +102,28 @@ impl Samples {
 }
 
 /// One replica's watch: samples its master, then asks the replica, every `every`.
-async fn watch(master: Arc<str>, replica: Arc<NodePool>, opts: BackendOptions, every: Duration, keep: Duration) {
+async fn watch(master: Arc<NodePool>, replica: Arc<NodePool>, every: Duration, keep: Duration) {
     let gauge = metrics::gauge!("heatshield_replica_lag_seconds", "node" => replica.addr.to_string());
     let mut samples =
         Samples { list: VecDeque::new(), keep_ms: keep.as_millis() as u64 + 2 * every.as_millis() as u64 };
-    let mut links: (Option<Link>, Option<Link>) = (None, None);
     // a question unanswered within this long counts as down (the replica ages meanwhile)
+    let opts = master.options();
     let timeout = every.max(Duration::from_millis(100)).min(opts.command_timeout);
+    let mut to_master = Side::new(master.addr.clone(), opts, "lag").timeout(timeout);
+    let mut to_replica = Side::new(replica.addr.clone(), opts, "lag").timeout(timeout);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let at = clock_ms(Instant::now());
-        match offset(&mut links.0, &master, &opts, timeout, b"master_repl_offset:").await {
+        match offset(&mut to_master, b"master_repl_offset:").await {
             Some(m) => samples.push(at, m),
             None => {
                 // no sample: the replica's standing is unknown from here on, and ages
-                debug!(master = %master, "replication offset of the master not read");
+                debug!(master = %master.addr, "replication offset of the master not read");
             }
         }
-        let synced = match replica_offset(&mut links.1, &replica.addr, &opts, timeout).await {
+        let synced = match replica_offset(&mut to_replica).await {
             Some(r) => samples.reached(r),
             None => 0,
         };
@@ -136,41 +138,26 @@ async fn watch(master: Arc<str>, replica: Arc<NodePool>, opts: BackendOptions, e
     }
 }
 
-/// `field` (an offset) of `INFO replication` on `addr`, on `link` (connected if needed;
-/// dropped on any failure).
-async fn offset(
-    link: &mut Option<Link>,
-    addr: &str,
-    opts: &BackendOptions,
-    timeout: Duration,
-    field: &[u8],
-) -> Option<u64> {
-    let text = info(link, addr, opts, timeout).await?;
+/// `field` (an offset) of `INFO replication` on the connection's node.
+async fn offset(side: &mut Side, field: &[u8]) -> Option<u64> {
+    let text = info(side).await?;
     number(&text, field)
 }
 
 /// A replica's `slave_repl_offset`, if its link to its master is up.
-async fn replica_offset(link: &mut Option<Link>, addr: &str, opts: &BackendOptions, timeout: Duration) -> Option<u64> {
-    let text = info(link, addr, opts, timeout).await?;
+async fn replica_offset(side: &mut Side) -> Option<u64> {
+    let text = info(side).await?;
     if !contains(&text, b"master_link_status:up") {
         return None;
     }
     number(&text, b"slave_repl_offset:")
 }
 
-async fn info(link: &mut Option<Link>, addr: &str, opts: &BackendOptions, timeout: Duration) -> Option<Vec<u8>> {
-    static INFO: std::sync::LazyLock<Request> =
-        std::sync::LazyLock::new(|| Request::from_args(&["INFO", "replication"]));
-    let ask = async {
-        if link.is_none() {
-            *link = Some(backend::connect(addr, opts).await.ok()?.0);
-        }
-        backend::roundtrip(link.as_mut()?, INFO.raw()).await.ok()
-    };
-    match tokio::time::timeout(timeout, ask).await {
-        Ok(Some(reply)) if reply.first() == Some(&b'$') => Some(reply.to_vec()),
+async fn info(side: &mut Side) -> Option<Bytes> {
+    match side.call(&["INFO", "replication"]).await {
+        Ok(reply) if reply.first() == Some(&b'$') => Some(reply),
         _ => {
-            *link = None;
+            side.close();
             None
         }
     }

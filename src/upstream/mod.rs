@@ -3,6 +3,8 @@
 //!
 //! - [`backend`]: pipelined connections to one node (shared and dedicated), the order in
 //!   which blocking commands reach a node, server-assisted caching state per node;
+//! - [`side`]: heatshield's own connections to a node (topology, lag, WAIT, the fleet,
+//!   subscribers, invalidations), one type with one handshake, timeout and backoff;
 //! - [`cluster`]: the slot function, slot map snapshots, node pools, topology refresh and
 //!   the nodes the cluster announced;
 //! - [`lag`]: how far behind each replica that serves reads is, from its and its
@@ -14,3 +16,4 @@ pub mod backend;
 pub mod cluster;
 pub mod lag;
 pub mod retry;
+pub mod side;

@@ -23,18 +23,17 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
-use tokio::io::AsyncReadExt;
 use tracing::{debug, info, warn};
 
 use super::clients::ClientSide;
 use super::{Cause, HotCache};
 use crate::mailbox::Tag;
 use crate::protocol::Request;
-use crate::protocol::reply::{ReplyScanner, Value, error_text};
-use crate::upstream::backend::{self, BackendOptions, BackendRequest, Prefix};
+use crate::protocol::reply::{Value, error_text};
+use crate::upstream::backend::{BackendRequest, Prefix};
 use crate::upstream::cluster::Cluster;
 use crate::upstream::cluster::NodePool;
+use crate::upstream::side::Side;
 
 /// What the cache's tasks use: the cache, the tracking clients' table and the cluster
 /// view, nothing else of the proxy.
@@ -113,27 +112,20 @@ fn is_master(h: &Handles, pool: &Arc<NodePool>) -> bool {
 /// Keeps `pool`'s invalidation connection up and applies what it reports, while the node
 /// is a master.
 async fn invalidations(h: Arc<Handles>, pool: Arc<NodePool>) {
-    let opts = BackendOptions { resp3: true, tracking: None, ..pool.options().clone() };
-    let mut backoff = Duration::from_millis(50);
+    let mut side = Side::new(pool.addr.clone(), pool.options(), "invalidations").resp3();
     while is_master(&h, &pool) {
-        match serve(&h, &pool, &opts).await {
-            Ok(()) => backoff = Duration::from_millis(50),
-            Err(e) => {
-                debug!(node = %pool.addr, error = %e, "invalidation connection failed");
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-            }
+        if let Err(e) = serve(&h, &pool, &mut side).await {
+            debug!(node = %pool.addr, error = %e, "invalidation connection failed");
         }
-        tokio::time::sleep(backoff).await;
+        side.close();
+        side.backoff.wait().await;
     }
     debug!(node = %pool.addr, "node left the topology; its invalidation task ends");
 }
 
 /// One invalidation connection's life. Returns when it breaks.
-async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std::io::Result<()> {
-    let (mut s, _) = backend::connect(&pool.addr, opts).await?;
-    let name = Request::from_args(&["CLIENT", "SETNAME", "heatshield-invalidations"]);
-    backend::roundtrip(&mut s, name.raw()).await?;
-    let reply = backend::roundtrip(&mut s, Request::from_args(&["CLIENT", "ID"]).raw()).await?;
+async fn serve(h: &Handles, pool: &Arc<NodePool>, s: &mut Side) -> std::io::Result<()> {
+    let reply = s.call(&["CLIENT", "ID"]).await?;
     let id = match Value::parse(&reply) {
         Ok((Value::Int(id), _)) if id > 0 => id as u64,
         _ => return Err(std::io::Error::other("unexpected CLIENT ID reply")),
@@ -144,8 +136,8 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
     let mut bcast_asked = false;
     let mut _reporting = None;
     if *wanted.borrow_and_update() {
-        let r = backend::roundtrip(&mut s, BCAST.raw()).await?;
-        bcast_on(h, pool, &r)?;
+        let r = s.call_raw(BCAST.raw(), 1).await?;
+        bcast_on(h, pool, r.first().map_or(&b""[..], |r| &r[..]))?;
         _reporting = Some(h.clients.reporting_on());
         bcast_asked = true;
     }
@@ -173,8 +165,6 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
         }
     }
 
-    let mut buf = BytesMut::with_capacity(16 * 1024);
-    let mut scanner = ReplyScanner::new();
     let mut check = tokio::time::interval(Duration::from_secs(1));
     let result = loop {
         tokio::select! {
@@ -192,29 +182,19 @@ async fn serve(h: &Handles, pool: &Arc<NodePool>, opts: &BackendOptions) -> std:
                     break Ok(());
                 }
             }
-            r = s.read_buf(&mut buf) => {
-                match r {
-                    Ok(0) => break Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed by peer")),
+            r = s.frame() => {
+                let frame = match r {
+                    Ok(f) => f,
                     Err(e) => break Err(e),
-                    Ok(_) => {}
-                }
-                loop {
-                    match scanner.scan(&buf) {
-                        Ok(Some(n)) => {
-                            let frame = buf.split_to(n);
-                            if matches!(frame.first(), Some(b'+' | b'-')) {
-                                // the only command sent here since setup: BCAST's reply
-                                if let Err(e) = bcast_on(h, pool, &frame) {
-                                    return finish(h, pool, Err(e));
-                                }
-                                _reporting = Some(h.clients.reporting_on());
-                            } else {
-                                apply(h, pool, &frame);
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(e) => return finish(h, pool, Err(std::io::Error::other(e))),
+                };
+                if matches!(frame.first(), Some(b'+' | b'-')) {
+                    // the only command sent here since setup: BCAST's reply
+                    if let Err(e) = bcast_on(h, pool, &frame) {
+                        break Err(e);
                     }
+                    _reporting = Some(h.clients.reporting_on());
+                } else {
+                    apply(h, pool, &frame);
                 }
             }
             Some(r) = rearm_rx.recv() => {

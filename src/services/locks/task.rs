@@ -16,10 +16,11 @@ use tracing::{debug, warn};
 use super::{CHANNEL, Event, FALLBACK_RETRY, LockCmd, LockRequest, Locks, Waiter, client_reply};
 use crate::mailbox::{BackendError, BackendReply, Delivery, ReplyTx, Tag};
 use crate::protocol::reply::{Redirect, Value};
-use crate::protocol::{Proto, Request, Writer};
+use crate::protocol::{Proto, Writer};
 use crate::upstream::backend::{BackendRequest, Prefix};
 use crate::upstream::cluster::slot;
 use crate::upstream::retry::{self, Attempt, RETRY_DELAY, Step};
+use crate::upstream::side::Side;
 
 /// What the lock task and the subscriber use: the lock service and the cluster view,
 /// nothing else of the proxy.
@@ -41,48 +42,30 @@ pub fn start(locks: Arc<Locks>, cluster: Arc<crate::upstream::cluster::Cluster>)
 
 /// Listens for releases published anywhere in the cluster (PUBLISH reaches every node).
 async fn subscriber(h: Arc<Handles>, tx: mpsc::UnboundedSender<Event>) {
-    use tokio::io::AsyncReadExt;
     let mut attempt = 0usize;
+    let mut backoff = crate::upstream::side::Backoff::default();
     loop {
         let masters = h.cluster.topology().masters.clone();
         if let Some(node) = masters.get(attempt % masters.len().max(1)) {
-            let opts =
-                crate::upstream::backend::BackendOptions { resp3: false, tracking: None, ..node.options().clone() };
-            if let Ok((mut s, _)) = crate::upstream::backend::connect(&node.addr, &opts).await {
-                let sub = Request::from_args(&["SUBSCRIBE", CHANNEL]);
-                if s.send(sub.raw()).await.is_ok() {
-                    debug!(node = %node.addr, "lock release subscriber up");
-                    let mut buf = bytes::BytesMut::with_capacity(4096);
-                    let mut sc = crate::protocol::reply::ReplyScanner::new();
-                    'read: while let Ok(n) = s.read_buf(&mut buf).await {
-                        if n == 0 {
-                            break;
-                        }
-                        loop {
-                            let len = match sc.scan(&buf) {
-                                Ok(Some(len)) => len,
-                                Ok(None) => break,
-                                // bytes that are no reply: nothing after them can be read
-                                // either, and keeping them would grow the buffer without
-                                // bound; a new connection starts clean
-                                Err(_) => break 'read,
-                            };
-                            let frame = buf.split_to(len);
-                            if let Ok((Value::Array(items), _)) = Value::parse(&frame)
-                                && items.len() == 3
-                                && items[0].as_bytes() == Some(b"message")
-                                && let Some(key) = items[2].as_bytes()
-                                && tx.send(Event::Wake(Bytes::copy_from_slice(key))).is_err()
-                            {
-                                break 'read;
-                            }
-                        }
+            let mut s = Side::new(node.addr.clone(), node.options(), "locks");
+            if s.call(&["SUBSCRIBE", CHANNEL]).await.is_ok() {
+                debug!(node = %node.addr, "lock release subscriber up");
+                backoff.reset();
+                // until the connection fails (closed, bytes that are no reply)
+                while let Ok(frame) = s.frame().await {
+                    if let Ok((Value::Array(items), _)) = Value::parse(&frame)
+                        && items.len() == 3
+                        && items[0].as_bytes() == Some(b"message")
+                        && let Some(key) = items[2].as_bytes()
+                        && tx.send(Event::Wake(Bytes::copy_from_slice(key))).is_err()
+                    {
+                        return;
                     }
                 }
             }
         }
         attempt += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        backoff.wait().await;
     }
 }
 

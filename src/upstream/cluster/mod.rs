@@ -29,8 +29,9 @@ use redis_protocol::resp2::types::OwnedFrame;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
-use crate::protocol::{Proto, Request};
+use crate::protocol::Proto;
 use crate::upstream::backend::{self, Backend, BackendOptions, NodeTracking};
+use crate::upstream::side::Side;
 use crate::worker;
 pub use slot::{SLOTS, slot};
 
@@ -562,16 +563,10 @@ impl Cluster {
     /// `CLUSTER SLOTS` and `CLUSTER NODES` of one node: the slot map, and every node
     /// address the cluster announces.
     async fn fetch_slots(&self, addr: &str) -> Result<(SlotMap, HashSet<String>), String> {
-        let opts = BackendOptions { resp3: false, ..self.opts.clone() };
-        let (mut s, _) = backend::connect(addr, &opts).await.map_err(|e| e.to_string())?;
-        let ask = async |s: &mut crate::tls::Link, args: &[&str]| {
-            tokio::time::timeout(opts.command_timeout, backend::roundtrip(s, Request::from_args(args).raw()))
-                .await
-                .map_err(|_| "timeout".to_string())?
-                .map_err(|e| e.to_string())
-        };
-        let slots = ask(&mut s, &["CLUSTER", "SLOTS"]).await?;
-        let nodes = ask(&mut s, &["CLUSTER", "NODES"]).await?;
+        let mut side = Side::new(addr, &self.opts, "topology");
+        let mut ask = async |args: &[&str]| side.call(args).await.map_err(|e| e.to_string());
+        let slots = ask(&["CLUSTER", "SLOTS"]).await?;
+        let nodes = ask(&["CLUSTER", "NODES"]).await?;
         let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or("127.0.0.1");
         let mut map = parse_cluster_slots(&slots, host)?;
         let (mut announced, replicas) = parse_cluster_nodes(&nodes, host)?;
