@@ -341,3 +341,76 @@ fn max_clients_holds_exactly_across_workers() {
         }
     }
 }
+
+/// Client limits × the paths a reply comes by: a client that pipelines reads of 300 KiB
+/// (each above the soft limit) and never reads is held and cut (past `output_hard_bytes`,
+/// or over `output_soft_bytes` for `output_soft_seconds`, whichever comes first) whether
+/// its replies come from one node, from the parts of a split MGET, from EXEC (under WATCH
+/// or not), from a script or from a replica. A blocking command is read one at a time and
+/// a cache hit is answered at once, so a client of those stops being read once it holds
+/// one reply above the soft limit, which is always delivered: it is held, not cut. (So is
+/// a client that waits for each reply: docs/architecture.md.)
+#[test]
+fn a_client_that_never_reads_is_held_and_cut_whatever_path_its_replies_take() {
+    let env = ClusterEnv::start(Some(
+        "[limits]\noutput_soft_bytes = 262144\noutput_soft_seconds = 1\noutput_hard_bytes = 1048576\n\n[cache]\npin = [\"pin:*\"]\nmax_entry_bytes = 1048576\n\n\
+         [[backend.read_rules]]\npattern = \"rr:*\"\nread_from = \"replica\"\nmax_lag_ms = 5000\n",
+    ));
+    let port = env.proxy.port();
+    let mut c = Conn::connect(port);
+    let value = "v".repeat(300 * 1024);
+    for k in ["{b}a", "other", "pin:k", "rr:k"] {
+        assert_eq!(c.cmd(&["SET", k, &value]), V::ok());
+    }
+    assert_eq!(c.cmd(&["RPUSH", "{b}list", &value]), V::Int(1));
+    // the pinned key is answered from the cache from its second read; the replica has
+    // the value (another client's read, which waits for no write of its own)
+    assert_eq!(c.cmd(&["GET", "pin:k"]).bytes().len(), value.len());
+    let mut r = Conn::connect(port);
+    common::wait_until(Duration::from_secs(20), "the replica in sync", || {
+        let v = r.cmd(&["GET", "rr:k"]);
+        !v.is_err() && !v.is_nil() && v.bytes().len() == value.len()
+    });
+    let enc = |cmds: &[&[&str]]| cmds.iter().flat_map(|a| common::client::encode(a)).collect::<Vec<u8>>();
+    let cells: [(&str, Vec<u8>); 6] = [
+        ("pipeline", enc(&[&["GET", "{b}a"]])),
+        ("split", enc(&[&["MGET", "{b}a", "other"]])),
+        ("MULTI", enc(&[&["MULTI"], &["GET", "{b}a"], &["EXEC"]])),
+        ("WATCH", enc(&[&["WATCH", "{b}a"], &["MULTI"], &["GET", "{b}a"], &["EXEC"]])),
+        ("script", enc(&[&["EVAL", "return redis.call('GET', KEYS[1])", "1", "{b}a"]])),
+        ("replica", enc(&[&["GET", "rr:k"]])),
+    ];
+    let hits = |c: &mut Conn| c.cmd(&["PROXY", "CACHE", "STATS"]).get("hits").map(|v| v.int()).unwrap_or(0);
+    let replica = env.cluster.replica_of(env.cluster.master_for_key(b"rr:k"));
+    let cuts = || disconnects(&env, "output_hard") + disconnects(&env, "output_soft");
+    for (cell, bytes) in cells {
+        let before = cuts();
+        let replica_before = common::cmdstat_calls(replica, "get");
+        let started = Instant::now();
+        let (_, cut_at) = never_reads(port, bytes, Duration::from_secs(5)).join().expect("client");
+        let cut = cut_at.unwrap_or_else(|| panic!("{cell}: a client that never reads was not cut")) - started;
+        assert!(cut < Duration::from_secs(4), "{cell}: cut after {cut:?}");
+        common::wait_until(Duration::from_secs(2), "the disconnect counted", || cuts() == before + 1);
+        if cell == "replica" {
+            assert!(common::cmdstat_calls(replica, "get") > replica_before, "the reads went to the replica");
+        }
+    }
+    // blocking: once a reply above the soft limit is held, nothing more is read from the
+    // client (the socket buffers took a few replies first); Redis's node saw a bounded
+    // number of BLMOVEs, where a client read on would have sent thousands
+    // a cache hit is answered at once, so the same holds: one reply above the soft limit
+    let before = hits(&mut c);
+    let (_, cut_at) = never_reads(port, enc(&[&["GET", "pin:k"]]), Duration::from_secs(2)).join().expect("client");
+    assert!(cut_at.is_none(), "a client of cache hits holding one reply was cut");
+    let answered = hits(&mut c) - before;
+    assert!(answered > 0 && answered < 100, "{answered} cache hits answered to a client that never reads");
+    let owner = env.cluster.master_for_key(b"{b}list");
+    let before = common::cmdstat_calls(owner, "blmove");
+    let blmove = enc(&[&["BLMOVE", "{b}list", "{b}list", "LEFT", "RIGHT", "1"]]);
+    let (_, cut_at) = never_reads(port, blmove, Duration::from_secs(2)).join().expect("client");
+    assert!(cut_at.is_none(), "a client of blocking commands holding one reply was cut");
+    let moved = common::cmdstat_calls(owner, "blmove") - before;
+    assert!(moved < 100, "{moved} BLMOVEs reached the node for a client that never reads");
+    // the reading client was not touched
+    assert_eq!(c.cmd(&["GET", "{b}a"]).bytes().len(), value.len());
+}
