@@ -42,64 +42,71 @@ pub struct Stats {
     pub output_over_soft: AtomicU64,
 }
 
-/// Shared by every session.
+/// Shared by every session, its fields grouped by the phase of a request that owns them
+/// (the phases: docs/architecture.md, "One way in").
 pub struct Proxy {
+    // -- Configuration and the process's life (crate::life, crate::reload).
     pub config: Config,
-    pub commands: CommandTable,
-    pub cluster: Arc<Cluster>,
-    pub stats: Stats,
-    pub started: Instant,
-    /// `redis_version` of the backends, learned at start-up (reported by HELLO and INFO).
-    pub redis_version: parking_lot::RwLock<String>,
-    pub config_file: Option<String>,
-    /// Number of worker threads.
-    pub workers: usize,
-    /// Settings that `PROXY CONFIG SET` may change.
-    pub live: crate::config::Live,
-    pub slowlog: crate::services::stats::SlowLog,
-    pub bigkeys: crate::services::stats::BigKeys,
-    /// `HOTKEYS`: the session, if one was started.
-    pub hotkeys: crate::services::stats::Hotkeys,
-    /// Per-command statistics for INFO (per worker).
-    pub command_stats: crate::services::stats::CommandStats,
-    /// Per-command Prometheus handles.
-    pub command_metrics: crate::metrics::CommandsMetrics,
-    /// Per-key rate limits.
-    pub ratelimit: Arc<crate::services::ratelimit::Limiter>,
-    /// `/ready`'s inputs.
-    pub health: Health,
     /// The configuration in force: `config` as started, then as reloads left it
     /// (`crate::reload`; what needs a restart keeps its running value).
     pub current: arc_swap::ArcSwap<Config>,
+    /// Settings that `PROXY CONFIG SET` may change.
+    pub live: crate::config::Live,
     /// `[limits]` in force, for connections opened from now on (a reload replaces it).
     pub limits: arc_swap::ArcSwap<crate::config::LimitsConfig>,
     /// The file and command-line overrides a reload reads (set at start with --config).
     pub reload_from: std::sync::OnceLock<(std::path::PathBuf, crate::config::Overrides)>,
-    /// The fleet this heatshield divides the rate-limit rules with (`[fleet]`).
-    pub fleet: Arc<crate::services::fleet::Fleet>,
-    /// Hot-key detection and cache.
-    pub cache: Arc<crate::services::cache::HotCache>,
-    /// Lock scripts, parked ACQUIREs and KEEPALIVE locks.
-    pub locks: Arc<crate::services::locks::Locks>,
-    /// Script bodies seen, so EVALSHA runs on any master.
-    pub scripts: crate::services::scripts::Scripts,
-    /// Key colocation rules (`[[colocate]]`, `PROXY COLOCATE`).
-    pub colocate: Arc<crate::services::colocate::Colocate>,
-    /// Every client connected now (CLIENT LIST, KILL, UNBLOCK).
-    pub clients: crate::conn::Registry,
-    /// Subscriptions and their shared backend connections.
-    pub pubsub: Arc<crate::services::pubsub::Hub>,
-    /// CLIENT TRACKING: the keys each tracking client read.
-    pub client_side: Arc<crate::services::cache::clients::ClientSide>,
+    pub config_file: Option<String>,
+    pub started: Instant,
+    /// Number of worker threads.
+    pub workers: usize,
+    /// `/ready`'s inputs.
+    pub health: Health,
+    // -- Identify: the command table, what the backends are.
+    pub commands: CommandTable,
+    /// `redis_version` of the backends, learned at start-up (reported by HELLO and INFO).
+    pub redis_version: parking_lot::RwLock<String>,
     /// How many databases every master has (Valkey 9's `cluster-databases`, a standalone
     /// server's `databases`; 1 until learned, see crate::learn): what SELECT accepts.
     pub databases: std::sync::atomic::AtomicU32,
+    // -- Admit: who the client is and what it may do (ACL users, failed logins, rate limits and the fleet that divides them).
     /// ACL users (`server.users`, `ACL SETUSER`).
     pub users: crate::services::acl::Users,
     /// Failed logins by client address (`server.auth_failures_per_minute`).
     pub auth_limiter: crate::services::acl::AuthLimiter,
+    /// Per-key rate limits.
+    pub ratelimit: Arc<crate::services::ratelimit::Limiter>,
+    /// The fleet this heatshield divides the rate-limit rules with (`[fleet]`).
+    pub fleet: Arc<crate::services::fleet::Fleet>,
+    // -- Name and route: colocation's names, the cluster view, read policies.
+    /// Key colocation rules (`[[colocate]]`, `PROXY COLOCATE`).
+    pub colocate: Arc<crate::services::colocate::Colocate>,
+    pub cluster: Arc<Cluster>,
     /// Read policies: which reads go to replicas (`backend.read_from`).
     pub reads: crate::services::reads::Reads,
+    // -- Answer without a node, or through a service: the hot-key cache and tracking clients, locks, scripts, pub/sub.
+    /// Hot-key detection and cache.
+    pub cache: Arc<crate::services::cache::HotCache>,
+    /// CLIENT TRACKING: the keys each tracking client read.
+    pub client_side: Arc<crate::services::cache::clients::ClientSide>,
+    /// Lock scripts, parked ACQUIREs and KEEPALIVE locks.
+    pub locks: Arc<crate::services::locks::Locks>,
+    /// Script bodies seen, so EVALSHA runs on any master.
+    pub scripts: crate::services::scripts::Scripts,
+    /// Subscriptions and their shared backend connections.
+    pub pubsub: Arc<crate::services::pubsub::Hub>,
+    // -- Record: every connected client, and what each answered command leaves behind.
+    /// Every client connected now (CLIENT LIST, KILL, UNBLOCK).
+    pub clients: crate::conn::Registry,
+    pub stats: Stats,
+    /// Per-command statistics for INFO (per worker).
+    pub command_stats: crate::services::stats::CommandStats,
+    /// Per-command Prometheus handles.
+    pub command_metrics: crate::metrics::CommandsMetrics,
+    pub slowlog: crate::services::stats::SlowLog,
+    pub bigkeys: crate::services::stats::BigKeys,
+    /// `HOTKEYS`: the session, if one was started.
+    pub hotkeys: crate::services::stats::Hotkeys,
 }
 
 /// What statistics need of a reply once it has been written (the reply itself is gone).

@@ -35,6 +35,9 @@ pin = ["*:pin:*"]
 # the big-key row: requests of 2 KiB or more are noted under their first key
 [admin]
 bigkey_bytes = 2048
+# the slow log's row: every command is logged, and enough of them kept
+slowlog_slower_than_us = 0
+slowlog_max_len = 100000
 
 [[colocate]]
 name = "mx"
@@ -637,6 +640,68 @@ fn big_keys_are_noted_under_the_clients_names_on_every_write_path() {
             }
             if keys.iter().any(|n| n.bytes().starts_with(b"{mx}")) {
                 failures.push(format!("{family} {path:?}: a stored name in the big-key log: {keys:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The slow log (`PROXY SLOWLOG`) × every path: each write is logged with the arguments the client sent
+/// (its key's client name, never `{mx}...`) under the command the client sent, whether
+/// alone, pipelined, split, queued in MULTI (the queued command and EXEC each have their
+/// entry), under WATCH, in a script, blocking or a lock command; and so is a read sent to
+/// a replica and a read answered from the cache.
+#[test]
+fn the_slow_log_shows_the_clients_commands_on_every_path() {
+    let env = env();
+    let port = env.proxy.port();
+    let mut failures = Vec::new();
+    let logged = |c: &mut Conn, k: &str| -> Vec<Vec<String>> {
+        let log = c.cmd(&["PROXY", "SLOWLOG", "GET", "-1"]);
+        log.items()
+            .iter()
+            .map(|e| e.items()[3].items().iter().map(|a| a.text()).collect::<Vec<String>>())
+            .filter(|args| args.iter().any(|a| a.contains(k)))
+            .collect()
+    };
+    for family in FAMILIES {
+        for path in WRITE_PATHS {
+            let k = changed_key(path, &key(family, "slow", &format!("{path:?}")));
+            let mut c = Conn::connect(port);
+            let reply = change(&mut c, path, &k, "v");
+            assert!(!reply.is_err() && !reply.is_nil(), "{family} {path:?}: {reply:?}");
+            let want = match path {
+                Path::Single | Path::Pipeline | Path::Multi | Path::Watch => "SET",
+                Path::Split => "MSET",
+                Path::Eval => "EVAL",
+                Path::Evalsha => "EVALSHA",
+                Path::Fcall => "FCALL",
+                Path::Blocking => "BLMOVE",
+                Path::Lock => "LOCK.ACQUIRE",
+            };
+            let entries = logged(&mut c, &k);
+            if !entries.iter().any(|a| a[0].eq_ignore_ascii_case(want) && a.contains(&k)) {
+                failures.push(format!("{family} {path:?}: no {want} entry naming {k}: {entries:?}"));
+            }
+            if entries.iter().flatten().any(|a| a.contains("{mx}")) {
+                failures.push(format!("{family} {path:?}: a stored name in the slow log: {entries:?}"));
+            }
+        }
+        // reads: by a replica (a read rule) and from the cache (a pinned key, read twice)
+        for (area, what) in [("rr", "replica"), ("pin", "cache hit")] {
+            let k = key(family, area, "slow");
+            let mut c = Conn::connect(port);
+            assert_eq!(c.cmd(&["SET", &k, "v"]), V::ok());
+            let mut r = Conn::connect(port);
+            wait_until(Duration::from_secs(20), "the read answered", || r.cmd(&["GET", &k]) == V::s("v"));
+            assert_eq!(r.cmd(&["GET", &k]), V::s("v"));
+            let entries = logged(&mut c, &k);
+            let gets = entries.iter().filter(|a| a[0].eq_ignore_ascii_case("GET") && a[1] == k).count();
+            if gets < 2 {
+                failures.push(format!("{family} {what}: {gets} GET entries naming {k}: {entries:?}"));
+            }
+            if entries.iter().flatten().any(|a| a.contains("{mx}")) {
+                failures.push(format!("{family} {what}: a stored name in the slow log: {entries:?}"));
             }
         }
     }

@@ -58,20 +58,17 @@ use output::Output;
 use queue::{Entry, Meta, Queue, Reply};
 
 /// One client connection's state between socket events; [`run`] owns the sockets and
-/// the timer, and calls the steps below.
+/// the timer, and calls the steps below. Its fields are grouped by the phase that owns
+/// them (docs/architecture.md, "One way in").
 struct Session {
+    // -- Who and where: the client, the proxy it talks through, where its replies come back.
     proxy: Arc<Proxy>,
-    /// `[limits]` as they were when the client connected (a reload applies to later
-    /// connections).
-    limits: Arc<crate::config::LimitsConfig>,
     client: ClientState,
     /// Where backend replies for this client's requests are sent.
     tx: ReplyTx,
     scratch: BytesMut,
+    // -- Read: the socket's requests, parsed, and when they came.
     reader: RequestReader,
-    queue: Queue,
-    out: Output,
-    held: Held,
     /// Requests parsed together (see [`Session::dispatch_buffered`]).
     batch: Vec<Request>,
     /// The hash of each batched request's first key (see `Limiter::prefetch`).
@@ -85,14 +82,10 @@ struct Session {
     read_hint: usize,
     /// False after EOF, QUIT, a protocol error, or shutdown.
     reading: bool,
-    /// The connection's last reply has moved to the output.
-    closing: bool,
-    /// The last write found the socket full.
-    blocked: bool,
-    /// CLIENT KILL from another connection: close now.
-    killed: bool,
-    /// Shutdown while a blocking command waits (its reply may never come): close now.
-    stopped_blocked: bool,
+    // -- Admit and dispatch: what may go now, in the client's order (crate::conn::order).
+    /// None of `deferred`, `retrying` and `unrun` holds anything: the usual case, one
+    /// test on the request path ([`Session::recalm`] keeps it).
+    calm: bool,
     /// The place in the queue of a blocking command waiting for its reply: until it
     /// comes, no later request is dispatched (as in Redis, a blocked client's next
     /// commands wait), but the socket is still read so a disconnect is seen.
@@ -106,6 +99,11 @@ struct Session {
     retrying: SmallVec<[u64; 4]>,
     /// Backend replies held while an earlier request is being retried, in arrival order.
     parked: Vec<BackendReply>,
+    /// A TRYAGAIN or NOSCRIPT held until the requests sent behind it have their replies.
+    unrun: Option<Unrun>,
+    /// A parked reply is being handed over ([`crate::path::pending::Ctx::behind_retry`]).
+    behind_retry: bool,
+    // -- Name: colocation's names, to the cluster's form on the way in and back on the way out.
     /// The colocation rules last seen, by generation (`crate::services::colocate`).
     colocate: Option<(u64, Arc<crate::services::colocate::Rules>)>,
     /// The requests whose replies name keys a colocation rule may have renamed, by
@@ -114,21 +112,27 @@ struct Session {
     /// The fixes of the commands queued in the open transaction, by their place in it:
     /// EXEC's reply takes them.
     tx_fixes: Vec<(u32, crate::services::colocate::ReplyFix)>,
-    /// A TRYAGAIN or NOSCRIPT held until the requests sent behind it have their replies.
-    unrun: Option<Unrun>,
+    // -- Answer: one place per request in the client's order, then the socket.
+    queue: Queue,
+    out: Output,
     /// Pushes (invalidations, messages) that follow the reply of a tracking client's write
     /// still in flight, by that write's place (see [`Session::pushed`]).
     after_write: Vec<(u64, Bytes)>,
     /// The place of the last tracked write that got its reply (see [`Session::pushed`]).
     last_tracked_write: Option<u64>,
-    /// A parked reply is being handed over ([`crate::path::pending::Ctx::behind_retry`]).
-    behind_retry: bool,
-    /// None of `deferred`, `retrying` and `unrun` holds anything: the usual case, one
-    /// test on the request path ([`Session::recalm`] keeps it).
-    calm: bool,
-    /// When something may expire next (a request's deadline, the soft limit's duration);
-    /// `None`: nothing can, so idle clients cost no timer.
-    armed: Option<Instant>,
+    /// The connection's last reply has moved to the output.
+    closing: bool,
+    /// The last write found the socket full.
+    blocked: bool,
+    /// CLIENT KILL from another connection: close now.
+    killed: bool,
+    /// Shutdown while a blocking command waits (its reply may never come): close now.
+    stopped_blocked: bool,
+    // -- Limits: the bytes the client holds against `[limits]`, and the timer they may arm.
+    /// `[limits]` as they were when the client connected (a reload applies to later
+    /// connections).
+    limits: Arc<crate::config::LimitsConfig>,
+    held: Held,
     soft: usize,
     hard: usize,
     /// Reply bytes held at or below which no byte limit can apply (the least of them).
@@ -136,6 +140,9 @@ struct Session {
     max_pipeline: usize,
     request_budget: usize,
     reply_deadline: Duration,
+    /// When something may expire next (a request's deadline, the soft limit's duration);
+    /// `None`: nothing can, so idle clients cost no timer.
+    armed: Option<Instant>,
 }
 
 /// The time of a batch of backend replies, read once for all of them.
