@@ -19,6 +19,11 @@ allow_flush = true
 
 [cache]
 pin = ["{dbc}*"]
+
+[[backend.read_rules]]
+pattern = "dbr:*"
+read_from = "replica"
+max_lag_ms = 5000
 "#;
 
 /// Runs `args` on `port` in database `db` (a connection of its own).
@@ -155,6 +160,34 @@ fn select_works_in_front_of_a_valkey_cluster_with_databases() {
     // RESET goes back to database 0
     assert_eq!(seven.cmd(&["RESET"]), V::s("RESET"));
     assert!(seven.cmd(&["CLIENT", "INFO"]).text().contains(" db=0 "));
+
+    // a read a read rule sends to a replica is answered from the client's database there
+    assert_eq!(zero.cmd(&["SET", "dbr:k", "zero"]), V::ok());
+    assert_eq!(three.cmd(&["SET", "dbr:k", "three"]), V::ok());
+    let replica = cluster.replica_of(cluster.master_for_key(b"dbr:k"));
+    let mut reader3 = Conn::connect(port);
+    assert_eq!(reader3.cmd(&["SELECT", "3"]), V::ok());
+    let mut reader0 = Conn::connect(port);
+    let on_replica = |db: &str| {
+        let mut c = Conn::connect(replica);
+        assert_eq!(c.cmd(&["READONLY"]), V::ok());
+        assert_eq!(c.cmd(&["SELECT", db]), V::ok());
+        c.cmd(&["GET", "dbr:k"])
+    };
+    common::wait_until(Duration::from_secs(20), "the replica in sync", || {
+        on_replica("3") == V::s("three") && on_replica("0") == V::s("zero")
+    });
+    // (and heatshield has seen the replica reach its master's offset)
+    common::wait_until(Duration::from_secs(10), "a replica in sync for heatshield", || {
+        reader0.cmd(&["GET", "dbr:k"]) == V::s("zero")
+    });
+    let before = common::cmdstat_calls(replica, "get");
+    for _ in 0..5 {
+        assert_eq!(reader3.cmd(&["GET", "dbr:k"]), V::s("three"), "database 3, by a replica");
+        assert_eq!(reader0.cmd(&["GET", "dbr:k"]), V::s("zero"), "database 0, by a replica");
+    }
+    // (the test's own reads above are on the replica too: at least the ten of the clients)
+    assert!(common::cmdstat_calls(replica, "get") - before >= 10, "the reads went to the replica");
 }
 
 #[test]

@@ -614,6 +614,56 @@ fn shared_rate_limit_on_every_write_path() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Shared rate limits × replica read and cache hit: a shared rule (1/s, burst 1, reads,
+/// `count-cached`)
+/// over two keys, read alternately five times within a second, by a replica (a read
+/// rule) and from the cache (pinned keys): one read admitted in all, for both families,
+/// and that read was the replica's (its own counters) or a cache hit.
+#[test]
+fn shared_rate_limit_on_replica_reads_and_cache_hits() {
+    let env = env();
+    let port = env.proxy.port();
+    let mut admin = Conn::connect(port);
+    let mut failures = Vec::new();
+    for family in FAMILIES {
+        for area in ["rr", "pin"] {
+            let cell = format!("{area}{}", std::process::id());
+            // (the pl family's two keys share a hash tag, so one replica serves both)
+            let keys = match family {
+                "pl" => [format!("pl:{area}:sh{cell}:{{t}}a"), format!("pl:{area}:sh{cell}:{{t}}b")],
+                _ => [format!("mx:{area}:sh{cell}:a"), format!("mx:{area}:sh{cell}:b")],
+            };
+            let mut r = Conn::connect(port);
+            for k in &keys {
+                assert_eq!(admin.cmd(&["SET", k, "v"]), V::ok());
+                // in sync on the replica, or in the cache (a second read is a hit)
+                wait_until(Duration::from_secs(20), "the read answered", || r.cmd(&["GET", k]) == V::s("v"));
+            }
+            let rule = format!("sh-{family}-{cell}");
+            let pattern = format!("{family}:{area}:sh{cell}:*");
+            assert_eq!(
+                admin.cmd(&["PROXY", "RATELIMIT", "SET", &rule, &pattern, "1", "1", "shared", "reads", "count-cached"]),
+                V::ok()
+            );
+            let replica = env.cluster.replica_of(env.cluster.master_for_slot(stored_slot(&keys[0])));
+            let (gets, hits) = (cmdstat_calls(replica, "get"), cache_hits(&mut admin));
+            let started = Instant::now();
+            let replies: Vec<V> = (0..5).map(|i| r.cmd(&["GET", &keys[i % 2]])).collect();
+            let took = started.elapsed();
+            let (gets, hits) = (cmdstat_calls(replica, "get") - gets, cache_hits(&mut admin) - hits);
+            assert_eq!(admin.cmd(&["PROXY", "RATELIMIT", "DEL", &rule]), V::Int(1));
+            let cell = format!("{family} {area}");
+            one_admitted(&cell, &replies, took, &mut failures);
+            match area {
+                "rr" if gets != 1 => failures.push(format!("{cell}: {gets} reads on the replica")),
+                "pin" if hits != 1 => failures.push(format!("{cell}: {hits} cache hits")),
+                _ => {}
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// The big-key log × every write path: a 4 KiB value written by each path is noted under
 /// the request's first key by the client's name (never `{mx}...`): the written key, or for
 /// the blocking path the list the value was pushed to and moved from.
