@@ -757,3 +757,70 @@ fn the_slow_log_shows_the_clients_commands_on_every_path() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Command statistics (`INFO commandstats`) and `HOTKEYS` × every path, on a heatshield
+/// of their own in front of the same cluster (so only this test's commands count): each
+/// path's command counts once under the name the client sent (a split MSET once, not per
+/// part), and its key is listed by `HOTKEYS` under the client's name (never `{mx}...`);
+/// so are a read by a replica and a cache hit.
+#[test]
+fn command_statistics_and_hotkeys_on_every_path() {
+    let env = env();
+    let (_dir, path) = config_file(CONF);
+    let proxy = Proxy::start_cluster(&env.cluster, &["--config", &path]);
+    let port = proxy.port();
+    let mut admin = Conn::connect(port);
+    assert_eq!(admin.cmd(&["HOTKEYS", "START", "METRICS", "1", "NET", "COUNT", "64"]), V::ok());
+    let mut failures = Vec::new();
+    let mut keys = Vec::new();
+    for family in FAMILIES {
+        for path in WRITE_PATHS {
+            let k = changed_key(path, &key(family, "stats", &format!("{path:?}")));
+            let want = match path {
+                Path::Single | Path::Pipeline | Path::Multi | Path::Watch => "set",
+                Path::Split => "mset",
+                Path::Eval => "eval",
+                Path::Evalsha => "evalsha",
+                Path::Fcall => "fcall",
+                Path::Blocking => "blmove",
+                Path::Lock => "lock.acquire",
+            };
+            let before = cmdstat_calls(port, want);
+            let mut c = Conn::connect(port);
+            let reply = change(&mut c, path, &k, "v");
+            assert!(!reply.is_err() && !reply.is_nil(), "{family} {path:?}: {reply:?}");
+            let counted = cmdstat_calls(port, want) - before;
+            if counted != 1 {
+                failures.push(format!("{family} {path:?}: {want} counted {counted} times"));
+            }
+            // (a command is counted under its first key: BLMOVE's is the list moved from)
+            let first = if matches!(path, Path::Blocking) { format!("{k}:src") } else { k };
+            keys.push((format!("{family} {path:?}"), first));
+        }
+        for (area, what) in [("rr", "replica"), ("pin", "cache hit")] {
+            let k = key(family, area, "stats");
+            assert_eq!(admin.cmd(&["SET", &k, "v"]), V::ok());
+            let mut r = Conn::connect(port);
+            wait_until(Duration::from_secs(20), "the read answered", || r.cmd(&["GET", &k]) == V::s("v"));
+            let before = cmdstat_calls(port, "get");
+            assert_eq!(r.cmd(&["GET", &k]), V::s("v"));
+            let counted = cmdstat_calls(port, "get") - before;
+            if counted != 1 {
+                failures.push(format!("{family} {what}: get counted {counted} times"));
+            }
+            keys.push((format!("{family} {what}"), k));
+        }
+    }
+    let s = admin.cmd(&["HOTKEYS", "GET"]);
+    let listed: Vec<String> =
+        s.items()[0].get("by-net-bytes").expect("by-net-bytes").items().chunks(2).map(|p| p[0].text()).collect();
+    for (cell, k) in &keys {
+        if !listed.contains(k) {
+            failures.push(format!("{cell}: {k} not listed by HOTKEYS"));
+        }
+    }
+    if let Some(stored) = listed.iter().find(|k| k.starts_with("{mx}")) {
+        failures.push(format!("a stored name listed by HOTKEYS: {stored}"));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
