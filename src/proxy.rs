@@ -130,7 +130,7 @@ pub struct Answered<'a> {
     pub redirected: bool,
     /// Answered from the hot-key cache.
     pub cached: bool,
-    /// The request (for the slow log and the big-key log).
+    /// The request as the client sent it (for the slow log, the big-key log and HOTKEYS).
     pub req: Option<&'a Request>,
     /// The argument that is its first key (0: none).
     pub first_key: u32,
@@ -289,15 +289,10 @@ impl Proxy {
                 .as_deref()
                 .map(|n| String::from_utf8_lossy(n).into_owned())
                 .unwrap_or_default();
-            // the client's key names (crate::services::colocate)
-            let restored = match self.colocate.active() {
-                true => self.commands.lookup(req).ok().and_then(|c| self.colocate.restore_request(c, req)),
-                false => None,
-            };
             self.slowlog.record(
                 self.live.slowlog_max_len.load(Ordering::Relaxed),
                 took,
-                restored.as_ref().unwrap_or(req),
+                req,
                 &client.info.addr,
                 &name,
                 node.unwrap_or(""),

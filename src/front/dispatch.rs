@@ -142,15 +142,14 @@ fn acl_denied(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Option<crate::serv
     if perms.unrestricted() {
         return None;
     }
-    // key patterns are written for the client's names (crate::services::colocate): a
-    // stored name starts with its tag, and a script's body may be shimmed
-    let restored = match proxy.colocate.active()
-        && (cmd.keys.is_script() || ctx.req.args().skip(1).any(|a| a.first() == Some(&b'{')))
-    {
-        true => proxy.colocate.restore_request(cmd, ctx.req),
+    // key patterns are written for the client's names (crate::services::colocate): the
+    // request as the client sent it, and a stored name it sent itself (it starts with its
+    // tag) taken back to the name it stores
+    let restored = match proxy.colocate.active() && ctx.asked.args().skip(1).any(|a| a.first() == Some(&b'{')) {
+        true => proxy.colocate.restore_request(cmd, ctx.asked),
         false => None,
     };
-    let req = restored.as_ref().unwrap_or(ctx.req);
+    let req = restored.as_ref().unwrap_or(ctx.asked);
     let denial = perms.check(cmd, req).err()?;
     let object = match denial.why {
         crate::services::acl::Denied::Command => cmd.lower.as_bytes(),

@@ -180,8 +180,9 @@ pub enum Cached<'c> {
 
 /// Admission's rate-limit step, the one every path that admits keys takes (a request
 /// sent now, through [`admit`], and a command queued in a transaction,
-/// [`crate::modes::transaction`]): every key of `keys` (argument positions of
-/// `ctx.req`) checked under the client's name, a rule's pattern and a key's budget
+/// [`crate::modes::transaction`]): every key of `keys` (argument positions of the
+/// request) checked under the client's name (`ctx.asked`, and a stored name the client
+/// sent itself taken back to the name it stores), a rule's pattern and a key's budget
 /// being written for the names the client knows ([`crate::services::colocate`]), then
 /// all charged, or none. (Inlined: a call cost more than the check without rules.)
 #[inline(always)]
@@ -195,7 +196,7 @@ pub fn charge(
     if !proxy.ratelimit.active() {
         return Ok(());
     }
-    let req = ctx.req;
+    let req = ctx.asked;
     let colocated = proxy.colocate.active();
     let key = |k: u32| {
         let n = req.arg(k as usize);

@@ -66,7 +66,7 @@ pub fn forward(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
 fn read_target(proxy: &Proxy, ctx: &Ctx, s: u16, k0: u32) -> Result<Target, String> {
     use crate::services::reads::{Choice, ReadFrom};
     // (the key's policy first: a key the rules leave on the master needs no more)
-    let policy = proxy.reads.policy(ctx.req.arg(k0 as usize));
+    let policy = proxy.reads.policy(ctx.asked.arg(k0 as usize));
     if policy.0 == ReadFrom::Master {
         return Ok(Target::Slot(s));
     }

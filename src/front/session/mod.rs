@@ -564,7 +564,9 @@ impl Session {
                 Ok(reply) => Some(reply),
                 Err(r) => {
                     retried = retry::may_not_answer(&r.result) && !as_is;
-                    let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, e.meta.started);
+                    let asked = e.meta.asked.as_deref().unwrap_or(req);
+                    let mut ctx =
+                        Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, asked, e.meta.started);
                     ctx.cmd = e.meta.cmd;
                     ctx.writes = e.meta.writes;
                     ctx.behind_retry = self.behind_retry;
@@ -671,9 +673,12 @@ impl Session {
                 0
             };
             let mut batch = std::mem::take(&mut self.batch);
-            if self.proxy.colocate.active() {
-                self.colocate_batch(&mut batch);
-            }
+            // (the requests colocation renamed, as the client sent them, by place in the batch)
+            let mut asked = match self.proxy.colocate.active() {
+                true => self.colocate_batch(&mut batch),
+                false => SmallVec::new(),
+            };
+            asked.reverse();
             for (i, req) in batch.drain(..).enumerate() {
                 if !self.reading {
                     break; // after QUIT: the rest is never run
@@ -681,7 +686,11 @@ impl Session {
                 if i < hashed && req.argc() > 1 {
                     self.client.rl.expect(req.arg(1), self.hashes[i]);
                 }
-                self.dispatch(req);
+                let original = match asked.last() {
+                    Some((at, _)) if *at == i => asked.pop().map(|(_, r)| r),
+                    _ => None,
+                };
+                self.dispatch(req, original);
                 parsed += 1;
             }
             self.batch = batch;
@@ -715,15 +724,17 @@ impl Session {
     /// Dispatches one request in its place in the reply queue (it is moved there first
     /// and dispatched where it lies, so the request and its entry are not copied again).
     /// Behind a request that waits for the ordering rule it waits too.
-    fn dispatch(&mut self, req: Request) {
+    fn dispatch(&mut self, req: Request, asked: Option<Box<Request>>) {
         self.held.requests += req.raw().len();
         let deferred = self.deferred.is_some();
+        let mut meta = Meta::new(0, self.read_at, Some(req));
+        meta.asked = asked;
         self.queue.entries.push_back(Entry {
             // (dispatch_at writes the reply whatever the outcome)
             reply: Reply::Later,
             last: false,
             silent: false,
-            meta: Meta::new(0, self.read_at, Some(req)),
+            meta,
         });
         if !deferred {
             self.dispatch_at(self.queue.entries.len() - 1);
@@ -734,13 +745,15 @@ impl Session {
     /// dispatched take their keys' stored names, and their replies will show the client's
     /// (`crate::services::colocate`). A request none of whose arguments can start a rule's
     /// key, of a command whose reply names no keys, stays as it is without a lookup.
+    /// Returns the requests it renamed as the client sent them, by place in the batch.
     #[inline(never)]
-    fn colocate_batch(&mut self, batch: &mut [Request]) {
+    fn colocate_batch(&mut self, batch: &mut [Request]) -> SmallVec<[(usize, Box<Request>); 4]> {
+        let mut asked = SmallVec::new();
         let generation = self.proxy.colocate.generation();
         if self.colocate.as_ref().is_none_or(|(g, _)| *g != generation) {
             self.colocate = Some((generation, self.proxy.colocate.rules()));
         }
-        let Some((_, rules)) = &self.colocate else { return };
+        let Some((_, rules)) = &self.colocate else { return asked };
         // the place the batch's first request takes
         let base = self.queue.head + self.queue.entries.len() as u64;
         for (i, req) in batch.iter_mut().enumerate() {
@@ -761,11 +774,16 @@ impl Session {
                 }
             }
             let (new, fix) = crate::services::colocate::on_the_way_in(rules, shas, cmd, req.clone());
-            *req = new;
+            if new.raw() != req.raw() {
+                asked.push((i, Box::new(std::mem::replace(req, new))));
+            } else {
+                *req = new;
+            }
             if let Some(fix) = fix {
                 self.fixes.push((base + i as u64, fix));
             }
         }
+        asked
     }
 
     /// Colocation inside a transaction: a queued command's reply fix moves to the
@@ -811,7 +829,8 @@ impl Session {
                 crate::conn::Mode::Normal => None,
             }),
         };
-        let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, read_at);
+        let asked = meta.asked.as_deref().unwrap_or(req);
+        let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, asked, read_at);
         let outcome = crate::front::dispatch::dispatch(&self.proxy, &mut ctx);
         if let Outcome::Later = outcome {
             *reply = Reply::Later;

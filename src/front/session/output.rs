@@ -179,7 +179,7 @@ impl Session {
                     reply: summary,
                     redirected: m.redirected,
                     cached: m.cached,
-                    req: m.req.as_ref(),
+                    req: m.asked.as_deref().or(m.req.as_ref()),
                     first_key: m.first_key,
                     node: m.node.as_deref(),
                     moments,

@@ -67,8 +67,12 @@ pub struct Ctx<'a> {
     pub seq: u64,
     pub reply_to: &'a ReplyTx,
     pub scratch: &'a mut BytesMut,
-    /// The request: its bytes and where each argument is (nothing is parsed twice).
+    /// The request: its bytes and where each argument is (nothing is parsed twice), in
+    /// the cluster's names (colocation's stored names, a script's shim).
     pub req: &'a Request,
+    /// The request as the client sent it: `req` itself unless colocation renamed it.
+    /// Admission (ACL, rate limits, read rules) and the records judge this one.
+    pub asked: &'a Request,
     /// Set by dispatch: the command's id (statistics).
     pub cmd: usize,
     /// When the request had been read (saves clock reads on the request path).
@@ -123,6 +127,7 @@ impl<'a> Ctx<'a> {
         reply_to: &'a ReplyTx,
         scratch: &'a mut BytesMut,
         req: &'a Request,
+        asked: &'a Request,
         now: Instant,
     ) -> Ctx<'a> {
         Ctx {
@@ -131,6 +136,7 @@ impl<'a> Ctx<'a> {
             reply_to,
             scratch,
             req,
+            asked,
             cmd: 0,
             now,
             first_key: 0,
