@@ -109,6 +109,9 @@ struct Session {
     /// The requests whose replies name keys a colocation rule may have renamed, by
     /// place, in order: shown with the client's names when written (`output.rs`).
     fixes: Vec<(u64, Box<crate::services::colocate::ReplyFix>)>,
+    /// The requests colocation renamed, as the client sent them, by place, in order
+    /// (admission and the records judge these: `Ctx::asked`).
+    asked: Vec<(u64, Box<Request>)>,
     /// The fixes of the commands queued in the open transaction, by their place in it:
     /// EXEC's reply takes them.
     tx_fixes: Vec<(u32, crate::services::colocate::ReplyFix)>,
@@ -349,6 +352,15 @@ async fn serve(
     cut
 }
 
+/// Request `seq` as the client sent it, if colocation renamed it.
+#[inline]
+fn asked_form(asked: &[(u64, Box<Request>)], seq: u64) -> Option<&Request> {
+    if asked.is_empty() {
+        return None;
+    }
+    asked.iter().find(|(s, _)| *s == seq).map(|(_, r)| &**r)
+}
+
 impl Session {
     fn new(proxy: Arc<Proxy>, addr: String, laddr: String, tls: bool, tx: ReplyTx) -> Session {
         let id = proxy.stats.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
@@ -419,6 +431,7 @@ impl Session {
             parked: Vec::new(),
             unrun: None,
             colocate: None,
+            asked: Vec::new(),
             fixes: Vec::new(),
             tx_fixes: Vec::new(),
             calm: true,
@@ -564,7 +577,7 @@ impl Session {
                 Ok(reply) => Some(reply),
                 Err(r) => {
                     retried = retry::may_not_answer(&r.result) && !as_is;
-                    let asked = e.meta.asked.as_deref().unwrap_or(req);
+                    let asked = asked_form(&self.asked, seq).unwrap_or(req);
                     let mut ctx =
                         Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, asked, e.meta.started);
                     ctx.cmd = e.meta.cmd;
@@ -673,12 +686,9 @@ impl Session {
                 0
             };
             let mut batch = std::mem::take(&mut self.batch);
-            // (the requests colocation renamed, as the client sent them, by place in the batch)
-            let mut asked = match self.proxy.colocate.active() {
-                true => self.colocate_batch(&mut batch),
-                false => SmallVec::new(),
-            };
-            asked.reverse();
+            if self.proxy.colocate.active() {
+                self.colocate_batch(&mut batch);
+            }
             for (i, req) in batch.drain(..).enumerate() {
                 if !self.reading {
                     break; // after QUIT: the rest is never run
@@ -686,11 +696,7 @@ impl Session {
                 if i < hashed && req.argc() > 1 {
                     self.client.rl.expect(req.arg(1), self.hashes[i]);
                 }
-                let original = match asked.last() {
-                    Some((at, _)) if *at == i => asked.pop().map(|(_, r)| r),
-                    _ => None,
-                };
-                self.dispatch(req, original);
+                self.dispatch(req);
                 parsed += 1;
             }
             self.batch = batch;
@@ -724,17 +730,15 @@ impl Session {
     /// Dispatches one request in its place in the reply queue (it is moved there first
     /// and dispatched where it lies, so the request and its entry are not copied again).
     /// Behind a request that waits for the ordering rule it waits too.
-    fn dispatch(&mut self, req: Request, asked: Option<Box<Request>>) {
+    fn dispatch(&mut self, req: Request) {
         self.held.requests += req.raw().len();
         let deferred = self.deferred.is_some();
-        let mut meta = Meta::new(0, self.read_at, Some(req));
-        meta.asked = asked;
         self.queue.entries.push_back(Entry {
             // (dispatch_at writes the reply whatever the outcome)
             reply: Reply::Later,
             last: false,
             silent: false,
-            meta,
+            meta: Meta::new(0, self.read_at, Some(req)),
         });
         if !deferred {
             self.dispatch_at(self.queue.entries.len() - 1);
@@ -745,15 +749,14 @@ impl Session {
     /// dispatched take their keys' stored names, and their replies will show the client's
     /// (`crate::services::colocate`). A request none of whose arguments can start a rule's
     /// key, of a command whose reply names no keys, stays as it is without a lookup.
-    /// Returns the requests it renamed as the client sent them, by place in the batch.
+    /// A renamed request's form as the client sent it goes to [`Session::asked`].
     #[inline(never)]
-    fn colocate_batch(&mut self, batch: &mut [Request]) -> SmallVec<[(usize, Box<Request>); 4]> {
-        let mut asked = SmallVec::new();
+    fn colocate_batch(&mut self, batch: &mut [Request]) {
         let generation = self.proxy.colocate.generation();
         if self.colocate.as_ref().is_none_or(|(g, _)| *g != generation) {
             self.colocate = Some((generation, self.proxy.colocate.rules()));
         }
-        let Some((_, rules)) = &self.colocate else { return asked };
+        let Some((_, rules)) = &self.colocate else { return };
         // the place the batch's first request takes
         let base = self.queue.head + self.queue.entries.len() as u64;
         for (i, req) in batch.iter_mut().enumerate() {
@@ -775,7 +778,7 @@ impl Session {
             }
             let (new, fix) = crate::services::colocate::on_the_way_in(rules, shas, cmd, req.clone());
             if new.raw() != req.raw() {
-                asked.push((i, Box::new(std::mem::replace(req, new))));
+                self.asked.push((base + i as u64, Box::new(std::mem::replace(req, new))));
             } else {
                 *req = new;
             }
@@ -783,7 +786,6 @@ impl Session {
                 self.fixes.push((base + i as u64, fix));
             }
         }
-        asked
     }
 
     /// Colocation inside a transaction: a queued command's reply fix moves to the
@@ -829,7 +831,7 @@ impl Session {
                 crate::conn::Mode::Normal => None,
             }),
         };
-        let asked = meta.asked.as_deref().unwrap_or(req);
+        let asked = asked_form(&self.asked, seq).unwrap_or(req);
         let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, asked, read_at);
         let outcome = crate::front::dispatch::dispatch(&self.proxy, &mut ctx);
         if let Outcome::Later = outcome {

@@ -162,7 +162,7 @@ impl Session {
         // consecutive commands that ended alike are counted at once (a pipeline of GETs is
         // one increment of the exporter's shared counter, not one each)
         let mut run: Option<(usize, crate::metrics::CommandOutcome, u64)> = None;
-        for e in self.queue.entries.range(..n) {
+        for (i, e) in self.queue.entries.range(..n).enumerate() {
             let Reply::Sent { summary, at } = e.reply else { continue };
             let m = &e.meta;
             if m.cmd == PUSH_CMD {
@@ -179,7 +179,7 @@ impl Session {
                     reply: summary,
                     redirected: m.redirected,
                     cached: m.cached,
-                    req: m.asked.as_deref().or(m.req.as_ref()),
+                    req: super::asked_form(&self.asked, self.queue.head + i as u64).or(m.req.as_ref()),
                     first_key: m.first_key,
                     node: m.node.as_deref(),
                     moments,
@@ -200,6 +200,10 @@ impl Session {
         // dropped where they are, not moved out first
         self.queue.entries.drain(..n);
         self.queue.head += n as u64;
+        if !self.asked.is_empty() {
+            let head = self.queue.head;
+            self.asked.retain(|(s, _)| *s >= head);
+        }
     }
 }
 

@@ -40,11 +40,9 @@ pub(super) struct Meta {
     pub(super) redirected: bool,
     /// Answered from the hot-key cache.
     pub(super) cached: bool,
-    /// The request (its context on the reply path), in the cluster's names.
+    /// The request (its context on the reply path), in the cluster's names (as the client
+    /// sent it: `Session::asked`, when colocation renamed it).
     pub(super) req: Option<Request>,
-    /// The request as the client sent it, when colocation renamed it (admission, the
-    /// slow log, the big-key log and HOTKEYS judge this one).
-    pub(super) asked: Option<Box<Request>>,
     /// The argument that is the request's first key (0: none).
     pub(super) first_key: u32,
     /// The node that served it, noted only when it was slow to answer.
@@ -65,7 +63,6 @@ impl Meta {
             redirected: false,
             cached: false,
             req,
-            asked: None,
             first_key: 0,
             node: None,
             wait_ms: 0,
