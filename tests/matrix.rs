@@ -737,6 +737,19 @@ fn the_slow_log_shows_the_clients_commands_on_every_path() {
                 failures.push(format!("{family} {path:?}: a stored name in the slow log: {entries:?}"));
             }
         }
+        // a stored name the client sends itself is logged as sent (and judged by the
+        // rules as the name it stores: colocation.rs)
+        if family == "mx" {
+            let k = key(family, "slow", "literal");
+            let sent = format!("{{mx}}{k}");
+            let mut c = Conn::connect(port);
+            assert_eq!(c.cmd(&["SET", &sent, "v"]), V::ok());
+            assert_eq!(c.cmd(&["GET", &k]), V::s("v"), "the stored name is the same key");
+            let entries = logged(&mut c, &sent);
+            if !entries.iter().any(|a| a[0].eq_ignore_ascii_case("SET") && a[1] == sent) {
+                failures.push(format!("a stored name sent by the client not logged as sent: {entries:?}"));
+            }
+        }
         // reads: by a replica (a read rule) and from the cache (a pinned key, read twice)
         for (area, what) in [("rr", "replica"), ("pin", "cache hit")] {
             let k = key(family, area, "slow");

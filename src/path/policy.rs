@@ -80,7 +80,8 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
         if ctx.client.inflight == 0 && cache.active() {
             if mget {
                 found = Lookup::Some(hits(proxy, ctx, &keys));
-            } else if keys.len() == 1 && cache.is_cacheable(cmd) && cache.tracked(key(keys[0])) {
+            } else if keys.len() == 1 && cache.may_answer(cmd, req, false) && cache.tracked(key(keys[0])) {
+                // (not under WATCH: the test above)
                 let s = slot(key(keys[0]));
                 let Some(owner) = proxy.cluster.topology().master_for_slot(s).cloned() else {
                     // no master serves the slot now: a stale answer, if a rule allows one

@@ -319,7 +319,7 @@ pub fn answer_as_is(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: Backen
 /// was sent through heatshield, by any client: admission dropped the entry then.
 pub fn stale_answer(proxy: &Proxy, ctx: &mut Ctx, cmd: &crate::command::Command) -> Option<Bytes> {
     let cache = &proxy.cache;
-    if !cache.serves_stale() || !cache.is_cacheable(cmd) || ctx.client.modes.watch.is_some() || ctx.req.argc() < 2 {
+    if !cache.serves_stale() || !cache.may_answer(cmd, ctx.req, ctx.client.modes.watch.is_some()) {
         return None;
     }
     let req = ctx.req;
@@ -333,7 +333,7 @@ pub fn stale_answer(proxy: &Proxy, ctx: &mut Ctx, cmd: &crate::command::Command)
 fn refill(proxy: &Proxy, ctx: &mut Ctx) -> bool {
     let cache = &proxy.cache;
     let Ok(cmd) = proxy.commands.lookup(ctx.req) else { return false };
-    if !cache.enabled || !cache.is_cacheable(cmd) || ctx.req.argc() < 2 || ctx.client.modes.watch.is_some() {
+    if !cache.enabled || !cache.may_answer(cmd, ctx.req, ctx.client.modes.watch.is_some()) {
         return false;
     }
     let key = ctx.req.arg(1);

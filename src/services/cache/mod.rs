@@ -490,10 +490,13 @@ impl HotCache {
         self.enabled && (self.hot_count.load(Ordering::Relaxed) > 0 || !self.pins.is_empty())
     }
 
-    /// Whether replies of `cmd` may be cached.
+    /// Whether the reply to `req` (a `cmd`) may come from the cache or fill it: a
+    /// cacheable read naming its key, not under WATCH (reads under WATCH go to the
+    /// master, on the pinned connection). The one test of each place the cache answers
+    /// (admission, stale-if-error) or fills (admission, a fill sent again).
     #[inline]
-    pub fn is_cacheable(&self, cmd: &Command) -> bool {
-        self.cacheable[cmd.id]
+    pub fn may_answer(&self, cmd: &Command, req: &crate::protocol::Request, watching: bool) -> bool {
+        self.cacheable[cmd.id] && req.argc() >= 2 && !watching
     }
 
     /// Whether reads of `key` are cached: hot (or pinned) and not excluded.
