@@ -837,3 +837,63 @@ fn command_statistics_and_hotkeys_on_every_path() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Fleet rate limits × every write path: two heatshields of one fleet in front of the
+/// matrix's cluster divide a per-key rule of 2/s (burst 2) into 1/s (burst 1) each (a
+/// rule's part, docs/fleet.md). Five attempts on one instance within a second, each on a
+/// key of its own: one admitted on every path, for both families, and so for five reads
+/// by a replica and five cache hits. A path that skipped the fleet's part would admit
+/// two (the whole burst).
+#[test]
+fn fleet_rate_limit_on_every_write_path() {
+    let env = env();
+    let conf = format!(
+        "{CONF}\n[fleet]\nname = \"matrix\"\n\n[[ratelimit.rules]]\nname = \"fl\"\npattern = \"*:fl:*\"\ncommands = \"all\"\nrate = 2\nburst = 2\ncount_cached = true\n"
+    );
+    let (_dir, path) = config_file(&conf);
+    let a = Proxy::start_cluster(&env.cluster, &["--config", &path]);
+    let b = Proxy::start_cluster(&env.cluster, &["--config", &path]);
+    let members = |port: u16| {
+        let list = Conn::connect(port).cmd(&["PROXY", "RATELIMIT", "LIST"]);
+        let rule = list.items().iter().find(|r| r.get("name") == Some(V::s("fl"))).cloned().expect("rule fl");
+        rule.get("fleet_members").map(|v| v.int()).unwrap_or(0)
+    };
+    wait_until(Duration::from_secs(10), "two members", || members(a.port()) == 2 && members(b.port()) == 2);
+    let mut c = Conn::connect(a.port());
+    let lib = "#!lua name=mxlib\nredis.register_function('mxset', function(keys, args) return redis.call('SET', keys[1], args[1]) end)";
+    assert_eq!(c.cmd(&["FUNCTION", "LOAD", "REPLACE", lib]), V::s("mxlib"));
+    let mut failures = Vec::new();
+    for family in FAMILIES {
+        for path in WRITE_PATHS {
+            let k = key(family, "fl", &format!("{path:?}"));
+            let mut c = Conn::connect(a.port());
+            let started = Instant::now();
+            let replies = attempts(&mut c, path, &k, 5);
+            one_admitted(&format!("{family} {path:?}"), &replies, started.elapsed(), &mut failures);
+        }
+        // a replica read (a read rule) and a cache hit (a pinned key; the rule counts
+        // cached reads), each key written through the matrix's own heatshield (no fleet)
+        let mut writer = Conn::connect(env.proxy.port());
+        for (area, what) in [("fl:rr", "replica"), ("fl:pin", "cache hit")] {
+            let k = key(family, area, "fleet");
+            assert_eq!(writer.cmd(&["SET", &k, "v"]), V::ok());
+            let mut r = Conn::connect(a.port());
+            // in sync on the replica, or filled into the cache; then a fresh budget
+            wait_until(Duration::from_secs(20), "the read answered", || r.cmd(&["GET", &k]) == V::s("v"));
+            std::thread::sleep(Duration::from_millis(1100));
+            let replica = env.cluster.replica_of(env.cluster.master_for_slot(stored_slot(&k)));
+            let (gets, hits) = (cmdstat_calls(replica, "get"), cache_hits(&mut r));
+            let started = Instant::now();
+            let replies: Vec<V> = (0..5).map(|_| r.cmd(&["GET", &k])).collect();
+            let cell = format!("{family} {what}");
+            one_admitted(&cell, &replies, started.elapsed(), &mut failures);
+            let (gets, hits) = (cmdstat_calls(replica, "get") - gets, cache_hits(&mut r) - hits);
+            match what {
+                "replica" if gets != 1 => failures.push(format!("{cell}: {gets} reads on the replica")),
+                "cache hit" if hits != 1 => failures.push(format!("{cell}: {hits} cache hits")),
+                _ => {}
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
