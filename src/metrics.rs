@@ -100,6 +100,10 @@ fn describe() {
         "Seconds since this heatshield last synced with its fleet (parts are kept from then)."
     );
     describe_counter!("heatshield_fleet_syncs_total", "Fleet syncs, by result (ok, error).");
+    describe_gauge!(
+        "heatshield_fleet_differs",
+        "1 while this heatshield's colocation rules, users or rate rules (what) differ from its fleet's."
+    );
     describe_gauge!("heatshield_ratelimit_share", "This heatshield's share of a rate-limit rule (1 alone), by rule.");
     describe_counter!(
         "heatshield_acl_denied_total",
@@ -398,6 +402,11 @@ pub fn global() -> &'static Global {
 }
 
 impl Global {
+    /// Whether this heatshield's `what` (colocate, users, rules) differs from its fleet's.
+    pub fn fleet_differs(&self, what: &'static str, differs: bool) {
+        metrics::gauge!("heatshield_fleet_differs", "what" => what).set(if differs { 1.0 } else { 0.0 });
+    }
+
     /// Counts a client disconnected by its limits (`reason`: output_hard, output_soft,
     /// output_total).
     pub fn disconnect(&self, reason: &str) {

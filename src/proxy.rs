@@ -168,7 +168,29 @@ impl Proxy {
         if self.cluster.is_cluster() && self.cluster.topology().masters.is_empty() {
             return Err("no slot map");
         }
+        if self.fleet.names_differ() {
+            return Err("colocation rules differ from the fleet's (PROXY FLEET)");
+        }
         Ok(())
+    }
+
+    /// This instance's colocation rules, users and rate rules as digests, for its fleet
+    /// (crate::services::fleet): instances that agree have equal digests.
+    pub fn fleet_digests(&self) -> crate::services::fleet::Digests {
+        let sha = |text: &str| sha1_smol::Sha1::from(text).digest().to_string()[..16].to_string();
+        let mut users: Vec<String> = self
+            .users
+            .all()
+            .iter()
+            .map(|u| format!("user {} {}", u.name, u.perms().describe(&self.commands)))
+            .collect();
+        users.sort();
+        let rules: Vec<String> = self.ratelimit.rules().iter().map(|r| crate::services::fleet::rule_id(r)).collect();
+        crate::services::fleet::Digests {
+            colocate: self.colocate.rules().digest(),
+            users: sha(&users.join("\n")),
+            rules: sha(&rules.join("\n")),
+        }
     }
 
     pub fn new(config: Config, cluster: Arc<Cluster>, config_file: Option<String>, workers: usize) -> Proxy {

@@ -421,3 +421,62 @@ fn when_the_fleets_master_does_not_answer_each_instance_keeps_its_last_part() {
     assert!(age >= 2.0, "heatshield_fleet_sync_age_seconds {age} while the fleet's master was paused 3 s");
     assert!(m.contains("heatshield_fleet_syncs_total{result=\"error\"}"), "{m}");
 }
+
+/// One fleet, one set of names: three instances, the third started with colocation
+/// rules the other two do not have. It says so (not ready, with the reason; the metric;
+/// `PROXY FLEET` on every member names it), the other two stay ready; its users and rate
+/// rules differing too is reported but not a reason to stop. Once its file has the
+/// fleet's rules and is reloaded, it is ready again.
+#[test]
+fn an_instance_whose_colocation_rules_differ_from_the_fleets_is_not_ready() {
+    let cluster = cluster();
+    let fleet = "[fleet]\nname = \"names\"\nsync_interval_ms = 200\n";
+    let agreed = format!("{fleet}\n[[colocate]]\nname = \"rq\"\nkeys = [\"rq:*\"]\ntag = \"rq\"\n");
+    let (_d1, same) = config_file(&agreed);
+    let odd_text = format!(
+        "{fleet}\n[server]\nusers = [\"odd on >pw ~* +@all\"]\n\n[[colocate]]\nname = \"rq\"\nkeys = [\"rq:*\"]\ntag = \"queue\"\n"
+    );
+    let (_d2, odd) = config_file(&odd_text);
+    let a = Proxy::start_cluster(&cluster, &["--config", &same]);
+    let b = Proxy::start_cluster(&cluster, &["--config", &same]);
+    let c = Proxy::start_cluster(&cluster, &["--config", &odd]);
+    let ready = |p: &Proxy| common::http::http_get(&p.metrics_addr().unwrap(), "/ready");
+    common::wait_until(Duration::from_secs(10), "the odd instance not ready", || ready(&c).0 == 503);
+    let (_, why) = ready(&c);
+    assert!(why.contains("colocation rules differ from the fleet's"), "{why}");
+    assert_eq!(ready(&a).0, 200);
+    assert_eq!(ready(&b).0, 200);
+    let (_, metrics) = common::http::http_get(&c.metrics_addr().unwrap(), "/metrics");
+    assert!(metrics.contains("heatshield_fleet_differs{what=\"colocate\"} 1"), "{metrics}");
+    assert!(metrics.contains("heatshield_fleet_differs{what=\"users\"} 1"), "{metrics}");
+    assert!(c.log().contains("colocation rules differ from the fleet's"));
+    // PROXY FLEET, on a member that agrees (once it synced since the odd one joined):
+    // three members, the odd one named
+    let fleet_view = |p: &Proxy| Conn::connect(p.port()).cmd(&["PROXY", "FLEET"]);
+    common::wait_until(Duration::from_secs(5), "three members", || {
+        fleet_view(&a).get("members").is_some_and(|m| m.items().len() == 3)
+    });
+    let view = fleet_view(&a);
+    assert_eq!(view.get("name"), Some(V::s("names")));
+    assert_eq!(view.get("differs"), Some(V::Arr(vec![])));
+    let members = view.get("members").unwrap();
+    assert_eq!(members.items().len(), 3, "{view:?}");
+    let odd_pid = c.pid().to_string();
+    for m in members.items() {
+        let differs = m.get("differs").unwrap();
+        if m.get("pid") == Some(V::s(&odd_pid)) {
+            assert_eq!(differs, V::Arr(vec![V::s("colocate"), V::s("users")]), "{m:?}");
+        } else {
+            assert_eq!(differs, V::Arr(vec![]), "{m:?}");
+        }
+    }
+    let on_odd = Conn::connect(c.port()).cmd(&["PROXY", "FLEET"]);
+    assert_eq!(on_odd.get("differs"), Some(V::Arr(vec![V::s("colocate"), V::s("users")])));
+    assert!(on_odd.get("ready").unwrap().text().starts_with("no: colocation rules differ"));
+    // the fleet's rules in its file, reloaded: ready again
+    std::fs::write(&odd, &agreed).unwrap();
+    assert!(!Conn::connect(c.port()).cmd(&["PROXY", "CONFIG", "RELOAD"]).is_err());
+    common::wait_until(Duration::from_secs(10), "the instance ready again", || ready(&c).0 == 200);
+    let on_odd = Conn::connect(c.port()).cmd(&["PROXY", "FLEET"]);
+    assert_eq!(on_odd.get("differs"), Some(V::Arr(vec![])), "{on_odd:?}");
+}

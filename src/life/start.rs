@@ -98,6 +98,9 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overri
     crate::services::locks::start(proxy.locks.clone(), proxy.cluster.clone());
     crate::services::pubsub::start(proxy.pubsub.clone());
     spawn_reloader(proxy.clone(), config_path, overrides);
+    // (what the fleet compares: read anew at each sync, so a reload shows at the next)
+    let weak = Arc::downgrade(&proxy);
+    proxy.fleet.set_digests(move || weak.upgrade().map(|p| p.fleet_digests()).unwrap_or_default());
     // (waits for the first sync, so the first clients meet the fleet's parts)
     crate::services::fleet::start(proxy.fleet.clone(), proxy.ratelimit.clone(), proxy.cluster.clone()).await;
     spawn_tls_reloader(acceptor.clone(), opts.tls.clone());

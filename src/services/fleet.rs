@@ -100,6 +100,51 @@ pub struct View {
     /// By rule name: the fleet's demand and this instance's (requests per second), and
     /// how many members have the rule.
     pub rules: HashMap<String, (f64, f64, usize)>,
+    /// Every member at the last sync, this one included, the earliest joined first.
+    pub list: Vec<Member>,
+    /// The fleet's names and rules: for each of colocation, users and rate rules, the
+    /// digest most members have (on a tie, the earliest joined member's).
+    pub fleet_digests: Digests,
+}
+
+/// An instance's colocation rules, users and rate rules, each as a digest: instances of
+/// one fleet must agree on colocation (or they store one key under two names), and
+/// should on the others.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Digests {
+    pub colocate: String,
+    pub users: String,
+    pub rules: String,
+}
+
+impl Digests {
+    /// What of `self` differs from `fleet` (`colocate`, `users`, `rules`).
+    pub fn differing(&self, fleet: &Digests) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        for (what, a, b) in [
+            ("colocate", &self.colocate, &fleet.colocate),
+            ("users", &self.users, &fleet.users),
+            ("rules", &self.rules, &fleet.rules),
+        ] {
+            if !b.is_empty() && a != b {
+                out.push(what);
+            }
+        }
+        out
+    }
+}
+
+/// One member as its last report says.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Member {
+    pub id: String,
+    /// `listen-address pid version`.
+    pub about: String,
+    pub digests: Digests,
+    /// When it joined (unix ms).
+    pub since_ms: u64,
+    /// When it last reported (unix ms).
+    pub at_ms: u64,
 }
 
 /// The fleet: its settings, this instance's id and the view.
@@ -109,14 +154,45 @@ pub struct Fleet {
     pub id: String,
     /// What the reports of this instance say it is (`addr pid version`).
     pub about: String,
+    /// When this instance started (unix ms): the earliest member breaks ties over the
+    /// fleet's names.
+    pub since_ms: u64,
     view: Mutex<View>,
+    /// This instance's digests now (set at start-up, read at each sync: a reload shows at
+    /// the next one).
+    digests: std::sync::OnceLock<Box<dyn Fn() -> Digests + Send + Sync>>,
+    /// This instance's colocation rules differ from the fleet's: it is not ready.
+    names_differ: std::sync::atomic::AtomicBool,
 }
 
 impl Fleet {
     pub fn new(config: FleetConfig, listen: &str) -> Arc<Fleet> {
         let id = format!("{:016x}", ahash::RandomState::new().hash_one(std::process::id()));
         let about = format!("{} {} {}", listen, std::process::id(), env!("CARGO_PKG_VERSION"));
-        Arc::new(Fleet { config, id, about, view: Mutex::new(View { members: 1, ..View::default() }) })
+        Arc::new(Fleet {
+            config,
+            id,
+            about,
+            since_ms: unix_ms(),
+            view: Mutex::new(View { members: 1, ..View::default() }),
+            digests: std::sync::OnceLock::new(),
+            names_differ: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Where this instance's digests come from (once, at start-up).
+    pub fn set_digests(&self, f: impl Fn() -> Digests + Send + Sync + 'static) {
+        let _ = self.digests.set(Box::new(f));
+    }
+
+    /// This instance's digests now.
+    pub fn digests(&self) -> Digests {
+        self.digests.get().map(|f| f()).unwrap_or_default()
+    }
+
+    /// This instance's colocation rules differ from the fleet's (`/ready` says so).
+    pub fn names_differ(&self) -> bool {
+        self.names_differ.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn enabled(&self) -> bool {
@@ -159,6 +235,10 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 pub struct Report {
     pub id: String,
     pub about: String,
+    pub digests: Digests,
+    /// When the member joined, and when it wrote this report (unix ms).
+    pub since_ms: u64,
+    pub at_ms: u64,
     /// By rule id.
     pub rules: HashMap<String, f64>,
     /// By (rule id, key).
@@ -166,10 +246,16 @@ pub struct Report {
 }
 
 impl Report {
-    /// The report as stored: a line each (`a ABOUT`, `r RULE DEMAND`, `k RULE KEY DEMAND`,
-    /// names and keys in hex).
+    /// The report as stored: a line each (`a ABOUT`, `s SINCE AT`, `d c|u|r DIGEST`,
+    /// `r RULE DEMAND`, `k RULE KEY DEMAND`, names and keys in hex).
     pub fn encode(&self) -> String {
         let mut s = format!("a {}\n", self.about);
+        let _ = writeln!(s, "s {} {}", self.since_ms, self.at_ms);
+        for (w, d) in [("c", &self.digests.colocate), ("u", &self.digests.users), ("r", &self.digests.rules)] {
+            if !d.is_empty() {
+                let _ = writeln!(s, "d {w} {d}");
+            }
+        }
         for (r, d) in &self.rules {
             let _ = writeln!(s, "r {r} {d:.3}");
         }
@@ -185,6 +271,19 @@ impl Report {
             let mut f = line.split(' ');
             match f.next() {
                 Some("a") => rep.about = line[2.min(line.len())..].to_string(),
+                Some("s") => {
+                    rep.since_ms = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                    rep.at_ms = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                }
+                Some("d") => {
+                    let (w, d) = (f.next(), f.next().unwrap_or_default().to_string());
+                    match w {
+                        Some("c") => rep.digests.colocate = d,
+                        Some("u") => rep.digests.users = d,
+                        Some("r") => rep.digests.rules = d,
+                        _ => {}
+                    }
+                }
                 Some("r") => {
                     if let (Some(r), Some(Ok(d))) = (f.next(), f.next().map(str::parse::<f64>)) {
                         rep.rules.insert(r.to_string(), d.max(0.0));
@@ -202,6 +301,39 @@ impl Report {
         }
         rep
     }
+}
+
+/// The fleet's digests: for each of colocation, users and rules, the one most members
+/// report; on a tie, the earliest joined member's (then the lowest id). Members whose
+/// report has none (an older version) are not counted.
+pub fn fleet_digests(reports: &[Report]) -> Digests {
+    let mut sorted: Vec<&Report> = reports.iter().collect();
+    sorted.sort_by(|a, b| (a.since_ms, &a.id).cmp(&(b.since_ms, &b.id)));
+    let pick = |get: &dyn Fn(&Report) -> &String| -> String {
+        let mut counts: Vec<(&String, usize)> = Vec::new();
+        for r in &sorted {
+            let d = get(r);
+            if d.is_empty() {
+                continue;
+            }
+            match counts.iter_mut().find(|(x, _)| *x == d) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((d, 1)),
+            }
+        }
+        // (the first of the most counted: the earliest joined among them)
+        let most = counts.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        counts.iter().find(|(_, n)| *n == most).map(|(d, _)| (*d).clone()).unwrap_or_default()
+    };
+    Digests {
+        colocate: pick(&|r| &r.digests.colocate),
+        users: pick(&|r| &r.digests.users),
+        rules: pick(&|r| &r.digests.rules),
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A key to watch: rule index, key, this instance's share.
@@ -341,7 +473,14 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
     round.last = now;
     let ids: Vec<(Arc<Rule>, String)> = seen.rules.iter().map(|r| (r.clone(), rule_id(r))).collect();
     let members_before = fleet.view.lock().members.max(1) as f64;
-    let mut me = Report { id: fleet.id.clone(), about: fleet.about.clone(), ..Report::default() };
+    let mut me = Report {
+        id: fleet.id.clone(),
+        about: fleet.about.clone(),
+        digests: fleet.digests(),
+        since_ms: fleet.since_ms,
+        at_ms: unix_ms(),
+        ..Report::default()
+    };
     let mut counted = HashMap::new();
     for ((_, id), &n) in ids.iter().zip(&seen.demand) {
         let before = round.counted.get(id).copied().unwrap_or(n);
@@ -369,6 +508,7 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
         shares,
         leases: keys.into_iter().map(|(ri, k, s)| (ri, k.into_boxed_slice(), s)).collect(),
     });
+    names(fleet, &me.digests, &reports);
     let mut v = fleet.view.lock();
     if v.members != reports.len() || v.error.is_some() {
         info!(fleet = %fleet.config.name, members = reports.len(), "fleet membership");
@@ -388,6 +528,51 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
     g.fleet_members.set(reports.len() as f64);
     g.fleet_leased_keys.set(limiter.leased_keys() as f64);
     Ok(())
+}
+
+/// The members and the fleet's names, from every member's report: this instance is not
+/// ready while its colocation rules differ from the fleet's; users and rate rules that
+/// differ are reported (a log line when that changes, a metric) and served.
+fn names(fleet: &Fleet, mine: &Digests, reports: &[Report]) {
+    let agreed = fleet_digests(reports);
+    let differing = mine.differing(&agreed);
+    let mut list: Vec<Member> = reports
+        .iter()
+        .map(|r| Member {
+            id: r.id.clone(),
+            about: r.about.clone(),
+            digests: r.digests.clone(),
+            since_ms: r.since_ms,
+            at_ms: r.at_ms,
+        })
+        .collect();
+    list.sort_by(|a, b| (a.since_ms, &a.id).cmp(&(b.since_ms, &b.id)));
+    let mut v = fleet.view.lock();
+    let before = v.fleet_digests.clone();
+    let was = mine.differing(&before);
+    if differing != was || (before.colocate.is_empty() && !differing.is_empty()) {
+        let others: Vec<&str> = list
+            .iter()
+            .filter(|m| m.id != fleet.id && !m.digests.differing(mine).is_empty())
+            .map(|m| m.about.as_str())
+            .collect();
+        if differing.is_empty() {
+            info!(fleet = %fleet.config.name, "colocation rules, users and rate rules agree with the fleet's");
+        } else if differing.contains(&"colocate") {
+            warn!(fleet = %fleet.config.name, differ = ?differing, mine = %mine.colocate, fleet_rules = %agreed.colocate, members = ?others,
+                "this instance's colocation rules differ from the fleet's: not ready until they agree (PROXY FLEET)");
+        } else {
+            warn!(fleet = %fleet.config.name, differ = ?differing, members = ?others,
+                "this instance's users or rate rules differ from the fleet's (served; PROXY FLEET)");
+        }
+    }
+    let g = crate::metrics::global();
+    for what in ["colocate", "users", "rules"] {
+        g.fleet_differs(what, differing.contains(&what));
+    }
+    fleet.names_differ.store(differing.contains(&"colocate"), std::sync::atomic::Ordering::Relaxed);
+    v.fleet_digests = agreed;
+    v.list = list;
 }
 
 /// Runs the sync script on the master of the fleet's slot; every member's report.
@@ -451,13 +636,42 @@ mod tests {
             about: format!("127.0.0.1:1 {id}"),
             rules: [(rule.to_string(), demand)].into(),
             keys: keys.iter().map(|(k, d)| ((rule.to_string(), k.as_bytes().to_vec()), *d)).collect(),
+            ..Report::default()
         }
     }
 
     #[test]
     fn reports_survive_their_encoding() {
-        let r = report("a", "7275", 12.5, &[("k\u{0}ey \n", 3.25)]);
+        let mut r = report("a", "7275", 12.5, &[("k\u{0}ey \n", 3.25)]);
+        r.digests = Digests { colocate: "c1".into(), users: "u1".into(), rules: "r1".into() };
+        (r.since_ms, r.at_ms) = (1_700_000_000_000, 1_700_000_000_500);
         assert_eq!(Report::decode("a", &r.encode()), r);
+    }
+
+    fn named(id: &str, since_ms: u64, colocate: &str) -> Report {
+        Report {
+            id: id.into(),
+            since_ms,
+            digests: Digests { colocate: colocate.into(), users: "u".into(), rules: "r".into() },
+            ..Report::default()
+        }
+    }
+
+    #[test]
+    fn the_fleets_names_are_the_most_members_then_the_earliest_joined() {
+        // two against one: the two
+        let reports = [named("a", 30, "x"), named("b", 10, "y"), named("c", 20, "x")];
+        assert_eq!(fleet_digests(&reports).colocate, "x");
+        // one each: the earliest joined
+        let reports = [named("a", 30, "x"), named("b", 10, "y")];
+        assert_eq!(fleet_digests(&reports).colocate, "y");
+        // a member with no digests (an older version) is not counted
+        let reports = [named("a", 30, "x"), named("b", 10, "")];
+        assert_eq!(fleet_digests(&reports).colocate, "x");
+        let mine = Digests { colocate: "y".into(), users: "u".into(), rules: "other".into() };
+        assert_eq!(mine.differing(&fleet_digests(&reports)), vec!["colocate", "rules"]);
+        // nothing known yet: nothing differs
+        assert!(mine.differing(&Digests::default()).is_empty());
     }
 
     #[test]
