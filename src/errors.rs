@@ -150,6 +150,15 @@ pub fn no_replica(slot: u16) -> String {
     format!("ERR no replica in sync serves slot {slot} (read_from = \"replica\")")
 }
 
+/// A key this instance's colocation rules store under another name than its fleet's
+/// (docs/fleet.md, "One fleet, one set of names"): another instance serves it.
+pub fn fleet_names_differ(key: &[u8]) -> String {
+    format!(
+        "TRYAGAIN heatshield: this instance's colocation rules store '{}' under another name than its fleet's; use another instance (PROXY FLEET)",
+        String::from_utf8_lossy(key)
+    )
+}
+
 /// A command heatshield refuses on purpose (`why` may be empty).
 pub fn unsupported(name: &str, why: &str) -> String {
     if why.is_empty() {

@@ -186,8 +186,11 @@ impl Proxy {
             .collect();
         users.sort();
         let rules: Vec<String> = self.ratelimit.rules().iter().map(|r| crate::services::fleet::rule_id(r)).collect();
+        let colocate = self.colocate.rules();
+        let specs: Vec<&crate::services::colocate::RuleConfig> = colocate.list.iter().map(|r| &r.spec).collect();
         crate::services::fleet::Digests {
-            colocate: self.colocate.rules().digest(),
+            colocate_rules: serde_json::to_string(&specs).unwrap_or_default(),
+            colocate: colocate.digest(),
             users: sha(&users.join("\n")),
             rules: sha(&rules.join("\n")),
         }

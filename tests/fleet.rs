@@ -424,9 +424,10 @@ fn when_the_fleets_master_does_not_answer_each_instance_keeps_its_last_part() {
 
 /// One fleet, one set of names: three instances, the third started with colocation
 /// rules the other two do not have. It says so (not ready, with the reason; the metric;
-/// `PROXY FLEET` on every member names it), the other two stay ready; its users and rate
-/// rules differing too is reported but not a reason to stop. Once its file has the
-/// fleet's rules and is reloaded, it is ready again.
+/// `PROXY FLEET` on every member names it) and refuses the keys it would store under
+/// another name (TRYAGAIN), the other two stay ready; its users differing too is reported
+/// but not a reason to stop. Once its file has the fleet's rules and is reloaded, it is
+/// ready again and serves the fleet's names.
 #[test]
 fn an_instance_whose_colocation_rules_differ_from_the_fleets_is_not_ready() {
     let cluster = cluster();
@@ -473,10 +474,26 @@ fn an_instance_whose_colocation_rules_differ_from_the_fleets_is_not_ready() {
     let on_odd = Conn::connect(c.port()).cmd(&["PROXY", "FLEET"]);
     assert_eq!(on_odd.get("differs"), Some(V::Arr(vec![V::s("colocate"), V::s("users")])));
     assert!(on_odd.get("ready").unwrap().text().starts_with("no: colocation rules differ"));
+    // meanwhile it serves no key its rules store under another name than the fleet's:
+    // refused alone and inside MULTI, nothing written under its name; other keys served
+    let mut oc = Conn::connect(c.port());
+    let refused = oc.cmd(&["SET", "rq:x", "odd"]);
+    assert!(refused.err().is_some_and(|e| e.starts_with("TRYAGAIN") && e.contains("'rq:x'")), "{refused:?}");
+    assert_eq!(oc.cmd(&["MULTI"]), V::ok());
+    assert!(oc.cmd(&["SET", "rq:y", "odd"]).err().is_some_and(|e| e.starts_with("TRYAGAIN")));
+    assert!(oc.cmd(&["EXEC"]).err().is_some_and(|e| e.starts_with("EXECABORT")));
+    assert_eq!(oc.cmd(&["SET", "plain:x", "odd"]), V::ok());
+    let queue_master = cluster.master_for_key(b"queue");
+    assert_eq!(common::cmd(queue_master, &["EXISTS", "{queue}rq:x", "{queue}rq:y"]), V::Int(0));
+    let mut ac = Conn::connect(a.port());
+    assert_eq!(ac.cmd(&["SET", "rq:x", "fleet"]), V::ok());
+    assert_eq!(ac.cmd(&["GET", "plain:x"]), V::s("odd"));
     // the fleet's rules in its file, reloaded: ready again
     std::fs::write(&odd, &agreed).unwrap();
     assert!(!Conn::connect(c.port()).cmd(&["PROXY", "CONFIG", "RELOAD"]).is_err());
     common::wait_until(Duration::from_secs(10), "the instance ready again", || ready(&c).0 == 200);
     let on_odd = Conn::connect(c.port()).cmd(&["PROXY", "FLEET"]);
     assert_eq!(on_odd.get("differs"), Some(V::Arr(vec![])), "{on_odd:?}");
+    // and serves the fleet's names: what another member wrote
+    assert_eq!(Conn::connect(c.port()).cmd(&["GET", "rq:x"]), V::s("fleet"));
 }

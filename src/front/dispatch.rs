@@ -98,6 +98,13 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         }
         return transaction::refuse(ctx, &text);
     }
+    // an instance whose colocation rules differ from its fleet's serves no key the two
+    // would store under different names (docs/fleet.md)
+    if proxy.fleet.names_differ()
+        && let Some(key) = stored_otherwise(proxy, ctx, cmd)
+    {
+        return transaction::refuse(ctx, &errors::fleet_names_differ(&key));
+    }
     if proxy.client_side.active() {
         track(proxy, ctx, cmd);
     }
@@ -159,6 +166,15 @@ fn acl_denied(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Option<crate::serv
     let line = crate::face::client::line(proxy, &client.info);
     proxy.users.log.add(denial.why.reason(), context, object, &client.user.name, line);
     Some(denial.why)
+}
+
+/// The first key of the request (as the client sent it) that this instance's colocation
+/// rules store under another name than the fleet's.
+#[cold]
+fn stored_otherwise(proxy: &Proxy, ctx: &Ctx, cmd: &Command) -> Option<Vec<u8>> {
+    let mine = proxy.colocate.rules();
+    let keys = crate::command::keys_of(cmd, ctx.asked).ok()?;
+    keys.iter().map(|&k| ctx.asked.arg(k as usize)).find(|k| proxy.fleet.stored_otherwise(&mine, k)).map(<[u8]>::to_vec)
 }
 
 /// While some client tracks keys (CLIENT TRACKING): a tracking client's read registers

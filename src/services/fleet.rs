@@ -115,6 +115,9 @@ pub struct Digests {
     pub colocate: String,
     pub users: String,
     pub rules: String,
+    /// The colocation rules themselves (JSON of their `[[colocate]]` tables): an
+    /// instance that differs refuses the keys the fleet's rules would store otherwise.
+    pub colocate_rules: String,
 }
 
 impl Digests {
@@ -163,6 +166,8 @@ pub struct Fleet {
     digests: std::sync::OnceLock<Box<dyn Fn() -> Digests + Send + Sync>>,
     /// This instance's colocation rules differ from the fleet's: it is not ready.
     names_differ: std::sync::atomic::AtomicBool,
+    /// The fleet's colocation rules, while this instance's differ.
+    fleet_rules: Mutex<Option<Arc<crate::services::colocate::Rules>>>,
 }
 
 impl Fleet {
@@ -177,7 +182,18 @@ impl Fleet {
             view: Mutex::new(View { members: 1, ..View::default() }),
             digests: std::sync::OnceLock::new(),
             names_differ: std::sync::atomic::AtomicBool::new(false),
+            fleet_rules: Mutex::new(None),
         })
+    }
+
+    /// While this instance's colocation rules differ from the fleet's: whether `key` (a
+    /// client's name) is stored under another name by `mine` than by the fleet's rules.
+    /// (Not known yet: every key a rule of either may take is.)
+    pub fn stored_otherwise(&self, mine: &crate::services::colocate::Rules, key: &[u8]) -> bool {
+        match self.fleet_rules.lock().as_ref() {
+            Some(fleet) => mine.stored_name(key) != fleet.stored_name(key),
+            None => mine.stored_name(key).is_some(),
+        }
     }
 
     /// Where this instance's digests come from (once, at start-up).
@@ -256,6 +272,9 @@ impl Report {
                 let _ = writeln!(s, "d {w} {d}");
             }
         }
+        if !self.digests.colocate_rules.is_empty() {
+            let _ = writeln!(s, "c {}", hex(self.digests.colocate_rules.as_bytes()));
+        }
         for (r, d) in &self.rules {
             let _ = writeln!(s, "r {r} {d:.3}");
         }
@@ -274,6 +293,10 @@ impl Report {
                 Some("s") => {
                     rep.since_ms = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
                     rep.at_ms = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                }
+                Some("c") => {
+                    let rules = f.next().and_then(unhex).map(|b| String::from_utf8_lossy(&b).into_owned());
+                    rep.digests.colocate_rules = rules.unwrap_or_default();
                 }
                 Some("d") => {
                     let (w, d) = (f.next(), f.next().unwrap_or_default().to_string());
@@ -329,6 +352,7 @@ pub fn fleet_digests(reports: &[Report]) -> Digests {
         colocate: pick(&|r| &r.digests.colocate),
         users: pick(&|r| &r.digests.users),
         rules: pick(&|r| &r.digests.rules),
+        colocate_rules: String::new(),
     }
 }
 
@@ -570,6 +594,19 @@ fn names(fleet: &Fleet, mine: &Digests, reports: &[Report]) {
     for what in ["colocate", "users", "rules"] {
         g.fleet_differs(what, differing.contains(&what));
     }
+    // the fleet's colocation rules, from the earliest member that has them
+    let rules = match differing.contains(&"colocate") {
+        true => list
+            .iter()
+            .find(|m| m.digests.colocate == agreed.colocate)
+            .and_then(|m| {
+                serde_json::from_str::<Vec<crate::services::colocate::RuleConfig>>(&m.digests.colocate_rules).ok()
+            })
+            .and_then(|specs| crate::services::colocate::compile(&specs).ok())
+            .map(Arc::new),
+        false => None,
+    };
+    *fleet.fleet_rules.lock() = rules;
     fleet.names_differ.store(differing.contains(&"colocate"), std::sync::atomic::Ordering::Relaxed);
     v.fleet_digests = agreed;
     v.list = list;
@@ -643,7 +680,12 @@ mod tests {
     #[test]
     fn reports_survive_their_encoding() {
         let mut r = report("a", "7275", 12.5, &[("k\u{0}ey \n", 3.25)]);
-        r.digests = Digests { colocate: "c1".into(), users: "u1".into(), rules: "r1".into() };
+        r.digests = Digests {
+            colocate: "c1".into(),
+            users: "u1".into(),
+            rules: "r1".into(),
+            colocate_rules: r#"[{"name":"rq","keys":["rq:*"],"tag":"rq"}]"#.into(),
+        };
         (r.since_ms, r.at_ms) = (1_700_000_000_000, 1_700_000_000_500);
         assert_eq!(Report::decode("a", &r.encode()), r);
     }
@@ -652,7 +694,7 @@ mod tests {
         Report {
             id: id.into(),
             since_ms,
-            digests: Digests { colocate: colocate.into(), users: "u".into(), rules: "r".into() },
+            digests: Digests { colocate: colocate.into(), users: "u".into(), rules: "r".into(), ..Digests::default() },
             ..Report::default()
         }
     }
@@ -668,7 +710,7 @@ mod tests {
         // a member with no digests (an older version) is not counted
         let reports = [named("a", 30, "x"), named("b", 10, "")];
         assert_eq!(fleet_digests(&reports).colocate, "x");
-        let mine = Digests { colocate: "y".into(), users: "u".into(), rules: "other".into() };
+        let mine = Digests { colocate: "y".into(), users: "u".into(), rules: "other".into(), ..Digests::default() };
         assert_eq!(mine.differing(&fleet_digests(&reports)), vec!["colocate", "rules"]);
         // nothing known yet: nothing differs
         assert!(mine.differing(&Digests::default()).is_empty());
