@@ -327,11 +327,12 @@ impl Proxy {
         let big = self.live.bigkey_bytes.load(Ordering::Relaxed);
         let size = req.raw().len() as u64;
         if self.hotkeys.active() {
-            let key = (first_key > 0).then(|| req.arg(first_key as usize));
+            // (one name per key, however it was sent: a stored name counts as its client's)
+            let key = (first_key > 0).then(|| self.colocate.client_key(req.arg(first_key as usize)));
             self.hotkeys.observe(key, size + reply.len as u64, took);
         }
         if first_key > 0 && (size >= big || reply.len as u64 >= big) {
-            let key = bytes::Bytes::copy_from_slice(req.arg(first_key as usize));
+            let key = bytes::Bytes::copy_from_slice(self.colocate.client_key(req.arg(first_key as usize)));
             let name = self.command_name(cmd);
             let max = self.config.admin.bigkeys_max_len;
             if size >= big {
