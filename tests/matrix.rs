@@ -336,6 +336,19 @@ fn acl_key_rules_on_replica_reads_and_cache_hits() {
     }
 }
 
+/// The command a write by `path` ([`change`]) sends, as Redis names it in lower case.
+fn command_of(path: Path) -> &'static str {
+    match path {
+        Path::Single | Path::Pipeline | Path::Multi | Path::Watch => "set",
+        Path::Split => "mset",
+        Path::Eval => "eval",
+        Path::Evalsha => "evalsha",
+        Path::Fcall => "fcall",
+        Path::Blocking => "blmove",
+        Path::Lock => "lock.acquire",
+    }
+}
+
 /// Reads that show what a write by `path` changed, and a write of `v` by it: a string
 /// read with GET for the string paths, LLEN of the list a BLMOVE feeds for the blocking
 /// path, EXISTS for the lock path (every one of them a cacheable read).
@@ -516,15 +529,7 @@ fn acl_command_rules_on_every_path() {
             let mut c = Conn::connect(port);
             assert_eq!(c.cmd(&["AUTH", "cmdu", "cmdpw"]), V::ok());
             let reply = change(&mut c, path, &k, "v");
-            let want = match path {
-                Path::Single | Path::Pipeline | Path::Multi | Path::Watch => "set",
-                Path::Split => "mset",
-                Path::Eval => "eval",
-                Path::Evalsha => "evalsha",
-                Path::Fcall => "fcall",
-                Path::Blocking => "blmove",
-                Path::Lock => "lock.acquire",
-            };
+            let want = command_of(path);
             let text = format!("NOPERM this user has no permissions to run the '{want}' command");
             if reply != V::Err(text.clone()) {
                 failures.push(format!("{family} {path:?}: {reply:?}, not {text}"));
@@ -615,10 +620,9 @@ fn shared_rate_limit_on_every_write_path() {
 }
 
 /// Shared rate limits × replica read and cache hit: a shared rule (1/s, burst 1, reads,
-/// `count-cached`)
-/// over two keys, read alternately five times within a second, by a replica (a read
-/// rule) and from the cache (pinned keys): one read admitted in all, for both families,
-/// and that read was the replica's (its own counters) or a cache hit.
+/// `count-cached`) over two keys, read alternately five times within a second, by a
+/// replica (a read rule) and from the cache (pinned keys): one read admitted in all, for
+/// both families, and that read was the replica's (its own counters) or a cache hit.
 #[test]
 fn shared_rate_limit_on_replica_reads_and_cache_hits() {
     let env = env();
@@ -720,15 +724,7 @@ fn the_slow_log_shows_the_clients_commands_on_every_path() {
             let mut c = Conn::connect(port);
             let reply = change(&mut c, path, &k, "v");
             assert!(!reply.is_err() && !reply.is_nil(), "{family} {path:?}: {reply:?}");
-            let want = match path {
-                Path::Single | Path::Pipeline | Path::Multi | Path::Watch => "SET",
-                Path::Split => "MSET",
-                Path::Eval => "EVAL",
-                Path::Evalsha => "EVALSHA",
-                Path::Fcall => "FCALL",
-                Path::Blocking => "BLMOVE",
-                Path::Lock => "LOCK.ACQUIRE",
-            };
+            let want = command_of(path);
             let entries = logged(&mut c, &k);
             if !entries.iter().any(|a| a[0].eq_ignore_ascii_case(want) && a.contains(&k)) {
                 failures.push(format!("{family} {path:?}: no {want} entry naming {k}: {entries:?}"));
@@ -758,6 +754,9 @@ fn the_slow_log_shows_the_clients_commands_on_every_path() {
             let mut r = Conn::connect(port);
             wait_until(Duration::from_secs(20), "the read answered", || r.cmd(&["GET", &k]) == V::s("v"));
             assert_eq!(r.cmd(&["GET", &k]), V::s("v"));
+            // (a command is logged once its reply is written; the connection's next reply
+            // comes after that)
+            assert_eq!(r.cmd(&["PING"]), V::s("PONG"));
             let entries = logged(&mut c, &k);
             let gets = entries.iter().filter(|a| a[0].eq_ignore_ascii_case("GET") && a[1] == k).count();
             if gets < 2 {
@@ -789,19 +788,14 @@ fn command_statistics_and_hotkeys_on_every_path() {
     for family in FAMILIES {
         for path in WRITE_PATHS {
             let k = changed_key(path, &key(family, "stats", &format!("{path:?}")));
-            let want = match path {
-                Path::Single | Path::Pipeline | Path::Multi | Path::Watch => "set",
-                Path::Split => "mset",
-                Path::Eval => "eval",
-                Path::Evalsha => "evalsha",
-                Path::Fcall => "fcall",
-                Path::Blocking => "blmove",
-                Path::Lock => "lock.acquire",
-            };
+            let want = command_of(path);
             let before = cmdstat_calls(port, want);
             let mut c = Conn::connect(port);
             let reply = change(&mut c, path, &k, "v");
             assert!(!reply.is_err() && !reply.is_nil(), "{family} {path:?}: {reply:?}");
+            // (a command is recorded once its reply is written; the connection's next
+            // reply comes after that)
+            assert_eq!(c.cmd(&["PING"]), V::s("PONG"));
             let counted = cmdstat_calls(port, want) - before;
             if counted != 1 {
                 failures.push(format!("{family} {path:?}: {want} counted {counted} times"));
@@ -815,8 +809,10 @@ fn command_statistics_and_hotkeys_on_every_path() {
             assert_eq!(admin.cmd(&["SET", &k, "v"]), V::ok());
             let mut r = Conn::connect(port);
             wait_until(Duration::from_secs(20), "the read answered", || r.cmd(&["GET", &k]) == V::s("v"));
+            assert_eq!(r.cmd(&["PING"]), V::s("PONG"));
             let before = cmdstat_calls(port, "get");
             assert_eq!(r.cmd(&["GET", &k]), V::s("v"));
+            assert_eq!(r.cmd(&["PING"]), V::s("PONG"));
             let counted = cmdstat_calls(port, "get") - before;
             if counted != 1 {
                 failures.push(format!("{family} {what}: get counted {counted} times"));

@@ -210,20 +210,7 @@ mod tests {
     }
 
     fn options() -> BackendOptions {
-        BackendOptions {
-            connect_timeout: std::time::Duration::from_secs(1),
-            command_timeout: std::time::Duration::from_secs(1),
-            username: None,
-            password: None,
-            resp3: false,
-            latency_sample_every: 1,
-            tracking: None,
-            dedicated: false,
-            dedicated_max: 1,
-            dedicated_idle: 1,
-            tls: None,
-            readonly: false,
-        }
+        BackendOptions::plain(std::time::Duration::from_secs(1))
     }
 
     #[test]

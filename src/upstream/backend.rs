@@ -207,6 +207,28 @@ pub struct BackendOptions {
     pub readonly: bool,
 }
 
+impl BackendOptions {
+    /// Plain connections with `timeout` for connecting and for each request, RESP2, no
+    /// credentials, tracking or TLS (unit tests, which start no node).
+    #[cfg(test)]
+    pub(crate) fn plain(timeout: Duration) -> BackendOptions {
+        BackendOptions {
+            connect_timeout: timeout,
+            command_timeout: timeout,
+            username: None,
+            password: None,
+            resp3: false,
+            latency_sample_every: 1,
+            tracking: None,
+            dedicated: false,
+            dedicated_max: 1,
+            dedicated_idle: 1,
+            tls: None,
+            readonly: false,
+        }
+    }
+}
+
 /// Connection state, for admin views.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]

@@ -269,18 +269,11 @@ mod tests {
     #[test]
     fn a_side_connection_never_carries_the_data_connections_settings() {
         let base = BackendOptions {
-            connect_timeout: Duration::from_millis(100),
-            command_timeout: Duration::from_millis(100),
-            username: None,
-            password: None,
             resp3: true,
-            latency_sample_every: 1,
             tracking: Some(Arc::new(backend::NodeTracking::default())),
             dedicated: true,
-            dedicated_max: 1,
-            dedicated_idle: 1,
-            tls: None,
             readonly: true,
+            ..BackendOptions::plain(Duration::from_millis(100))
         };
         let s = Side::new("127.0.0.1:1", &base, "test");
         assert!(!s.opts.resp3 && s.opts.tracking.is_none() && !s.opts.dedicated && !s.opts.readonly);
@@ -289,20 +282,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_node_that_is_not_there_is_an_error_and_leaves_it_closed() {
-        let base = BackendOptions {
-            connect_timeout: Duration::from_millis(200),
-            command_timeout: Duration::from_millis(200),
-            username: None,
-            password: None,
-            resp3: false,
-            latency_sample_every: 1,
-            tracking: None,
-            dedicated: false,
-            dedicated_max: 1,
-            dedicated_idle: 1,
-            tls: None,
-            readonly: false,
-        };
+        let base = BackendOptions::plain(Duration::from_millis(200));
         // a port nobody listens on: bind one, note it, let it go
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let mut s = Side::new(format!("127.0.0.1:{port}"), &base, "test");

@@ -82,21 +82,10 @@ pub(super) fn fleet_command(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         w.bulk(b"rules");
         w.array(rules.len());
         for r in rules.iter() {
-            let name = &r.spec.name;
-            let (fleet_demand, own_demand, members) = view.rules.get(name).copied().unwrap_or((0.0, 0.0, view.members));
             w.map(6);
             w.bulk(b"name");
-            w.bulk(name.as_bytes());
-            w.bulk(b"members");
-            w.int(members as i64);
-            w.bulk(b"share");
-            w.bulk(format!("{:.4}", r.share()).as_bytes());
-            w.bulk(b"fleet_demand");
-            w.bulk(format!("{fleet_demand:.1}").as_bytes());
-            w.bulk(b"demand");
-            w.bulk(format!("{own_demand:.1}").as_bytes());
-            w.bulk(b"watched_keys");
-            w.int(leases.get(name).copied().unwrap_or(0) as i64);
+            w.bulk(r.spec.name.as_bytes());
+            super::ratelimit::fleet_part(w, r, &view, &leases, "members");
         }
     })
 }

@@ -25,8 +25,6 @@ pub(super) fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
                         CommandsSpec::Kind(k) => k.clone(),
                         CommandsSpec::List(l) => l.join(","),
                     };
-                    let (fleet_demand, own_demand, members) =
-                        fleet.rules.get(&s.name).copied().unwrap_or((0.0, 0.0, fleet.members));
                     w.map(14);
                     for (k, v) in [
                         ("name", s.name.clone()),
@@ -44,18 +42,7 @@ pub(super) fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
                     w.int(r.allowed() as i64);
                     w.bulk(b"throttled");
                     w.int(r.throttled.load(Ordering::Relaxed) as i64);
-                    // the fleet's view (docs/fleet.md): members with the rule, this
-                    // instance's share, demands in requests/s, keys divided by demand
-                    w.bulk(b"fleet_members");
-                    w.int(members as i64);
-                    w.bulk(b"share");
-                    w.bulk(format!("{:.4}", r.share()).as_bytes());
-                    w.bulk(b"fleet_demand");
-                    w.bulk(format!("{fleet_demand:.1}").as_bytes());
-                    w.bulk(b"demand");
-                    w.bulk(format!("{own_demand:.1}").as_bytes());
-                    w.bulk(b"watched_keys");
-                    w.int(leases.get(&s.name).copied().unwrap_or(0) as i64);
+                    fleet_part(w, r, &fleet, &leases, "fleet_members");
                 }
             })
         }
@@ -109,4 +96,28 @@ pub(super) fn ratelimit_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
         }
         _ => ctx.error(&errors::unknown_subcommand(&format!("RATELIMIT {op}"), "PROXY")),
     }
+}
+
+/// A rule's part in the fleet (docs/fleet.md), five fields of a map: members with the rule
+/// (under `members_field`), this instance's share, the fleet's demand and this instance's
+/// (requests/s at the last sync), keys divided by demand.
+pub(super) fn fleet_part(
+    w: &mut crate::protocol::Writer,
+    r: &crate::services::ratelimit::Rule,
+    fleet: &crate::services::fleet::View,
+    leases: &std::collections::HashMap<String, usize>,
+    members_field: &str,
+) {
+    let name = &r.spec.name;
+    let (fleet_demand, own_demand, members) = fleet.rules.get(name).copied().unwrap_or((0.0, 0.0, fleet.members));
+    w.bulk(members_field.as_bytes());
+    w.int(members as i64);
+    w.bulk(b"share");
+    w.bulk(format!("{:.4}", r.share()).as_bytes());
+    w.bulk(b"fleet_demand");
+    w.bulk(format!("{fleet_demand:.1}").as_bytes());
+    w.bulk(b"demand");
+    w.bulk(format!("{own_demand:.1}").as_bytes());
+    w.bulk(b"watched_keys");
+    w.int(leases.get(name).copied().unwrap_or(0) as i64);
 }
