@@ -700,11 +700,11 @@ fn big_keys_are_noted_under_the_clients_names_on_every_write_path() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The slow log (`PROXY SLOWLOG`) × every path: each write is logged with the arguments the client sent
-/// (its key's client name, never `{mx}...`) under the command the client sent, whether
-/// alone, pipelined, split, queued in MULTI (the queued command and EXEC each have their
-/// entry), under WATCH, in a script, blocking or a lock command; and so is a read sent to
-/// a replica and a read answered from the cache.
+/// The slow log (`PROXY SLOWLOG`) × every path: each write is logged with the arguments
+/// the client sent (its key's client name, never `{mx}...`) under the command the client
+/// sent, whether alone, pipelined, split, queued in MULTI (the queued command and EXEC
+/// each have their entry), under WATCH, in a script, blocking or a lock command; and so
+/// is a read sent to a replica and a read answered from the cache.
 #[test]
 fn the_slow_log_shows_the_clients_commands_on_every_path() {
     let env = env();
