@@ -149,6 +149,18 @@ impl ReplySummary {
     }
 }
 
+/// What the fleet's digests depend on ([`Proxy::fleet_digests_of`]).
+pub type DigestsOf =
+    (Vec<(u64, Arc<crate::services::acl::User>)>, Arc<Vec<Arc<crate::services::ratelimit::Rule>>>, u64, u64);
+
+/// Whether two [`DigestsOf`] are of the same users, rules and tables.
+pub fn same_digests_of(a: &DigestsOf, b: &DigestsOf) -> bool {
+    a.0.len() == b.0.len()
+        && a.0.iter().zip(&b.0).all(|(x, y)| x.0 == y.0 && Arc::ptr_eq(&x.1, &y.1))
+        && Arc::ptr_eq(&a.1, &b.1)
+        && (a.2, a.3) == (b.2, b.3)
+}
+
 impl Proxy {
     /// The configuration in force (see [`Proxy::current`]).
     pub fn settings(&self) -> Arc<Config> {
@@ -176,6 +188,15 @@ impl Proxy {
 
     /// This instance's colocation rules, users and rate rules as digests, for its fleet
     /// (crate::services::fleet): instances that agree have equal digests.
+    /// What [`Proxy::fleet_digests`] depends on: when it is unchanged, so are they (the
+    /// fleet compares them at every sync, and describing users is not cheap).
+    /// (The users and rules themselves, not their addresses, which a later value could
+    /// reuse.)
+    pub fn fleet_digests_of(&self) -> DigestsOf {
+        let users = self.users.all().into_iter().map(|u| (u.changes(), u)).collect();
+        (users, self.ratelimit.rules(), self.colocate.generation(), self.commands.generation())
+    }
+
     pub fn fleet_digests(&self) -> crate::services::fleet::Digests {
         let sha = |text: &str| sha1_smol::Sha1::from(text).digest().to_string()[..16].to_string();
         let mut users: Vec<String> = self

@@ -522,6 +522,8 @@ pub struct CommandTable {
     /// What the servers added: looked at only when the generated table has no such name,
     /// so the usual lookup stays as it was.
     learned: ArcSwap<LearnedSet>,
+    /// Times `learned` was replaced ([`CommandTable::generation`]).
+    learnings: std::sync::atomic::AtomicU64,
     /// The learned commands made so far, with their definitions: reused when a server
     /// describes one alike again. They live as long as the process (lookups hand out
     /// `&'static Command`s, which needs no reference count per request); at most
@@ -694,6 +696,7 @@ impl CommandTable {
             names,
             base: next_id,
             learned: ArcSwap::default(),
+            learnings: Default::default(),
             made: Mutex::default(),
             learned_ids: Mutex::default(),
             learned_names: (0..LEARNED_IDS).map(|_| OnceLock::new()).collect(),
@@ -746,6 +749,7 @@ impl CommandTable {
         report.arity_changed.sort();
         report.refused.sort();
         self.learned.store(std::sync::Arc::new(set));
+        self.learnings.fetch_add(1, std::sync::atomic::Ordering::Release);
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(report.clone());
         report
     }
@@ -789,6 +793,12 @@ impl CommandTable {
             all.insert(&s.lower, s.acl);
         }
         all.into_iter().filter(|(_, acl)| acl & bit != 0).map(|(n, _)| n.to_string()).collect()
+    }
+
+    /// Changes whenever the commands learned from the servers do (what
+    /// [`CommandTable::every`] lists may then differ).
+    pub fn generation(&self) -> u64 {
+        self.learnings.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Every command, by name, each followed by its subcommands (by name) with the index
@@ -1105,6 +1115,23 @@ fn rule_of(k: &RawKey) -> learned::KeyRule {
     }
 }
 
+/// Most commands: one key spec, one key at a fixed place (which a request may lack, being
+/// too short): the place and what ACL checks the key for.
+#[inline]
+pub fn acl_key_at(cmd: &Command) -> Option<(u32, u8)> {
+    if let [r] = &cmd.key_rules[..]
+        && let learned::Begin::Index(i) = r.begin
+        && let learned::Find::Range { last: 0, .. } = r.find
+        && !r.not_key
+        && !r.variable
+        && !r.incomplete
+        && i > 0
+    {
+        return Some((i as u32, r.acl));
+    }
+    None
+}
+
 /// The keys of `req` (as resolved to `cmd`) with what ACL checks each for
 /// (`key::ACCESS`: read, `key::CHANGE`: write), in the order Redis checks them
 /// (`getKeysFromCommandWithSpecs`): from the key specs where they find every key and
@@ -1113,16 +1140,9 @@ fn rule_of(k: &RawKey) -> learned::KeyRule {
 pub fn acl_keys(cmd: &Command, req: &Request) -> SmallVec<[(u32, u8); 4]> {
     let mut out = SmallVec::new();
     let rules = &cmd.key_rules;
-    // (most commands: one spec, one key at a fixed place)
-    if let [r] = &rules[..]
-        && let learned::Begin::Index(i) = r.begin
-        && let learned::Find::Range { last: 0, .. } = r.find
-        && !r.not_key
-        && !r.variable
-        && !r.incomplete
-    {
-        if i > 0 && (i as usize) < req.argc() {
-            out.push((i as u32, r.acl));
+    if let Some((i, acl)) = acl_key_at(cmd) {
+        if (i as usize) < req.argc() {
+            out.push((i, acl));
         }
         return out;
     }

@@ -141,8 +141,8 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
 
 /// Whether the client's user may run `cmd` with these keys and channels (the first
 /// refusal, as Redis finds it: crate::services::acl::Perms::check); a refusal is
-/// logged (`ACL LOG`).
-#[cold]
+/// logged (`ACL LOG`). (Out of line: it runs only while some user is restricted.)
+#[inline(never)]
 fn acl_denied(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Option<crate::services::acl::Denied> {
     let client = &mut *ctx.client;
     let perms = client.user.perms_cached(&mut client.perms_seen);

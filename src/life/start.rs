@@ -98,9 +98,23 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overri
     crate::services::locks::start(proxy.locks.clone(), proxy.cluster.clone());
     crate::services::pubsub::start(proxy.pubsub.clone());
     spawn_reloader(proxy.clone(), config_path, overrides);
-    // (what the fleet compares: read anew at each sync, so a reload shows at the next)
+    // (what the fleet compares: looked at anew at each sync, so a reload shows at the
+    // next, and made anew only when what they depend on changed)
     let weak = Arc::downgrade(&proxy);
-    proxy.fleet.set_digests(move || weak.upgrade().map(|p| p.fleet_digests()).unwrap_or_default());
+    let memo = std::sync::Mutex::new(None::<(crate::proxy::DigestsOf, crate::services::fleet::Digests)>);
+    proxy.fleet.set_digests(move || {
+        let Some(p) = weak.upgrade() else { return Default::default() };
+        let of = p.fleet_digests_of();
+        let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
+        match &*memo {
+            Some((was, d)) if crate::proxy::same_digests_of(was, &of) => d.clone(),
+            _ => {
+                let d = p.fleet_digests();
+                *memo = Some((of, d.clone()));
+                d
+            }
+        }
+    });
     // (waits for the first sync, so the first clients meet the fleet's parts)
     crate::services::fleet::start(proxy.fleet.clone(), proxy.ratelimit.clone(), proxy.cluster.clone()).await;
     spawn_tls_reloader(acceptor.clone(), opts.tls.clone());

@@ -505,9 +505,16 @@ impl Perms {
             return Err(Denial { why: Denied::Command, arg: 0 });
         }
         if !self.all_keys() {
-            for (k, need) in crate::command::acl_keys(cmd, req) {
-                if !self.may_touch(req.arg(k as usize), need) {
+            // (most commands: one key at a fixed place, checked without listing keys)
+            if let Some((k, need)) = crate::command::acl_key_at(cmd) {
+                if (k as usize) < req.argc() && !self.may_touch(req.arg(k as usize), need) {
                     return Err(Denial { why: Denied::Key, arg: k as usize });
+                }
+            } else {
+                for (k, need) in crate::command::acl_keys(cmd, req) {
+                    if !self.may_touch(req.arg(k as usize), need) {
+                        return Err(Denial { why: Denied::Key, arg: k as usize });
+                    }
                 }
             }
         }
@@ -708,6 +715,11 @@ impl User {
     }
 
     /// The permissions now.
+    /// Counts the changes of its permissions.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     pub fn perms(&self) -> arc_swap::Guard<Arc<Perms>> {
         self.perms.load()
     }

@@ -304,6 +304,11 @@ pub struct Plan {
 /// old one alive.
 pub struct View {
     state: arc_swap::Cache<Arc<ArcSwap<State>>, Arc<State>>,
+    /// The budget table as the session last saw it (made at its first per-key check).
+    table: Option<table::TableCache>,
+    /// The last request time converted to the limiter's clock: the requests of one read
+    /// share their time, so most checks skip the conversion.
+    clock: (Instant, u64),
     /// (address, length, hash) of the key hashed for the current request; address 0: none.
     hint: (usize, usize, u64),
 }
@@ -320,6 +325,15 @@ impl View {
     #[inline]
     pub fn forget(&mut self) {
         self.hint.0 = 0;
+    }
+
+    /// `at` in the limiter's clock ([`Limiter::ns`]), converted once per distinct time.
+    #[inline]
+    fn ns(&mut self, limiter: &Limiter, at: Instant) -> u64 {
+        if self.clock.0 != at {
+            self.clock = (at, limiter.ns(at));
+        }
+        self.clock.1
     }
 }
 
@@ -443,7 +457,12 @@ impl Limiter {
 
     /// A handle for one session (see [`View`]).
     pub fn view(&self) -> View {
-        View { state: arc_swap::Cache::new(self.state.clone()), hint: (0, 0, 0) }
+        View {
+            state: arc_swap::Cache::new(self.state.clone()),
+            table: None,
+            clock: (self.clock_zero, 1 << 40),
+            hint: (0, 0, 0),
+        }
     }
 
     /// Brings the budget slots of the given keys (the first key of each request of a
@@ -508,17 +527,18 @@ impl Limiter {
         at: Instant,
         cached: bool,
     ) -> Result<(), Throttled> {
-        let hint = view.hint;
-        let state = view.state.load();
+        let now = view.ns(self, at);
+        let View { state, table, hint, .. } = view;
+        let state = state.load();
         if state.rules.is_empty() {
             return Ok(());
         }
         let mut keys = keys.peekable();
         let Some(first) = keys.next() else { return Ok(()) };
         if keys.peek().is_none() {
-            return self.check_one(state, cmd, first, hint, at, cached);
+            return self.check_one(state, table, cmd, first, *hint, now, cached);
         }
-        self.check_many(state, cmd, std::iter::once(first).chain(keys).map(|k| (k, cached)), at)
+        self.check_many(state, table, cmd, std::iter::once(first).chain(keys).map(|k| (k, cached)), now)
     }
 
     /// Checks the keys of one command of which some are answered from the hot-key cache
@@ -530,24 +550,26 @@ impl Limiter {
         keys: impl Iterator<Item = (&'k [u8], bool)>,
         at: Instant,
     ) -> Result<(), Throttled> {
-        let state = view.state.load();
+        let now = view.ns(self, at);
+        let View { state, table, .. } = view;
+        let state = state.load();
         if state.rules.is_empty() {
             return Ok(());
         }
-        self.check_many(state, cmd, keys, at)
+        self.check_many(state, table, cmd, keys, now)
     }
 
     /// Several keys: look at every budget first, then charge them all or none.
     fn check_many<'k>(
         &self,
         state: &State,
+        tables: &mut Option<table::TableCache>,
         cmd: &Command,
         keys: impl Iterator<Item = (&'k [u8], bool)>,
-        at: Instant,
+        now: u64,
     ) -> Result<(), Throttled> {
         let rules = &state.rules;
-        let guard = self.table.get().map(|b| (b, b.load()));
-        let table = guard.as_ref().map(|(b, t)| (*b, &***t));
+        let table = self.table.get().map(|b| (b, &**tables.get_or_insert_with(|| b.cache()).load()));
         // budgets this command draws on, how many requests each, and the first key on it
         let mut need: SmallVec<[(BudgetId, u64, &'k [u8]); 4]> = SmallVec::new();
         for (key, cached) in keys {
@@ -577,7 +599,6 @@ impl Limiter {
         if need.is_empty() {
             return Ok(());
         }
-        let now = self.ns(at);
         // Look first...
         for &((ri, key), n, first) in &need {
             let r = &rules[ri];
@@ -637,13 +658,15 @@ impl Limiter {
 
     /// One key (most commands): one table lookup, checked and charged in one step.
     /// `hint`: the session's [`View`] hint, which may hold the key's hash.
+    #[allow(clippy::too_many_arguments)]
     fn check_one(
         &self,
         state: &State,
+        tables: &mut Option<table::TableCache>,
         cmd: &Command,
         key: &[u8],
         hint: (usize, usize, u64),
-        at: Instant,
+        now: u64,
         cached: bool,
     ) -> Result<(), Throttled> {
         let Some(ri) = state.rules.iter().position(|r| r.matches(cmd, key)) else { return Ok(()) };
@@ -651,7 +674,6 @@ impl Limiter {
         if cached && !r.spec.count_cached {
             return Ok(());
         }
-        let now = self.ns(at);
         let take = |interval: u64, tolerance: u64| {
             move |tat: u64| {
                 let next = tat.max(now) + interval;
@@ -672,7 +694,7 @@ impl Limiter {
                     l.demand.fetch_add(1, Ordering::Relaxed);
                 }
                 let take = take(interval, tolerance);
-                let ok = match b.update(&b.load(), h, tag, take) {
+                let ok = match b.update(tables.get_or_insert_with(|| b.cache()).load(), h, tag, take) {
                     table::Update::Applied(ok) => ok,
                     // at the cap a new key draws on the shared budget
                     table::Update::Full => r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok(),

@@ -24,7 +24,9 @@
 //! - A tombstone becomes `EMPTY` again once the slot after it is empty (then no probe
 //!   chain runs through it).
 //! - Memory: 16 bytes a slot, at most 32 MB at the default cap of one million keys. The
-//!   table does not shrink.
+//!   table does not shrink. A session keeps the table it last used
+//!   ([`Budgets::cache`]) until its next request; outgrown tables kept so add up to at
+//!   most one more table's size.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -118,9 +120,13 @@ impl KeyTable {
     }
 }
 
+/// A session's cache of the current [`KeyTable`] ([`Budgets::cache`]).
+pub type TableCache = arc_swap::Cache<Arc<ArcSwap<KeyTable>>, Arc<KeyTable>>;
+
 /// The budgets of every per-key rule.
 pub struct Budgets {
-    table: ArcSwap<KeyTable>,
+    /// Shared with the sessions' caches of it ([`Budgets::cache`]).
+    table: Arc<ArcSwap<KeyTable>>,
     /// Held to insert, grow and reclaim.
     writer: Mutex<()>,
     live: AtomicUsize,
@@ -135,7 +141,7 @@ impl Budgets {
     pub fn new(cap: usize) -> Budgets {
         let max_slots = (cap.max(1) * 2).next_power_of_two().max(MIN_SLOTS);
         Budgets {
-            table: ArcSwap::from_pointee(KeyTable::new(MIN_SLOTS)),
+            table: Arc::new(ArcSwap::from_pointee(KeyTable::new(MIN_SLOTS))),
             writer: Mutex::new(()),
             live: AtomicUsize::new(0),
             cap,
@@ -148,6 +154,14 @@ impl Budgets {
     #[inline]
     pub fn load(&self) -> arc_swap::Guard<Arc<KeyTable>> {
         self.table.load()
+    }
+
+    /// A session's cache of the current table: each look costs one pointer comparison
+    /// instead of a full load. A cache holds the table it last saw until its next look,
+    /// so idle sessions may keep outgrown tables alive; the table only grows by doubling,
+    /// so all the outgrown ones together are at most the size of the current one.
+    pub fn cache(&self) -> TableCache {
+        arc_swap::Cache::new(self.table.clone())
     }
 
     /// Keys with a budget.
