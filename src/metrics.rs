@@ -100,6 +100,11 @@ fn describe() {
         "Seconds since this heatshield last synced with its fleet (parts are kept from then)."
     );
     describe_counter!("heatshield_fleet_syncs_total", "Fleet syncs, by result (ok, error).");
+    describe_counter!(
+        "heatshield_fleet_token_asks_total",
+        "Asks for tokens from the fleet's buckets of watched keys, by result (ok, error)."
+    );
+    describe_counter!("heatshield_fleet_tokens_taken_total", "Tokens taken from the fleet's buckets of watched keys.");
     describe_gauge!(
         "heatshield_fleet_differs",
         "1 while this heatshield's colocation rules, users or rate rules (what) differ from its fleet's."
@@ -322,6 +327,9 @@ pub struct Global {
     pub fleet_sync_age: Gauge,
     pub fleet_syncs_ok: Counter,
     pub fleet_syncs_failed: Counter,
+    pub fleet_token_asks_ok: Counter,
+    pub fleet_token_asks_failed: Counter,
+    pub fleet_tokens_taken: Counter,
     pub moved: Counter,
     pub ask: Counter,
     pub redirect_refused: Counter,
@@ -373,6 +381,9 @@ pub fn global() -> &'static Global {
         fleet_sync_age: gauge!("heatshield_fleet_sync_age_seconds"),
         fleet_syncs_ok: counter!("heatshield_fleet_syncs_total", "result" => "ok"),
         fleet_syncs_failed: counter!("heatshield_fleet_syncs_total", "result" => "error"),
+        fleet_token_asks_ok: counter!("heatshield_fleet_token_asks_total", "result" => "ok"),
+        fleet_token_asks_failed: counter!("heatshield_fleet_token_asks_total", "result" => "error"),
+        fleet_tokens_taken: counter!("heatshield_fleet_tokens_taken_total"),
         moved: counter!("heatshield_redirections_total", "kind" => "moved"),
         ask: counter!("heatshield_redirections_total", "kind" => "ask"),
         redirect_refused: counter!("heatshield_redirections_refused_total"),

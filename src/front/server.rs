@@ -123,6 +123,9 @@ pub async fn serve(
     let stopping = Arc::new(AtomicBool::new(false));
     tokio::pin!(stop);
     proxy.health.listening.fetch_add(1, Ordering::Relaxed);
+    if crate::worker::current() == 0 {
+        crate::services::fleet::start_tokens(proxy.fleet.clone(), proxy.ratelimit.clone(), proxy.cluster.clone());
+    }
     loop {
         let (res, secure) = tokio::select! {
             _ = &mut stop => break,

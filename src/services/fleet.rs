@@ -83,7 +83,20 @@ impl FleetConfig {
     pub fn keys(&self) -> (String, String) {
         (format!("{{heatshield:{}}}:reports", self.name), format!("{{heatshield:{}}}:members", self.name))
     }
+
+    /// The fleet's bucket for a watched key under a rule (by the rule's id): a key in the
+    /// fleet's slot, named by the rule's digest and the key.
+    pub fn bucket(&self, rule_id: &str, key: &[u8]) -> Box<[u8]> {
+        let digest = sha1_smol::Sha1::from(rule_id).digest().to_string();
+        let mut b = format!("{{heatshield:{}}}:tokens:{}:", self.name, &digest[..16]).into_bytes();
+        b.extend_from_slice(key);
+        b.into_boxed_slice()
+    }
 }
+
+/// How much of a leased key's demand in the last round goes into the demand it reports
+/// (an exponential average: about three rounds).
+const SMOOTHING: f64 = 0.35;
 
 /// The floor of every member's demand, as a fraction of the rule's rate.
 const FLOOR: f64 = 0.01;
@@ -419,6 +432,150 @@ redis.call('PEXPIRE', KEYS[1], 60000)
 redis.call('PEXPIRE', KEYS[2], 60000)
 return redis.call('HGETALL', KEYS[1])";
 
+/// The script that gives an instance tokens from the fleet's buckets: for each key, its
+/// interval and tolerance (GCRA, microseconds, the rule's whole rate and burst) and how
+/// many tokens the instance wants; returns, for each, how many it got and the
+/// microseconds until the bucket has one more. Redis's clock is every instance's. A
+/// bucket starts empty (the key had its parts of the rule until it was watched), and goes
+/// 10 s after it was last full.
+const TOKENS: &str = "\
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local out = {}
+for i, k in ipairs(KEYS) do
+  local iv = tonumber(ARGV[3 * i - 2])
+  local tol = tonumber(ARGV[3 * i - 1])
+  local want = tonumber(ARGV[3 * i])
+  local was = tonumber(redis.call('GET', k) or '')
+  local tat = was or (now + tol)
+  if tat < now then tat = now end
+  local n = math.floor((now + tol - tat) / iv)
+  if n > want then n = want end
+  if n < 0 then n = 0 end
+  if n > 0 or not was then
+    tat = tat + n * iv
+    redis.call('SET', k, string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 10000)
+  end
+  out[2 * i - 1] = n
+  local wait = tat + iv - tol - now
+  if wait < 0 then wait = 0 end
+  out[2 * i] = math.ceil(wait)
+end
+return out";
+
+/// The shortest time between two asks for tokens (asks that come sooner wait and go
+/// together).
+const TOKENS_EVERY: Duration = Duration::from_millis(3);
+
+/// Asks the fleet's buckets for the tokens the leases want, as they want them: one
+/// script for every lease queued, at most every [`TOKENS_EVERY`]. While the buckets do
+/// not answer, leases draw on their parts (`Tokens::on` is false) and ask again a
+/// second later. Runs on the first worker's runtime (`front::server` starts it there),
+/// not the control one: under load a worker thread gets the CPU sooner, and an ask that
+/// comes late leaves the requests that wait for its tokens refused.
+pub fn start_tokens(fleet: Arc<Fleet>, limiter: Arc<Limiter>, cluster: Arc<Cluster>) {
+    if !fleet.enabled() {
+        return;
+    }
+    limiter.tokens.on.store(true, std::sync::atomic::Ordering::Relaxed);
+    tokio::spawn(async move {
+        let mut link: Option<Side> = None;
+        let mut last = Instant::now();
+        loop {
+            limiter.tokens.wake.notified().await;
+            if let Some(d) = TOKENS_EVERY.checked_sub(last.elapsed()) {
+                tokio::time::sleep(d).await;
+            }
+            last = Instant::now();
+            let leases = limiter.tokens.take();
+            if leases.is_empty() {
+                continue;
+            }
+            let outcome = ask_tokens(&fleet, &cluster, &mut link, &leases).await;
+            let now = limiter.now();
+            use std::sync::atomic::Ordering::Relaxed;
+            match outcome {
+                Ok(grants) => {
+                    let g = crate::metrics::global();
+                    g.fleet_token_asks_ok.increment(1);
+                    g.fleet_tokens_taken.increment(grants.iter().map(|(n, _)| n).sum());
+                    limiter.tokens.on.store(true, Relaxed);
+                    for (l, (n, wait_us)) in leases.iter().zip(grants) {
+                        l.tokens.fetch_add(n, Relaxed);
+                        l.not_before.store(if n == 0 { now + wait_us * 1000 } else { 0 }, Relaxed);
+                        l.asking.store(false, Relaxed);
+                    }
+                }
+                Err(e) => {
+                    crate::metrics::global().fleet_token_asks_failed.increment(1);
+                    if limiter.tokens.on.swap(false, Relaxed) {
+                        warn!(fleet = %fleet.config.name, error = %e, "the fleet's buckets do not answer; watched keys draw on this instance's part");
+                    }
+                    link = None;
+                    for l in &leases {
+                        l.not_before.store(now + 1_000_000_000, Relaxed);
+                        l.asking.store(false, Relaxed);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// One ask: for each lease, (tokens given, microseconds until the bucket has one more).
+async fn ask_tokens(
+    fleet: &Fleet,
+    cluster: &Cluster,
+    link: &mut Option<Side>,
+    leases: &[Arc<crate::services::ratelimit::share::Lease>],
+) -> Result<Vec<(u64, u64)>, String> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (reports, _) = fleet.config.keys();
+    let node = cluster
+        .topology()
+        .master_for_slot(slot::slot(reports.as_bytes()))
+        .cloned()
+        .ok_or("no master for the fleet's slot")?;
+    if link.as_ref().is_none_or(|l| **l.addr() != *node.addr) {
+        *link = Some(Side::new(node.addr.clone(), node.options(), "fleet-tokens"));
+    }
+    let Some(side) = link.as_mut() else { return Err("no link".into()) };
+    let count = leases.len().to_string();
+    let mut args: Vec<Vec<u8>> = vec![b"EVAL".to_vec(), TOKENS.as_bytes().to_vec(), count.into_bytes()];
+    args.extend(leases.iter().map(|l| l.bucket.to_vec()));
+    for l in leases {
+        let (interval, tolerance) = l.whole;
+        // up to an ask's worth held (and what the requests that found none asked for,
+        // within that)
+        let most = l.most.load(Relaxed).max(1);
+        let held = l.tokens.load(Relaxed);
+        let want = (most.saturating_sub(held) + l.short.swap(0, Relaxed)).clamp(1, most);
+        args.push(format!("{:.3}", interval as f64 / 1000.0).into_bytes());
+        args.push(format!("{:.3}", tolerance as f64 / 1000.0).into_bytes());
+        args.push(want.to_string().into_bytes());
+    }
+    let req = Request::from_args(&args);
+    let reply =
+        side.call_raw(req.raw(), 1).await.map_err(|e| format!("{}: {e}", side.addr()))?.pop().unwrap_or_default();
+    match Value::parse(&reply) {
+        Ok((Value::Array(v), _)) if v.len() == 2 * leases.len() => {
+            let num = |x: &Value| match x {
+                Value::Int(n) => (*n).max(0) as u64,
+                _ => 0,
+            };
+            Ok(v.chunks(2).map(|p| (num(&p[0]), num(&p[1]))).collect())
+        }
+        _ => {
+            if crate::protocol::reply::error_text(&reply)
+                .is_some_and(|e| e.starts_with(b"MOVED") || e.starts_with(b"ASK"))
+            {
+                cluster.request_refresh();
+            }
+            Err(format!("{}: {}", side.addr(), String::from_utf8_lossy(&reply[..reply.len().min(200)]).trim_end()))
+        }
+    }
+}
+
 /// The script an instance that stops runs: its report and membership go at once.
 const LEAVE: &str = "redis.call('HDEL', KEYS[1], ARGV[1]) return redis.call('ZREM', KEYS[2], ARGV[1])";
 
@@ -429,6 +586,9 @@ struct Round {
     last: Instant,
     /// Each rule's demand counted at the last round, by rule id.
     counted: HashMap<String, u64>,
+    /// Each leased key's demand (requests a second), smoothed over a few rounds
+    /// ([`SMOOTHING`]), by rule id and key.
+    smoothed: HashMap<(String, Vec<u8>), f64>,
 }
 
 /// Starts the fleet task (when a fleet is configured) and waits for its first sync, at
@@ -442,7 +602,7 @@ pub async fn start(fleet: Arc<Fleet>, limiter: Arc<Limiter>, cluster: Arc<Cluste
     let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
     info!(fleet = %fleet.config.name, id = %fleet.id, "joining the fleet");
     tokio::spawn(async move {
-        let mut round = Round { link: None, last: Instant::now(), counted: HashMap::new() };
+        let mut round = Round { link: None, last: Instant::now(), counted: HashMap::new(), smoothed: HashMap::new() };
         let mut first = Some(first_tx);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -512,11 +672,22 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
         counted.insert(id.clone(), n);
     }
     round.counted = counted;
+    // a leased key's demand over a few rounds, not the last one alone: a key of a few
+    // requests a second may see none in one round, and is watched all the same
+    let mut smoothed = HashMap::new();
     for (ri, key, n) in &seen.leased {
         if let Some((_, id)) = ids.get(*ri) {
-            *me.keys.entry((id.clone(), key.to_vec())).or_default() += *n as f64 / secs;
+            let k = (id.clone(), key.to_vec());
+            let now = *n as f64 / secs;
+            let d = match round.smoothed.get(&k) {
+                Some(was) => was + SMOOTHING * (now - was),
+                None => now,
+            };
+            smoothed.insert(k.clone(), d);
+            *me.keys.entry(k).or_default() += d;
         }
     }
+    round.smoothed = smoothed;
     for (ri, key, throttles) in &seen.throttled {
         if let Some((r, id)) = ids.get(*ri) {
             // what it was allowed at this instance's part, plus what was refused
@@ -530,7 +701,14 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
     limiter.fleet_apply(&Plan {
         rules: seen.rules.clone(),
         shares,
-        leases: keys.into_iter().map(|(ri, k, s)| (ri, k.into_boxed_slice(), s)).collect(),
+        leases: keys
+            .into_iter()
+            .map(|(ri, k, s)| {
+                let bucket = fleet.config.bucket(&ids[ri].1, &k);
+                (ri, k.into_boxed_slice(), s, bucket)
+            })
+            .collect(),
+        members: reports.len(),
     });
     names(fleet, &me.digests, &reports);
     let mut v = fleet.view.lock();

@@ -260,6 +260,8 @@ pub struct Limiter {
     hasher: ahash::RandomState,
     /// Keys throttled here without a lease, for the fleet's next report.
     pub candidates: share::Candidates,
+    /// Leased keys' tokens from the fleet's buckets: which leases want more.
+    pub tokens: share::Tokens,
 }
 
 /// Which budget a key draws on: rule index, and the key's hash (None: the rule's shared one).
@@ -285,14 +287,21 @@ pub struct Seen {
     pub throttled: Vec<(usize, Box<[u8]>, u64)>,
 }
 
+/// A key the fleet watches: rule index, key, this instance's share of it, the key's
+/// bucket in Redis.
+pub type Watch = (usize, Box<[u8]>, f64, Box<[u8]>);
+
 /// What the fleet decided for this instance ([`Limiter::fleet_apply`]).
 pub struct Plan {
     /// The rules it was decided for (from [`Seen::rules`]).
     pub rules: Arc<Vec<Arc<Rule>>>,
     /// This instance's share of each rule's shared budget and of its keys without a lease.
     pub shares: Vec<f64>,
-    /// The keys to watch: rule index, key, this instance's share of it.
-    pub leases: Vec<(usize, Box<[u8]>, f64)>,
+    /// The keys to watch: rule index, key, this instance's share of it, and the key's
+    /// bucket in Redis.
+    pub leases: Vec<Watch>,
+    /// The fleet's members now.
+    pub members: usize,
 }
 
 /// A session's handle on the limiter, so that a check costs less than a standalone one:
@@ -353,6 +362,7 @@ impl Limiter {
             clock_zero: Instant::now(),
             hasher: ahash::RandomState::new(),
             candidates: share::Candidates::default(),
+            tokens: share::Tokens::default(),
         };
         l.replace(rules);
         l
@@ -421,23 +431,26 @@ impl Limiter {
         if !Arc::ptr_eq(&state.rules, &plan.rules) {
             return;
         }
+        self.tokens.shared.store(plan.members > 1, Ordering::Relaxed);
         for (r, &s) in state.rules.iter().zip(&plan.shares) {
             r.local.set(r.interval, r.spec.burst, s);
         }
         let mut leases = share::Leases::default();
-        for (ri, key, s) in &plan.leases {
+        for (ri, key, s, bucket) in &plan.leases {
             let Some(r) = state.rules.get(*ri).filter(|r| r.per_key) else { continue };
             let tag = table::tag(self.hasher.hash_one(&key[..]), r.salt);
             let lease = match state.leases.get(&tag) {
                 Some(l) => l.clone(),
-                None => Arc::new(share::Lease {
-                    rule: *ri,
-                    key: key.clone(),
-                    part: share::Part::new(r.interval, r.tolerance),
-                    demand: AtomicU64::new(0),
-                }),
+                None => Arc::new(share::Lease::new(*ri, key.clone(), bucket.clone(), r.interval, r.tolerance)),
             };
             lease.part.set(r.interval, r.spec.burst, *s);
+            // what one ask takes at most: TOKENS_ASKED of the rule's rate times this
+            // instance's share of the key's demand, or over the members if more (the
+            // shares add up to one: all the instances' together are at most twice
+            // TOKENS_ASKED of the rate)
+            let members = plan.shares.get(*ri).copied().unwrap_or(1.0);
+            let most = (r.spec.rate * share::TOKENS_ASKED * s.max(members)).floor().max(1.0) as u64;
+            lease.most.store(most, Ordering::Relaxed);
             leases.insert(tag, lease);
         }
         self.state.store(Arc::new(State { rules: state.rules.clone(), leases: Arc::new(leases) }));
@@ -599,6 +612,7 @@ impl Limiter {
         if need.is_empty() {
             return Ok(());
         }
+        let tokens = self.tokens.drawing();
         // Look first...
         for &((ri, key), n, first) in &need {
             let r = &rules[ri];
@@ -609,12 +623,18 @@ impl Limiter {
                 }
                 _ => (r.shared.load(Ordering::Relaxed), Self::part(state, r, None)),
             };
-            let next = tat.max(now) + n * interval;
-            if next - now > tolerance {
+            let over = match lease {
+                Some(l) if tokens => l.tokens.load(Ordering::Relaxed) < n,
+                _ => tat.max(now) + n * interval - now > tolerance,
+            };
+            if over {
                 r.throttled.fetch_add(1, Ordering::Relaxed);
                 match lease {
                     Some(l) => {
                         l.demand.fetch_add(n, Ordering::Relaxed);
+                        if tokens {
+                            l.refused(n, now, &self.tokens);
+                        }
                     }
                     None if r.per_key => self.candidates.note(ri, first),
                     None => {}
@@ -630,6 +650,13 @@ impl Limiter {
             let (interval, _, lease) = Self::part(state, r, tag);
             if let Some(l) = lease {
                 l.demand.fetch_add(n, Ordering::Relaxed);
+                if tokens {
+                    // (another request may have taken them since the look: admitted all
+                    // the same, a few tokens over at most)
+                    l.take(n, now, &self.tokens);
+                    r.count_allowed(n);
+                    continue;
+                }
             }
             let charge = |tat: u64| Some(tat.max(now) + n * interval);
             let placed = match (key, table) {
@@ -647,7 +674,7 @@ impl Limiter {
     /// The interval and tolerance a budget is charged with: its lease's when the fleet
     /// watches the key (`tag`: the key's budget tag), else the rule's part.
     #[inline]
-    fn part<'s>(state: &'s State, r: &Rule, tag: Option<u64>) -> (u64, u64, Option<&'s share::Lease>) {
+    fn part<'s>(state: &'s State, r: &Rule, tag: Option<u64>) -> (u64, u64, Option<&'s Arc<share::Lease>>) {
         if let Some(l) = tag.filter(|_| !state.leases.is_empty()).and_then(|tag| state.leases.get(&tag)) {
             let (i, t) = l.part.get();
             return (i, t, Some(l));
@@ -692,6 +719,15 @@ impl Limiter {
                 let (interval, tolerance, lease) = Self::part(state, r, Some(tag));
                 if let Some(l) = lease {
                     l.demand.fetch_add(1, Ordering::Relaxed);
+                    // a watched key draws on the tokens this instance took from the
+                    // fleet's bucket for it, while the bucket answers
+                    if self.tokens.drawing() {
+                        return self.finish(r, ri, key, l.take(1, now, &self.tokens), false);
+                    }
+                    // (the buckets did not answer: asked again now and then)
+                    if self.tokens.shared.load(Ordering::Relaxed) && now >= l.not_before.load(Ordering::Relaxed) {
+                        l.ask(&self.tokens);
+                    }
                 }
                 let take = take(interval, tolerance);
                 let ok = match b.update(tables.get_or_insert_with(|| b.cache()).load(), h, tag, take) {
@@ -706,6 +742,12 @@ impl Limiter {
                 (r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take(interval, tolerance)).is_ok(), false)
             }
         };
+        self.finish(r, ri, key, ok, candidate)
+    }
+
+    /// Counts one key's check; `candidate`: a refused key the fleet may watch.
+    #[inline]
+    fn finish(&self, r: &Rule, ri: usize, key: &[u8], ok: bool, candidate: bool) -> Result<(), Throttled> {
         if ok {
             r.count_allowed(1);
             Ok(())
@@ -716,6 +758,11 @@ impl Limiter {
             }
             Err(Throttled { key: key.to_vec(), rate: r.spec.rate, rule: r.spec.name.clone() })
         }
+    }
+
+    /// Now, in the limiter's clock.
+    pub fn now(&self) -> u64 {
+        self.ns(Instant::now())
     }
 
     /// Drops budgets that have been full (they hold no information) for the idle time,

@@ -9,7 +9,11 @@
 //! - [`Lease`]: a key the fleet watches (throttled somewhere lately), with this
 //!   instance's share of it, following where its requests come from, and a counter of
 //!   the requests it saw;
-//! - [`Candidates`]: keys throttled here that have no lease yet, for the next report.
+//! - [`Candidates`]: keys throttled here that have no lease yet, for the next report;
+//! - [`Tokens`]: a leased key's requests draw on tokens this instance took from the
+//!   fleet's bucket for the key in Redis, so the key's budget goes where its requests
+//!   are within milliseconds of a move (the part above is what it falls back to while
+//!   that bucket cannot be reached).
 //!
 //! The request path pays one relaxed load for a rule's part, and, only while the fleet
 //! watches some key, one lookup in a small map keyed by the budget's tag.
@@ -65,6 +69,110 @@ pub struct Lease {
     pub part: Part,
     /// Requests for the key under the rule this instance saw (allowed or not).
     pub demand: AtomicU64,
+    /// The fleet's bucket for the key (a Redis key in the fleet's slot), and the rule's
+    /// whole interval and tolerance (GCRA, nanoseconds), which the bucket is kept with.
+    pub bucket: Box<[u8]>,
+    pub whole: (u64, u64),
+    /// Tokens taken from the bucket and not used yet.
+    pub tokens: AtomicU64,
+    /// Most tokens one ask takes (a few hundredths of the rule's rate over the members,
+    /// at least one): what an instance holds unused is at most this.
+    pub most: AtomicU64,
+    /// Requests that found no token since the last ask.
+    pub short: AtomicU64,
+    /// Queued to ask the bucket ([`Tokens::want`]).
+    pub asking: AtomicBool,
+    /// The bucket was empty: no ask before this time (the limiter's clock).
+    pub not_before: AtomicU64,
+}
+
+impl Lease {
+    pub fn new(rule: usize, key: Box<[u8]>, bucket: Box<[u8]>, interval: u64, tolerance: u64) -> Lease {
+        Lease {
+            rule,
+            key,
+            part: Part::new(interval, tolerance),
+            demand: AtomicU64::new(0),
+            bucket,
+            whole: (interval, tolerance),
+            tokens: AtomicU64::new(0),
+            most: AtomicU64::new(1),
+            short: AtomicU64::new(0),
+            asking: AtomicBool::new(false),
+            not_before: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes `n` tokens if there are that many; asks the bucket for more (through
+    /// `tokens`) to make up an ask's worth again, unless an ask is queued or the bucket
+    /// said to wait (so a busy instance holds a few milliseconds of its requests ahead,
+    /// and a late ask does not leave them without). `now`: the limiter's clock.
+    #[inline]
+    pub fn take(self: &std::sync::Arc<Self>, n: u64, now: u64, tokens: &Tokens) -> bool {
+        let ok = self.tokens.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| t.checked_sub(n)).is_ok();
+        if !ok {
+            self.refused(n, now, tokens);
+            return false;
+        }
+        let low = self.tokens.load(Ordering::Relaxed) < self.most.load(Ordering::Relaxed);
+        if low && now >= self.not_before.load(Ordering::Relaxed) {
+            self.ask(tokens);
+        }
+        ok
+    }
+
+    /// `n` requests found too few tokens: counted for the next ask, which is queued
+    /// unless the bucket said to wait.
+    pub fn refused(self: &std::sync::Arc<Self>, n: u64, now: u64, tokens: &Tokens) {
+        self.short.fetch_add(n, Ordering::Relaxed);
+        if now >= self.not_before.load(Ordering::Relaxed) {
+            self.ask(tokens);
+        }
+    }
+
+    /// Queues an ask for tokens unless one is queued.
+    pub fn ask(self: &std::sync::Arc<Self>, tokens: &Tokens) {
+        if !self.asking.swap(true, Ordering::Relaxed) {
+            tokens.want(self.clone());
+        }
+    }
+}
+
+/// The part of a rule's rate that one ask for tokens takes at most, times the
+/// instance's share of the key (or one over the members, if more), so that all the
+/// tokens instances hold unused are at most twice this part of the rate
+/// (`docs/fleet.md`: the bound on what the fleet admits).
+pub const TOKENS_ASKED: f64 = 0.05;
+
+/// The leases whose keys want tokens from the fleet's buckets, for the fleet task that
+/// asks Redis for them (one script for all of them, at most every few milliseconds).
+#[derive(Default)]
+pub struct Tokens {
+    /// The buckets answered the last ask (leases draw on tokens; otherwise on their part).
+    pub on: AtomicBool,
+    /// Others are in the fleet (alone, an instance's part is the whole rule: its own
+    /// budgets are exact, and no ask is needed).
+    pub shared: AtomicBool,
+    wanting: Mutex<Vec<std::sync::Arc<Lease>>>,
+    pub wake: tokio::sync::Notify,
+}
+
+impl Tokens {
+    /// Whether watched keys draw on tokens now.
+    #[inline]
+    pub fn drawing(&self) -> bool {
+        self.on.load(Ordering::Relaxed) && self.shared.load(Ordering::Relaxed)
+    }
+
+    fn want(&self, l: std::sync::Arc<Lease>) {
+        self.wanting.lock().unwrap_or_else(|e| e.into_inner()).push(l);
+        self.wake.notify_one();
+    }
+
+    /// The leases queued since the last call.
+    pub fn take(&self) -> Vec<std::sync::Arc<Lease>> {
+        std::mem::take(&mut *self.wanting.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 /// The budget tag is a hash already.
@@ -144,6 +252,33 @@ mod tests {
         assert_eq!((i, t), (1_000_000_000, 1_000_000_000));
         assert_eq!(scaled(1_000_000, 10, 1.0), (1_000_000, 10_000_000));
         assert_eq!(scaled(1_000_000, 10, f64::NAN), (1_000_000, 10_000_000));
+    }
+
+    #[test]
+    fn a_lease_takes_its_tokens_and_asks_once_for_more() {
+        let tokens = Tokens::default();
+        let l = std::sync::Arc::new(Lease::new(0, b"k".to_vec().into(), b"b".to_vec().into(), 1000, 10_000));
+        l.most.store(4, Ordering::Relaxed);
+        // none held: refused, counted short, one ask queued however many find none
+        assert!(!l.take(1, 10, &tokens));
+        assert!(!l.take(2, 10, &tokens));
+        assert_eq!(l.short.load(Ordering::Relaxed), 3);
+        assert_eq!(tokens.take().len(), 1);
+        // the ask's answer: three tokens
+        l.tokens.store(3, Ordering::Relaxed);
+        l.asking.store(false, Ordering::Relaxed);
+        assert!(l.take(2, 10, &tokens));
+        assert!(!l.take(2, 10, &tokens), "one left, two wanted");
+        assert!(l.take(1, 10, &tokens));
+        assert_eq!(l.tokens.load(Ordering::Relaxed), 0);
+        assert_eq!(tokens.take().len(), 1, "below an ask's worth: asked again, once");
+        // an empty bucket said to wait: no ask before then
+        l.asking.store(false, Ordering::Relaxed);
+        l.not_before.store(100, Ordering::Relaxed);
+        assert!(!l.take(1, 50, &tokens));
+        assert!(tokens.take().is_empty());
+        assert!(!l.take(1, 100, &tokens));
+        assert_eq!(tokens.take().len(), 1);
     }
 
     #[test]
