@@ -519,7 +519,7 @@ fn mover(
         let mut next = Instant::now() + Duration::from_micros(me as u64 * 50_000 / 9);
         thread::sleep(next - Instant::now());
         // (each client's keys at random: xorshift)
-        let mut k = (me as u64 + 1) * 0x9E37_79B9_7F4A_7C15;
+        let mut k = (me as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         while !stop.load(Ordering::Relaxed) {
             let want = at[me].load(Ordering::Relaxed) as usize;
             if conn.as_ref().is_none_or(|(i, _)| *i != want) {

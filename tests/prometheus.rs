@@ -68,6 +68,8 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_fleet_watched_keys", "gauge", &[]),
     ("heatshield_fleet_sync_age_seconds", "gauge", &[]),
     ("heatshield_fleet_syncs_total", "counter", &["result"]),
+    ("heatshield_fleet_token_asks_total", "counter", &["result"]),
+    ("heatshield_fleet_tokens_taken_total", "counter", &[]),
     ("heatshield_cache_hits_total", "counter", &[]),
     ("heatshield_cache_misses_total", "counter", &[]),
     ("heatshield_cache_fills_total", "counter", &[]),
