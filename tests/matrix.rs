@@ -839,12 +839,16 @@ fn command_statistics_and_hotkeys_on_every_path() {
 /// rule's part, docs/fleet.md). Five attempts on one instance within a second, each on a
 /// key of its own: one admitted on every path, for both families, and so for five reads
 /// by a replica and five cache hits. A path that skipped the fleet's part would admit
-/// two (the whole burst).
+/// two (the whole burst). (No key is watched, `max_watched_keys = 0`: a watched key
+/// draws on tokens from the fleet's bucket, asked for as it is used, which makes what a
+/// burst of five admits depend on how soon an ask comes back. Watched keys are checked in
+/// the same step as these, `Limiter::check_one` and `check_many`, on every path, and
+/// their budgets in tests/fleet.rs.)
 #[test]
 fn fleet_rate_limit_on_every_write_path() {
     let env = env();
     let conf = format!(
-        "{CONF}\n[fleet]\nname = \"matrix\"\n\n[[ratelimit.rules]]\nname = \"fl\"\npattern = \"*:fl:*\"\ncommands = \"all\"\nrate = 2\nburst = 2\ncount_cached = true\n"
+        "{CONF}\n[fleet]\nname = \"matrix\"\nmax_watched_keys = 0\n\n[[ratelimit.rules]]\nname = \"fl\"\npattern = \"*:fl:*\"\ncommands = \"all\"\nrate = 2\nburst = 2\ncount_cached = true\n"
     );
     let (_dir, path) = config_file(&conf);
     let a = Proxy::start_cluster(&env.cluster, &["--config", &path]);

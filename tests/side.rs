@@ -51,13 +51,25 @@ fn every_side_connection_is_named_and_carries_no_tracking() {
     let mut sub = Conn::connect(proxy.port());
     assert_eq!(sub.cmd(&["SUBSCRIBE", "side:news"]).items()[0], V::s("subscribe"));
     assert_eq!(c.cmd(&["SET", "side:k", "v"]), V::ok());
+
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut tracked: Vec<String> = Vec::new();
+    // the lag probes connect one by one: every other side connection is up first (a
+    // WAIT's are only while it waits)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let lag: usize =
+            cluster.ports().into_iter().map(|p| clients(p).iter().filter(|(n, _)| n == "heatshield-lag").count()).sum();
+        if lag >= 6 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{lag} lag probes after 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // a WAIT that blocks (two replicas asked, one per master): its connections are open
     // on every master while the nodes are looked at
     let port = proxy.port();
     let waiting = std::thread::spawn(move || Conn::connect(port).cmd(&["WAIT", "2", "3000"]));
-
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    let mut tracked: Vec<String> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
         seen.clear();

@@ -530,16 +530,7 @@ async fn ask_tokens(
     leases: &[Arc<crate::services::ratelimit::share::Lease>],
 ) -> Result<Vec<(u64, u64)>, String> {
     use std::sync::atomic::Ordering::Relaxed;
-    let (reports, _) = fleet.config.keys();
-    let node = cluster
-        .topology()
-        .master_for_slot(slot::slot(reports.as_bytes()))
-        .cloned()
-        .ok_or("no master for the fleet's slot")?;
-    if link.as_ref().is_none_or(|l| **l.addr() != *node.addr) {
-        *link = Some(Side::new(node.addr.clone(), node.options(), "fleet-tokens"));
-    }
-    let Some(side) = link.as_mut() else { return Err("no link".into()) };
+    let side = link_to_master(fleet, cluster, link, "fleet-tokens")?;
     let count = leases.len().to_string();
     let mut args: Vec<Vec<u8>> = vec![b"EVAL".to_vec(), TOKENS.as_bytes().to_vec(), count.into_bytes()];
     args.extend(leases.iter().map(|l| l.bucket.to_vec()));
@@ -565,15 +556,36 @@ async fn ask_tokens(
             };
             Ok(v.chunks(2).map(|p| (num(&p[0]), num(&p[1]))).collect())
         }
-        _ => {
-            if crate::protocol::reply::error_text(&reply)
-                .is_some_and(|e| e.starts_with(b"MOVED") || e.starts_with(b"ASK"))
-            {
-                cluster.request_refresh();
-            }
-            Err(format!("{}: {}", side.addr(), String::from_utf8_lossy(&reply[..reply.len().min(200)]).trim_end()))
-        }
+        _ => Err(refused(cluster, side, &reply)),
     }
+}
+
+/// The connection to the master of the fleet's slot in `link`, made anew when the slot
+/// moved.
+fn link_to_master<'l>(
+    fleet: &Fleet,
+    cluster: &Cluster,
+    link: &'l mut Option<Side>,
+    purpose: &'static str,
+) -> Result<&'l mut Side, String> {
+    let (reports, _) = fleet.config.keys();
+    let node = cluster
+        .topology()
+        .master_for_slot(slot::slot(reports.as_bytes()))
+        .cloned()
+        .ok_or("no master for the fleet's slot")?;
+    if link.as_ref().is_none_or(|l| **l.addr() != *node.addr) {
+        *link = Some(Side::new(node.addr.clone(), node.options(), purpose));
+    }
+    link.as_mut().ok_or_else(|| "no link".to_string())
+}
+
+/// What a script's unexpected reply says (a redirection asks for a new slot map).
+fn refused(cluster: &Cluster, side: &Side, reply: &[u8]) -> String {
+    if crate::protocol::reply::error_text(reply).is_some_and(|e| e.starts_with(b"MOVED") || e.starts_with(b"ASK")) {
+        cluster.request_refresh();
+    }
+    format!("{}: {}", side.addr(), String::from_utf8_lossy(&reply[..reply.len().min(200)]).trim_end())
 }
 
 /// The script an instance that stops runs: its report and membership go at once.
@@ -793,15 +805,7 @@ fn names(fleet: &Fleet, mine: &Digests, reports: &[Report]) {
 /// Runs the sync script on the master of the fleet's slot; every member's report.
 async fn exchange(fleet: &Fleet, cluster: &Cluster, round: &mut Round, me: &Report) -> Result<Vec<Report>, String> {
     let (reports, members) = fleet.config.keys();
-    let node = cluster
-        .topology()
-        .master_for_slot(slot::slot(reports.as_bytes()))
-        .cloned()
-        .ok_or("no master for the fleet's slot")?;
-    if round.link.as_ref().is_none_or(|l| **l.addr() != *node.addr) {
-        round.link = Some(Side::new(node.addr.clone(), node.options(), "fleet"));
-    }
-    let Some(link) = round.link.as_mut() else { return Err("no link".into()) };
+    let link = link_to_master(fleet, cluster, &mut round.link, "fleet")?;
     let ttl = fleet.config.member_ttl_ms.to_string();
     let body = me.encode();
     let req = Request::from_args(&["EVAL", SYNC, "2", &reports, &members, &fleet.id, &ttl, &body]);
@@ -815,14 +819,7 @@ async fn exchange(fleet: &Fleet, cluster: &Cluster, round: &mut Round, me: &Repo
                 Some(Report::decode(&id, &String::from_utf8_lossy(p.get(1)?.as_bytes()?)))
             })
             .collect()),
-        _ => {
-            if crate::protocol::reply::error_text(&reply)
-                .is_some_and(|e| e.starts_with(b"MOVED") || e.starts_with(b"ASK"))
-            {
-                cluster.request_refresh();
-            }
-            Err(format!("{}: {}", link.addr(), String::from_utf8_lossy(&reply[..reply.len().min(200)]).trim_end()))
-        }
+        _ => Err(refused(cluster, link, &reply)),
     }
 }
 
