@@ -176,7 +176,12 @@ fn wait_answers_for_the_master_each_write_path_wrote_to() {
         }
     }
     // the control: a client that wrote nothing is answered for every master, the paused
-    // replica's too
+    // replica's too. (The paused replica's master must have moved past what the replica
+    // acknowledged: a write straight to it, or the master's replication ping, which comes
+    // every 10 s and made this control pass only when one fell in the test.)
+    let mut direct = Conn::connect(paused);
+    let k = on(paused, "wait-control:");
+    assert_eq!(direct.cmd(&["SET", &k, "v"]), V::ok());
     let idle = Conn::connect(proxy.port()).cmd(&["WAIT", "1", "300"]);
     signal(pid, "CONT");
     assert_eq!(idle, V::Int(0));
