@@ -37,6 +37,48 @@ impl Pattern {
     }
 }
 
+/// The bytes a key matched by some pattern of a set may start with: a quick look that
+/// lets the request path skip a feature's patterns for keys none of them can match (a
+/// yes may be wrong, a no is not). A pattern that starts with `*`, `?`, `[` or `\\`
+/// (or is empty) may match a key starting with anything, the empty key too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FirstBytes {
+    bits: [u64; 4],
+    /// Some pattern may match the empty key.
+    empty: bool,
+}
+
+impl FirstBytes {
+    /// The first bytes of keys `pats` may match.
+    pub fn of<'p>(pats: impl IntoIterator<Item = &'p [u8]>) -> FirstBytes {
+        let mut f = FirstBytes::default();
+        for p in pats {
+            match p.first() {
+                Some(&b) if !matches!(b, b'*' | b'?' | b'[' | b'\\') => f.bits[b as usize >> 6] |= 1 << (b & 63),
+                _ => {
+                    f.bits = [u64::MAX; 4];
+                    f.empty = true;
+                }
+            }
+        }
+        f
+    }
+
+    /// The 256 bits, as four words (bit `b` of word `b / 64`: a key may start with byte `b`).
+    pub fn words(&self) -> [u64; 4] {
+        self.bits
+    }
+
+    /// Whether some pattern may match `key`.
+    #[inline]
+    pub fn may_match(&self, key: &[u8]) -> bool {
+        match key.first() {
+            Some(&b) => self.bits[b as usize >> 6] & (1 << (b & 63)) != 0,
+            None => self.empty,
+        }
+    }
+}
+
 /// Whether `s` matches `pat`; `nocase` folds ASCII case.
 pub fn matches(pat: &[u8], s: &[u8], nocase: bool) -> bool {
     let eq = |a: u8, b: u8| if nocase { a.eq_ignore_ascii_case(&b) } else { a == b };
@@ -122,7 +164,25 @@ pub fn matches(pat: &[u8], s: &[u8], nocase: bool) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{Pattern, matches};
+    use super::{FirstBytes, Pattern, matches};
+
+    #[test]
+    fn first_bytes_never_rule_out_a_key_a_pattern_matches() {
+        let pats = ["stock:*", "k*", "\\*x", "h[ae]llo", "?x", "", "*", "x\\*"];
+        let strs = ["", "stock:1", "k", "key", "*x", "hello", "ax", "x*", "y", "zz"];
+        for p in pats {
+            let f = FirstBytes::of([p.as_bytes()]);
+            for s in strs {
+                if matches(p.as_bytes(), s.as_bytes(), false) {
+                    assert!(f.may_match(s.as_bytes()), "{p:?} on {s:?}");
+                }
+            }
+        }
+        let f = FirstBytes::of([&b"stock:*"[..], b"hot:*"]);
+        assert!(f.may_match(b"stock:1") && f.may_match(b"hot:1") && f.may_match(b"h"));
+        assert!(!f.may_match(b"key:1") && !f.may_match(b"") && !f.may_match(b"Stock:1"));
+        assert!(!FirstBytes::of([]).may_match(b"a"));
+    }
 
     #[test]
     fn prepared_patterns_agree_with_the_matcher() {

@@ -234,6 +234,8 @@ pub struct Command {
     /// Its key specs as the server declares them, with what ACL checks each key for
     /// (see [`acl_keys`]); routing uses [`KeySpec`].
     pub key_rules: Box<[learned::KeyRule]>,
+    /// [`acl_key_at`], worked out with `key_rules`.
+    acl_at: Option<(u32, u8)>,
     pub route: Route,
     /// Its requests take the shared connections unless the connection's state says
     /// otherwise (a WATCH, a MULTI): every route but the blocking, subscription, lock,
@@ -904,6 +906,7 @@ impl CommandTable {
         let mut c = make(self.learned_id(&def.name), def.name.clone(), def.arity, fl, keys, route, subs);
         c.acl = def.acl;
         c.key_rules = def.rules.clone().into_boxed_slice();
+        c.acl_at = key_at(&c.key_rules);
         c
     }
 
@@ -1089,6 +1092,7 @@ fn build(raw: &'static RawSpec, parent: Option<&'static RawSpec>, next_id: &mut 
     c.acl = raw.acl;
     c.parent_acl = parent.map_or(0, |p| p.acl);
     c.key_rules = raw.specs.iter().map(rule_of).collect();
+    c.acl_at = key_at(&c.key_rules);
     c
 }
 
@@ -1119,7 +1123,12 @@ fn rule_of(k: &RawKey) -> learned::KeyRule {
 /// too short): the place and what ACL checks the key for.
 #[inline]
 pub fn acl_key_at(cmd: &Command) -> Option<(u32, u8)> {
-    if let [r] = &cmd.key_rules[..]
+    cmd.acl_at
+}
+
+/// [`acl_key_at`] from the key specs.
+fn key_at(rules: &[learned::KeyRule]) -> Option<(u32, u8)> {
+    if let [r] = rules
         && let learned::Begin::Index(i) = r.begin
         && let learned::Find::Range { last: 0, .. } = r.find
         && !r.not_key
@@ -1236,6 +1245,7 @@ fn make(id: usize, name: String, arity: i32, flags: u32, keys: KeySpec, route: R
         parent_acl: 0,
         keys,
         key_rules: Box::default(),
+        acl_at: None,
         route,
         shared_lane,
         traits,

@@ -207,6 +207,13 @@ pub fn charge(
             false => n,
         }
     };
+    // (most requests name one key, which no rule may match when the rules are for other
+    // keys: two loads instead of the limiter)
+    if let [k] = keys
+        && !proxy.ratelimit.may_match(key(*k))
+    {
+        return Ok(());
+    }
     let (rl, now) = (&mut ctx.client.rl, ctx.now);
     match cached {
         Cached::These(these) => {

@@ -53,6 +53,8 @@ pub enum Choice {
 pub struct Reads {
     default: (ReadFrom, u64),
     rules: Vec<(crate::glob::Pattern, ReadFrom, u64)>,
+    /// What the rules' keys may start with: a key none may match takes the default at once.
+    first: crate::glob::FirstBytes,
     read_your_writes: bool,
     active: bool,
     /// Colocation rules: a pattern matches a key's client name too.
@@ -61,12 +63,13 @@ pub struct Reads {
 
 impl Reads {
     pub fn new(default: ReadFrom, max_lag_ms: u64, rules: &[ReadRule], read_your_writes: bool) -> Reads {
+        let first = crate::glob::FirstBytes::of(rules.iter().map(|r| r.pattern.as_bytes()));
         let rules: Vec<(crate::glob::Pattern, ReadFrom, u64)> = rules
             .iter()
             .map(|r| (crate::glob::Pattern::new(r.pattern.as_bytes()), r.read_from, r.max_lag_ms.unwrap_or(max_lag_ms)))
             .collect();
         let active = default != ReadFrom::Master || rules.iter().any(|r| r.1 != ReadFrom::Master);
-        Reads { default: (default, max_lag_ms), rules, read_your_writes, active, names: None }
+        Reads { default: (default, max_lag_ms), rules, first, read_your_writes, active, names: None }
     }
 
     /// Patterns match the client's names of keys that colocation rules store under
@@ -98,7 +101,8 @@ impl Reads {
 
     /// The policy for `key` and its lag limit.
     pub fn policy(&self, key: &[u8]) -> (ReadFrom, u64) {
-        if self.rules.is_empty() {
+        // (a stored name starts with its tag, '{': its client name is looked at below)
+        if self.rules.is_empty() || (!self.first.may_match(key) && key.first() != Some(&b'{')) {
             return self.default;
         }
         let client = match &self.names {

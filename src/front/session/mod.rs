@@ -693,7 +693,7 @@ impl Session {
                 if !self.reading {
                     break; // after QUIT: the rest is never run
                 }
-                if i < hashed && req.argc() > 1 {
+                if i < hashed && self.hashes[i] != 0 && req.argc() > 1 {
                     self.client.rl.expect(req.arg(1), self.hashes[i]);
                 }
                 self.dispatch(req);

@@ -251,6 +251,11 @@ pub struct Limiter {
     per_key: std::sync::atomic::AtomicBool,
     /// Some rule exists (one relaxed load on the request path when none does).
     some: std::sync::atomic::AtomicBool,
+    /// The first bytes of keys some rule's pattern may match ([`crate::glob::FirstBytes`],
+    /// as atomics: replaced with the rules), so a key no rule can match skips the limiter
+    /// (its prefetch and its check) for the price of two loads.
+    first: [AtomicU64; 4],
+    first_empty: std::sync::atomic::AtomicBool,
     max_keys: usize,
     /// Nanoseconds a full budget stays before [`Limiter::reclaim`] drops it.
     idle_ns: u64,
@@ -356,6 +361,8 @@ impl Limiter {
             publish: std::sync::Mutex::new(()),
             per_key: std::sync::atomic::AtomicBool::new(false),
             some: std::sync::atomic::AtomicBool::new(false),
+            first: Default::default(),
+            first_empty: std::sync::atomic::AtomicBool::new(false),
             max_keys,
             idle_ns: idle.as_nanos() as u64,
             table: OnceLock::new(),
@@ -375,6 +382,16 @@ impl Limiter {
         self.some.load(Ordering::Relaxed)
     }
 
+    /// Whether some rule's pattern may match `key` (a no is sure: then no rule applies to
+    /// it, and it needs no check).
+    #[inline(always)]
+    pub fn may_match(&self, key: &[u8]) -> bool {
+        match key.first() {
+            Some(&b) => self.first[b as usize >> 6].load(Ordering::Acquire) & (1 << (b & 63)) != 0,
+            None => self.first_empty.load(Ordering::Acquire),
+        }
+    }
+
     pub fn rules(&self) -> Arc<Vec<Arc<Rule>>> {
         self.state.load().rules.clone()
     }
@@ -392,8 +409,21 @@ impl Limiter {
             self.table.get_or_init(|| table::Budgets::new(self.max_keys));
         }
         self.per_key.store(per_key, Ordering::Relaxed);
+        // (a request checked while the rules are replaced is checked under the old or the
+        // new ones: the filter is widened to both first, and narrowed to the new ones after)
+        self.set_first(rules.iter().chain(old.iter()));
         self.some.store(!rules.is_empty(), Ordering::Relaxed);
-        self.state.store(Arc::new(State { rules: Arc::new(rules), leases: Arc::new(share::Leases::default()) }));
+        let rules = Arc::new(rules);
+        self.state.store(Arc::new(State { rules: rules.clone(), leases: Arc::new(share::Leases::default()) }));
+        self.set_first(rules.iter());
+    }
+
+    fn set_first<'r>(&self, rules: impl Iterator<Item = &'r Arc<Rule>>) {
+        let first = crate::glob::FirstBytes::of(rules.map(|r| r.spec.pattern.as_bytes()));
+        for (a, w) in self.first.iter().zip(first.words()) {
+            a.store(w, Ordering::Release);
+        }
+        self.first_empty.store(first.may_match(b""), Ordering::Release);
     }
 
     /// Keys the fleet watches now.
@@ -481,15 +511,15 @@ impl Limiter {
     /// Brings the budget slots of the given keys (the first key of each request of a
     /// pipelined batch) into the CPU cache, so that their misses overlap instead of
     /// coming one per request when the requests are checked. Writes each key's hash to
-    /// `hashes` (for [`View::expect`]); returns how many were written, 0 without a per-key
-    /// rule.
+    /// `hashes` (for [`View::expect`]), or 0 for a key no rule may match (not hashed:
+    /// [`Limiter::may_match`]); returns how many were written, 0 without a per-key rule.
     #[inline]
     pub fn prefetch<'k>(&self, keys: impl Iterator<Item = &'k [u8]>, hashes: &mut [u64]) -> usize {
         let Some(b) = self.table.get().filter(|_| self.prefetching()) else { return 0 };
         let t = b.load();
         let mut n = 0;
         for (h, k) in hashes.iter_mut().zip(keys) {
-            *h = self.hasher.hash_one(k);
+            *h = if self.may_match(k) { self.hasher.hash_one(k) } else { 0 };
             n += 1;
         }
         table::Budgets::prefetch(&t, &hashes[..n]);

@@ -182,7 +182,8 @@ impl Budgets {
     /// cache ahead of their checks.
     #[inline]
     pub fn prefetch(t: &KeyTable, hashes: &[u64]) {
-        for &h in hashes {
+        // (0: a key no rule matches, not hashed)
+        for &h in hashes.iter().filter(|&&h| h != 0) {
             prefetch_index::prefetch_index(&t.words, 2 * (h as usize & t.mask));
         }
     }
