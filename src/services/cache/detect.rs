@@ -6,20 +6,23 @@
 //! `cool_windows` windows in a row below half the threshold. The sketch starts empty each
 //! window, so the estimate is the rate over the last window.
 //!
-//! A doorkeeper stands in front of the sketch: 64 Ki one-byte counters indexed by the
-//! key's hash. A key's first [`DOOR`] samples in a period only count there; the next one
-//! enters the sketch with all of them, and every later one in the period goes straight
-//! in. The counters start again from zero every period, a number of samples set at each
-//! window's end from the last window's samples, so that a key at the threshold is sampled
-//! about twelve times a period (its samples held at the door are all credited when it
-//! passes) while the other keys spread thin enough (at most one sample per two counters)
-//! that they rarely pass. Most keys of a wide workload never reach the sketch, whose
-//! 512 KiB rows (four random cache lines a sample) and top-k queue were the cost of
-//! detection on the request path (2.7% of the proxy's CPU at GET -P16 over 100,000
-//! random keys, `perf`). When a period that long would not fit the counters (a low
-//! threshold against a high read rate), the door stands open: every sample goes into the
-//! sketch, as without it. A key that passes the door on a counter it shares may be
-//! credited with up to [`DOOR`] samples of others, a few reads a second at most.
+//! A doorkeeper ([`Door`], one per worker thread) stands in front of the sketch: 64 Ki
+//! one-byte counters indexed by the key's hash. A key's first [`DOOR`] samples in a
+//! period only count there; the next one enters the sketch with all of them, and every
+//! later one in the period goes straight in. The counters start again from zero every
+//! period, a number of the thread's samples set at each window's end from the last
+//! window's samples, so that a key at the threshold is sampled about twelve times a
+//! period (its samples held at the door are all credited when it passes) while the other
+//! keys spread thin enough (at most one sample per two counters) that they rarely pass.
+//! Most keys of a wide workload never reach the sketch, nor its lock: its 512 KiB rows
+//! (four random cache lines a sample), its top-k queue and the lock were the cost of
+//! detection on the request path (2.7% of the proxy's CPU at GET -P16 over 100,000 random
+//! keys, `perf`). When a period that long would not fit the counters (a low threshold
+//! against a high read rate), the door stands open: every sample goes into the sketch,
+//! as without it. A key that passes the door on a counter it shares may be credited with
+//! up to [`DOOR`] samples of others, a few reads a second at most. (With several worker
+//! threads each has its own door and sees its share of the samples, a key at the
+//! threshold its share of them: the period in samples is the same.)
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -72,14 +75,12 @@ pub struct Changes {
 /// The sketch and the hot set.
 pub struct Detector {
     cfg: DetectorConfig,
-    /// Samples held back per counter this period (`DOOR + 1`: the keys there go straight in).
-    door: Box<[u8]>,
-    /// Samples per door period (0: the door stands open), and left in this one.
+    /// Samples per door period from the end of the last window (0: the door stands open).
     period: u32,
-    left: u32,
-    /// Samples this window.
+    /// Samples this window, held at a door or not ([`Detector::note_samples`]).
     samples: u64,
-    hasher: ahash::RandomState,
+    /// Windows ended so far.
+    window: u64,
     sketch: TopK<Vec<u8>>,
     hot: HashMap<Vec<u8>, HotState>,
 }
@@ -88,11 +89,9 @@ impl Detector {
     pub fn new(cfg: DetectorConfig) -> Detector {
         Detector {
             sketch: new_sketch(cfg.max_hot_keys),
-            door: vec![0; DOORS].into_boxed_slice(),
             period: MIN_PERIOD,
-            left: MIN_PERIOD,
             samples: 0,
-            hasher: ahash::RandomState::new(),
+            window: 0,
             hot: HashMap::new(),
             cfg,
         }
@@ -105,28 +104,31 @@ impl Detector {
         self.cfg.max_hot_keys = max_hot_keys;
     }
 
-    /// Counts one sampled read of `key`.
+    /// Counts `n` sampled reads of `key` (a door lets a key's held samples in at once).
     #[inline]
-    pub fn record(&mut self, key: &[u8]) {
-        self.samples += 1;
-        if self.period == 0 {
-            self.sketch.add(key, 1);
-            return;
-        }
-        if self.left == 0 {
-            self.door.fill(0);
-            self.left = self.period;
-        }
-        self.left -= 1;
-        let c = &mut self.door[self.hasher.hash_one(key) as usize % DOORS];
-        match *c {
-            n if n < DOOR => *c = n + 1,
-            DOOR => {
-                *c = DOOR + 1;
-                self.sketch.add(key, DOOR as u64 + 1);
-            }
-            _ => self.sketch.add(key, 1),
-        }
+    pub fn record(&mut self, key: &[u8], n: u64) {
+        self.sketch.add(key, n);
+    }
+
+    /// Counts samples taken, held at a door or not: the read rate the next door period is
+    /// worked out from.
+    pub fn note_samples(&mut self, n: u64) {
+        self.samples += n;
+    }
+
+    /// The door period before the first window ends.
+    pub fn first_period() -> u32 {
+        MIN_PERIOD
+    }
+
+    /// Samples per door period now (0: the door stands open).
+    pub fn period(&self) -> u32 {
+        self.period
+    }
+
+    /// Windows ended so far (a door's counters are for one window).
+    pub fn window(&self) -> u64 {
+        self.window
     }
 
     /// Ends a window that lasted `elapsed`: estimates rates, updates the hot set, and
@@ -140,8 +142,8 @@ impl Detector {
         let at_threshold = self.cfg.threshold * secs / self.cfg.sample_every as f64;
         let period = (PER_PERIOD * self.samples as f64 / at_threshold.max(1e-9)).max(MIN_PERIOD as f64);
         self.period = if period <= (DOORS / 2) as f64 { period as u32 } else { 0 };
-        self.left = 0;
         self.samples = 0;
+        self.window += 1;
         let rates: HashMap<Vec<u8>, f64> =
             sketch.list().into_iter().map(|n| (n.item, n.count as f64 * scale)).collect();
         let mut changes = Changes::default();
@@ -175,8 +177,63 @@ impl Detector {
     /// Forgets every hot key (returns them).
     pub fn clear(&mut self) -> Vec<Vec<u8>> {
         self.sketch = new_sketch(self.cfg.max_hot_keys);
-        self.left = 0;
         self.hot.drain().map(|(k, _)| k).collect()
+    }
+}
+
+/// A worker thread's doorkeeper (see the module's text).
+pub struct Door {
+    /// Samples held back per counter this period (`DOOR + 1`: the keys there go straight in).
+    counts: Box<[u8]>,
+    /// Samples left in this period.
+    left: u32,
+    /// Samples taken since [`Door::take_seen`].
+    seen: u64,
+    /// The detector and the window this door's counters are for ([`Door::pass`]).
+    at: (usize, u64),
+    hasher: ahash::RandomState,
+}
+
+impl Default for Door {
+    fn default() -> Door {
+        Door { counts: vec![0; DOORS].into_boxed_slice(), left: 0, seen: 0, at: (0, 0), hasher: Default::default() }
+    }
+}
+
+impl Door {
+    /// How many samples of `key` go into the sketch now, this one included (0: held).
+    /// `at`: the detector (any number that tells it from others) and its window; a door
+    /// starts a new period when either changes. `period`: [`Detector::period`].
+    #[inline]
+    pub fn pass(&mut self, key: &[u8], at: (usize, u64), period: u32) -> u64 {
+        self.seen += 1;
+        if period == 0 {
+            return 1;
+        }
+        if self.left == 0 || self.at != at {
+            self.counts.fill(0);
+            self.left = period;
+            self.at = at;
+        }
+        self.left -= 1;
+        let c = &mut self.counts[self.hasher.hash_one(key) as usize % DOORS];
+        match *c {
+            n if n < DOOR => {
+                *c = n + 1;
+                0
+            }
+            DOOR => {
+                *c = DOOR + 1;
+                DOOR as u64 + 1
+            }
+            _ => 1,
+        }
+    }
+
+    /// Samples taken since the last call, once there are `at_least`.
+    #[inline]
+    pub fn take_seen(&mut self, at_least: u64) -> u64 {
+        if self.seen < at_least { 0 } else { std::mem::take(&mut self.seen) }
     }
 }
 
@@ -188,26 +245,35 @@ fn new_sketch(k: usize) -> TopK<Vec<u8>> {
 mod tests {
     use super::*;
 
+    /// One sampled read, through a door, as the request path takes it.
+    fn feed(d: &mut Detector, door: &mut Door, key: &[u8]) {
+        let n = door.pass(key, (1, d.window()), d.period());
+        d.note_samples(door.take_seen(1));
+        if n > 0 {
+            d.record(key, n);
+        }
+    }
+
     fn cfg() -> DetectorConfig {
         DetectorConfig { sample_every: 1, threshold: 100.0, cool_windows: 3, max_hot_keys: 64 }
     }
 
     #[test]
     fn hot_after_one_window_and_cools_with_hysteresis() {
-        let mut d = Detector::new(cfg());
+        let (mut d, mut door) = (Detector::new(cfg()), Door::default());
         let sec = Duration::from_secs(1);
         for _ in 0..150 {
-            d.record(b"hot");
+            feed(&mut d, &mut door, b"hot");
         }
         for _ in 0..20 {
-            d.record(b"cold");
+            feed(&mut d, &mut door, b"cold");
         }
         let c = d.roll(sec);
         assert_eq!(c.became_hot, vec![b"hot".to_vec()]);
         // 60/s is below the threshold but above half of it: stays hot
         for _ in 0..5 {
             for _ in 0..60 {
-                d.record(b"hot");
+                feed(&mut d, &mut door, b"hot");
             }
             let c = d.roll(sec);
             assert!(c.cooled.is_empty() && c.became_hot.is_empty());
@@ -215,7 +281,7 @@ mod tests {
         // below half for three windows: cools on the third
         for w in 0..3 {
             for _ in 0..10 {
-                d.record(b"hot");
+                feed(&mut d, &mut door, b"hot");
             }
             let c = d.roll(sec);
             assert_eq!(c.cooled.len(), (w == 2) as usize, "window {w}");
@@ -225,14 +291,14 @@ mod tests {
 
     #[test]
     fn the_doorkeeper_keeps_a_keys_count_and_keeps_rare_keys_out() {
-        let mut d = Detector::new(cfg());
+        let (mut d, mut door) = (Detector::new(cfg()), Door::default());
         // a key exactly at the threshold: its samples held back at the door count too
         for _ in 0..100 {
-            d.record(b"hot");
+            feed(&mut d, &mut door, b"hot");
         }
         // many keys sampled at most DOOR times never reach the sketch
         for i in 0..2_000u32 {
-            d.record(format!("cold:{i}").as_bytes());
+            feed(&mut d, &mut door, format!("cold:{i}").as_bytes());
         }
         assert!(d.sketch.list().iter().all(|n| n.item == b"hot".to_vec() || n.count <= DOOR as u64 * 2 + 1));
         let c = d.roll(Duration::from_secs(1));
@@ -240,33 +306,34 @@ mod tests {
         assert_eq!(d.hot().next().map(|(_, s)| s.rate), Some(100.0));
         // a new window starts with an empty door: 99 samples are below the threshold
         for _ in 0..99 {
-            d.record(b"hot2");
+            feed(&mut d, &mut door, b"hot2");
         }
         assert!(d.roll(Duration::from_secs(1)).became_hot.is_empty());
     }
 
     #[test]
     fn the_door_period_follows_the_read_rate_and_opens_when_too_long() {
-        let mut d = Detector::new(DetectorConfig { sample_every: 8, threshold: 1000.0, ..cfg() });
+        let (mut d, mut door) =
+            (Detector::new(DetectorConfig { sample_every: 8, threshold: 1000.0, ..cfg() }), Door::default());
         // 100,000 samples a window, 125 of them a key at the threshold: 9,600 a period
         for i in 0..100_000u32 {
-            d.record(&i.to_le_bytes());
+            feed(&mut d, &mut door, &i.to_le_bytes());
         }
         d.roll(Duration::from_secs(1));
         assert_eq!(d.period, 9_600);
         // a key just over the threshold among them is found
         for i in 0..100_000u32 {
             if i % 780 == 0 {
-                d.record(b"hot");
+                feed(&mut d, &mut door, b"hot");
             } else {
-                d.record(&i.to_le_bytes());
+                feed(&mut d, &mut door, &i.to_le_bytes());
             }
         }
         assert_eq!(d.roll(Duration::from_secs(1)).became_hot, vec![b"hot".to_vec()]);
         // a threshold of 10 reads/s against that rate: the door stands open
         d.retune(10.0, 3, 64);
         for i in 0..100_000u32 {
-            d.record(&i.to_le_bytes());
+            feed(&mut d, &mut door, &i.to_le_bytes());
         }
         d.roll(Duration::from_secs(1));
         assert_eq!(d.period, 0);

@@ -385,6 +385,10 @@ pub struct HotCache {
     /// Colocation rules: `pin` and `never` match a key's client name too.
     names: Arc<crate::services::colocate::Colocate>,
     detector: Mutex<Detector>,
+    /// The detector's window and door period ([`detect::Door`]), for the doors.
+    door: (AtomicU64, std::sync::atomic::AtomicU32),
+    /// Samples the doors took and have not told the detector of yet.
+    sampled: AtomicU64,
     hot: ArcSwap<HotSet>,
     hot_count: AtomicUsize,
     /// Bumped whenever keys become hot (see [`HotCache::hot_generation`]).
@@ -446,6 +450,8 @@ impl HotCache {
                 cool_windows: cfg.cool_windows.max(1),
                 max_hot_keys: cfg.max_hot_keys.max(1),
             })),
+            door: (AtomicU64::new(0), std::sync::atomic::AtomicU32::new(detect::Detector::first_period())),
+            sampled: AtomicU64::new(0),
             hot: ArcSwap::from_pointee(HotSet::default()),
             hot_count: AtomicUsize::new(0),
             hot_generation: AtomicU64::new(0),
@@ -466,12 +472,14 @@ impl HotCache {
         self.detector.lock().retune(threshold, cool_windows, max_hot_keys);
     }
 
-    /// Counts a read of `key` for detection: one in `sample_every` takes the detector's
-    /// lock; the others cost a thread-local increment.
+    /// Counts a read of `key` for detection: one in `sample_every` is a sample, which the
+    /// worker thread's door ([`detect::Door`]) holds or lets into the detector (under its
+    /// lock); the others cost a thread-local increment.
     #[inline]
     pub fn sample(&self, key: &[u8]) {
         thread_local! {
             static N: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+            static DOOR: std::cell::RefCell<detect::Door> = std::cell::RefCell::new(detect::Door::default());
         }
         let hit = N.with(|n| {
             let v = n.get() + 1;
@@ -480,7 +488,18 @@ impl HotCache {
             hit
         });
         if hit {
-            self.detector.lock().record(key);
+            let at = (self as *const HotCache as usize, self.door.0.load(Ordering::Relaxed));
+            let period = self.door.1.load(Ordering::Relaxed);
+            let (n, seen) = DOOR.with(|d| {
+                let mut d = d.borrow_mut();
+                (d.pass(key, at, period), d.take_seen(256))
+            });
+            if seen > 0 {
+                self.sampled.fetch_add(seen, Ordering::Relaxed);
+            }
+            if n > 0 {
+                self.detector.lock().record(key, n);
+            }
         }
     }
 
@@ -928,7 +947,10 @@ impl HotCache {
     pub fn roll(&self, elapsed: Duration) {
         let (changes, set) = {
             let mut d = self.detector.lock();
+            d.note_samples(self.sampled.swap(0, Ordering::Relaxed));
             let changes = d.roll(elapsed);
+            self.door.1.store(d.period(), Ordering::Relaxed);
+            self.door.0.store(d.window(), Ordering::Relaxed);
             let set: HotSet = d
                 .hot()
                 .map(|(k, st)| {
