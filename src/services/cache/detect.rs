@@ -189,34 +189,83 @@ pub struct Door {
     left: u32,
     /// Samples taken since [`Door::take_seen`].
     seen: u64,
-    /// The detector and the window this door's counters are for ([`Door::pass`]).
+    /// The detector and the window this door's counters are for ([`Door::take`]).
     at: (usize, u64),
+    /// The sample waiting for its counter (fetched ahead): its counter, its key's length
+    /// (`usize::MAX`: none) and the key.
+    waiting: (usize, usize, [u8; WAIT_MAX]),
     hasher: ahash::RandomState,
 }
 
+/// The longest key a door keeps waiting while its counter is fetched (longer keys are
+/// looked at at once).
+const WAIT_MAX: usize = 64;
+
 impl Default for Door {
     fn default() -> Door {
-        Door { counts: vec![0; DOORS].into_boxed_slice(), left: 0, seen: 0, at: (0, 0), hasher: Default::default() }
+        Door {
+            counts: vec![0; DOORS].into_boxed_slice(),
+            left: 0,
+            seen: 0,
+            at: (0, 0),
+            waiting: (0, usize::MAX, [0; WAIT_MAX]),
+            hasher: Default::default(),
+        }
     }
 }
 
 impl Door {
-    /// How many samples of `key` go into the sketch now, this one included (0: held).
-    /// `at`: the detector (any number that tells it from others) and its window; a door
-    /// starts a new period when either changes. `period`: [`Detector::period`].
+    /// Takes a sample of `key`, and calls `pass` with each key it lets into the sketch and
+    /// how many samples of it go in. The counters are a random access into 64 KiB, a cache
+    /// miss as often as not: so a sample's counter is fetched ahead and looked at when the
+    /// next sample comes (the key waits, copied), by when it has arrived. `at`: the
+    /// detector (any number that tells it from others) and its window; a door starts a new
+    /// period when either changes. `period`: [`Detector::period`].
     #[inline]
-    pub fn pass(&mut self, key: &[u8], at: (usize, u64), period: u32) -> u64 {
+    pub fn take(&mut self, key: &[u8], at: (usize, u64), period: u32, mut pass: impl FnMut(&[u8], u64)) {
         self.seen += 1;
         if period == 0 {
-            return 1;
+            self.flush(&mut pass);
+            return pass(key, 1);
         }
         if self.left == 0 || self.at != at {
+            self.flush(&mut pass);
             self.counts.fill(0);
             self.left = period;
             self.at = at;
         }
         self.left -= 1;
-        let c = &mut self.counts[self.hasher.hash_one(key) as usize % DOORS];
+        let i = self.hasher.hash_one(key) as usize % DOORS;
+        if key.len() > WAIT_MAX {
+            return match self.count(i) {
+                0 => {}
+                n => pass(key, n),
+            };
+        }
+        prefetch_index::prefetch_index(&self.counts, i);
+        self.flush(&mut pass);
+        self.waiting.0 = i;
+        self.waiting.1 = key.len();
+        self.waiting.2[..key.len()].copy_from_slice(key);
+    }
+
+    /// Looks at the waiting sample's counter.
+    fn flush(&mut self, pass: &mut impl FnMut(&[u8], u64)) {
+        let (i, len) = (self.waiting.0, std::mem::replace(&mut self.waiting.1, usize::MAX));
+        if len == usize::MAX {
+            return;
+        }
+        match self.count(i) {
+            0 => {}
+            n => pass(&self.waiting.2[..len], n),
+        }
+    }
+
+    /// Counts a sample at counter `i`: how many samples of its key go into the sketch
+    /// (0: held).
+    #[inline]
+    fn count(&mut self, i: usize) -> u64 {
+        let c = &mut self.counts[i];
         match *c {
             n if n < DOOR => {
                 *c = n + 1;
@@ -247,10 +296,12 @@ mod tests {
 
     /// One sampled read, through a door, as the request path takes it.
     fn feed(d: &mut Detector, door: &mut Door, key: &[u8]) {
-        let n = door.pass(key, (1, d.window()), d.period());
+        let (window, period) = (d.window(), d.period());
+        let mut passed = Vec::new();
+        door.take(key, (1, window), period, |k, n| passed.push((k.to_vec(), n)));
         d.note_samples(door.take_seen(1));
-        if n > 0 {
-            d.record(key, n);
+        for (k, n) in passed {
+            d.record(&k, n);
         }
     }
 

@@ -490,15 +490,13 @@ impl HotCache {
         if hit {
             let at = (self as *const HotCache as usize, self.door.0.load(Ordering::Relaxed));
             let period = self.door.1.load(Ordering::Relaxed);
-            let (n, seen) = DOOR.with(|d| {
+            let seen = DOOR.with(|d| {
                 let mut d = d.borrow_mut();
-                (d.pass(key, at, period), d.take_seen(256))
+                d.take(key, at, period, |k, n| self.detector.lock().record(k, n));
+                d.take_seen(256)
             });
             if seen > 0 {
                 self.sampled.fetch_add(seen, Ordering::Relaxed);
-            }
-            if n > 0 {
-                self.detector.lock().record(key, n);
             }
         }
     }
