@@ -27,6 +27,10 @@ pub struct Config {
     pub fleet: crate::services::fleet::FleetConfig,
     /// `[[colocate]]`: key colocation rules (docs/colocation.md).
     pub colocate: Vec<crate::services::colocate::RuleConfig>,
+    /// `[[colocate_next]]`: the colocation rules this instance switches to together with
+    /// the rest of its fleet (docs/fleet.md, "Changing colocation rules in a running
+    /// fleet"). Empty: none.
+    pub colocate_next: Vec<crate::services::colocate::RuleConfig>,
 }
 
 /// Every key of a configuration as `section.key` with its value, made from the structs
@@ -611,6 +615,9 @@ impl Config {
         p.extend(self.fleet.problems());
         if let Err(rules) = crate::services::colocate::compile(&self.colocate) {
             p.extend(rules);
+        }
+        if let Err(rules) = crate::services::colocate::compile(&self.colocate_next) {
+            p.extend(rules.into_iter().map(|r| format!("colocate_next: {r}")));
         }
         if self.admin.password.as_deref() == Some("") {
             p.push("admin.password: must not be empty (remove the key to disable it)".into());

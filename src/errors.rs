@@ -150,6 +150,15 @@ pub fn no_replica(slot: u16) -> String {
     format!("ERR no replica in sync serves slot {slot} (read_from = \"replica\")")
 }
 
+/// A key whose name the colocation rules the fleet is switching to change, while the
+/// fleet switches (docs/fleet.md, "Changing colocation rules in a running fleet").
+pub fn fleet_switching(key: &[u8]) -> String {
+    format!(
+        "TRYAGAIN heatshield: the fleet is switching the colocation rules that name '{}'; try again shortly (PROXY FLEET)",
+        String::from_utf8_lossy(key)
+    )
+}
+
 /// A key this instance's colocation rules store under another name than its fleet's
 /// (docs/fleet.md, "One fleet, one set of names"): another instance serves it.
 pub fn fleet_names_differ(key: &[u8]) -> String {

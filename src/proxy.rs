@@ -212,6 +212,8 @@ impl Proxy {
         crate::services::fleet::Digests {
             colocate_rules: serde_json::to_string(&specs).unwrap_or_default(),
             colocate: colocate.digest(),
+            next: self.colocate.next().map(|n| n.digest()).unwrap_or_default(),
+            closing: false,
             users: sha(&users.join("\n")),
             rules: sha(&rules.join("\n")),
         }
@@ -233,6 +235,7 @@ impl Proxy {
         let colocate = Arc::new(crate::services::colocate::Colocate::new(
             crate::services::colocate::compile(&config.colocate).unwrap_or_default(),
         ));
+        colocate.set_next(crate::services::colocate::compile(&config.colocate_next).unwrap_or_default());
         let cache = Arc::new(crate::services::cache::HotCache::new(&config.cache, &commands, colocate.clone()));
         let users = crate::services::acl::Users::from_config(
             &config.server.users,

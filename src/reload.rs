@@ -24,6 +24,7 @@ pub const LIVE: &[&str] = &[
     "cache.hot_threshold",
     "cache.max_hot_keys",
     "colocate",
+    "colocate_next",
     "limits.max_inflight_request_bytes",
     "limits.max_pipeline",
     "limits.max_request_bytes",
@@ -59,6 +60,7 @@ fn values(c: &Config) -> BTreeMap<String, String> {
     let mut out: BTreeMap<String, String> = config::entries(c).into_iter().filter_map(|(k, v)| Some((k, v?))).collect();
     out.insert("ratelimit.rules".into(), serde_json::to_string(&c.ratelimit.rules).unwrap_or_default());
     out.insert("colocate".into(), serde_json::to_string(&c.colocate).unwrap_or_default());
+    out.insert("colocate_next".into(), serde_json::to_string(&c.colocate_next).unwrap_or_default());
     out
 }
 
@@ -91,6 +93,7 @@ pub fn apply(proxy: &Proxy, new: Config) -> Result<Report, String> {
     let current = proxy.settings();
     let rules = crate::services::ratelimit::compile(&new.ratelimit.rules, &proxy.commands).map_err(|p| p.join("; "))?;
     let colocation = crate::services::colocate::compile(&new.colocate).map_err(|p| p.join("; "))?;
+    let next = crate::services::colocate::compile(&new.colocate_next).map_err(|p| p.join("; "))?;
     let users =
         crate::services::acl::Users::from_config(&new.server.users, new.server.password.as_deref(), &proxy.commands)
             .map_err(|e| format!("server.users: {e}"))?;
@@ -148,8 +151,14 @@ pub fn apply(proxy: &Proxy, new: Config) -> Result<Report, String> {
     if changed("ratelimit.rules") {
         proxy.ratelimit.replace(rules);
     }
-    if changed("colocate") {
+    // (the next rules already in force: the fleet switched to them, and the file has not
+    // caught up yet; going back to its rules now would split the keys they name)
+    let switched = !next.list.is_empty() && next.digest() == proxy.colocate.rules().digest();
+    if changed("colocate") && !switched {
         proxy.colocate.replace(colocation);
+    }
+    if changed("colocate_next") {
+        proxy.colocate.set_next(next);
     }
     if changed("server.users") || changed("server.password") {
         // as ACL LOAD on Redis: the connections of users that are gone are closed

@@ -739,3 +739,131 @@ fn a_thousand_keys_budgets_follow_their_clients_between_instances() {
     // admits 0.8 of its rate, alone or in a fleet.)
     follow("mvk", 1000, 45, 2.0, 4, &MOVES);
 }
+
+/// Issue 49: a colocation rule added to a fleet of three, instance by instance
+/// (`[[colocate_next]]`, then a reload of each), while a client of each instance INCRs a
+/// key of the rule as fast as it goes. Watched on the cluster directly: once the key's new
+/// name holds a value, its old name never changes again (no instance wrote it after
+/// another wrote the new one); the two together hold every acknowledged INCR; the keys
+/// were refused (TRYAGAIN) only while the fleet switched. Then a file caught up (the
+/// rule under `[[colocate]]`) changes nothing.
+#[test]
+fn a_colocation_rule_rolled_out_instance_by_instance_never_writes_a_key_under_two_names() {
+    let cluster = cluster();
+    let before = "[fleet]\nname = \"roll\"\nsync_interval_ms = 200\nmember_ttl_ms = 1000\n".to_string();
+    let rule = "name = \"ro\"\nkeys = [\"ro:*\"]\ntag = \"ro\"\n";
+    let staged = format!("{before}\n[[colocate_next]]\n{rule}");
+    let caught_up = format!("{before}\n[[colocate]]\n{rule}");
+    let files: Vec<(tempfile::TempDir, String)> = (0..3).map(|_| config_file(&before)).collect();
+    let proxies: Vec<Proxy> = files.iter().map(|(_, f)| Proxy::start_cluster(&cluster, &["--config", f])).collect();
+    let fleet_of = |p: &Proxy| Conn::connect(p.port()).cmd(&["PROXY", "FLEET"]);
+    common::wait_until(Duration::from_secs(10), "three members", || {
+        proxies.iter().all(|p| fleet_of(p).get("members").is_some_and(|m| m.items().len() == 3))
+    });
+    let (old_name, new_name) = ("ro:n", "{ro}ro:n");
+    let (old_at, new_at) = (cluster.master_for_key(old_name.as_bytes()), cluster.master_for_key(b"ro"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    // (first and last refusal, ms since the start)
+    let refused = Arc::new((AtomicU64::new(u64::MAX), AtomicU64::new(0), AtomicU64::new(0)));
+    let writers: Vec<_> = proxies
+        .iter()
+        .map(|p| {
+            let (port, stop, acked, refused) = (p.port(), stop.clone(), acked.clone(), refused.clone());
+            thread::spawn(move || {
+                let mut c = Conn::connect(port);
+                while !stop.load(Ordering::Relaxed) {
+                    match c.cmd(&["INCR", "ro:n"]) {
+                        V::Int(_) => {
+                            acked.fetch_add(1, Ordering::Relaxed);
+                        }
+                        V::Err(e) if e.starts_with("TRYAGAIN") => {
+                            assert!(e.contains("switching the colocation rules that name 'ro:n'"), "{e}");
+                            let ms = start.elapsed().as_millis() as u64;
+                            refused.0.fetch_min(ms, Ordering::Relaxed);
+                            refused.1.fetch_max(ms, Ordering::Relaxed);
+                            refused.2.fetch_add(1, Ordering::Relaxed);
+                            thread::sleep(Duration::from_millis(5));
+                        }
+                        other => panic!("INCR through {port}: {other:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    // the watcher: the old name, then the new one, straight from their masters
+    let watcher = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let (mut o, mut n) = (Conn::connect(old_at), Conn::connect(new_at));
+            let int = |v: V| match v {
+                V::Nil => 0,
+                v => v.text().parse::<u64>().unwrap(),
+            };
+            // the old name's value read after the new name was first seen written
+            let mut settled: Option<u64> = None;
+            let mut seen_new = false;
+            let mut samples = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let old = int(o.cmd(&["GET", old_name]));
+                if seen_new {
+                    match settled {
+                        None => settled = Some(old),
+                        Some(s) => assert_eq!(old, s, "the old name written after the new one was"),
+                    }
+                }
+                seen_new |= int(n.cmd(&["GET", new_name])) > 0;
+                samples += 1;
+                thread::sleep(Duration::from_millis(2));
+            }
+            (seen_new, settled.is_some(), samples)
+        })
+    };
+    thread::sleep(Duration::from_millis(800));
+    // the rule rolled out one instance at a time
+    for (i, (_, f)) in files.iter().enumerate() {
+        std::fs::write(f, &staged).unwrap();
+        let r = Conn::connect(proxies[i].port()).cmd(&["PROXY", "CONFIG", "RELOAD"]);
+        assert!(!r.is_err(), "{r:?}");
+        thread::sleep(Duration::from_millis(700));
+    }
+    let digest = |p: &Proxy| fleet_of(p).get("digests").and_then(|d| d.get("colocate"));
+    let next = fleet_of(&proxies[0]).get("digests").and_then(|d| d.get("colocate_next")).unwrap();
+    assert_ne!(next, V::s(""));
+    common::wait_until(Duration::from_secs(10), "every instance switched", || {
+        proxies.iter().all(|p| digest(p) == Some(next.clone()))
+    });
+    let switched_ms = start.elapsed().as_millis() as u64;
+    thread::sleep(Duration::from_millis(800));
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    let (seen_new, settled, samples) = watcher.join().unwrap();
+    assert!(seen_new && settled, "the watcher saw the new name written ({samples} samples)");
+    let int = |port: u16, k: &str| match common::cmd(port, &["GET", k]) {
+        V::Nil => 0,
+        v => v.text().parse::<u64>().unwrap(),
+    };
+    let (old, new) = (int(old_at, old_name), int(new_at, new_name));
+    assert!(old > 0 && new > 0, "writes before and after the switch: {old} and {new}");
+    assert_eq!(old + new, acked.load(Ordering::Relaxed), "the two names hold every acknowledged INCR");
+    let (first, last, n) =
+        (refused.0.load(Ordering::Relaxed), refused.1.load(Ordering::Relaxed), refused.2.load(Ordering::Relaxed));
+    eprintln!(
+        "roll: {old} INCRs under the old name, {new} under the new one; {n} refused from {first} ms to {last} ms, every instance switched by {switched_ms} ms"
+    );
+    assert!(last <= switched_ms + 100, "refused after the switch: until {last} ms, switched at {switched_ms} ms");
+    // every instance ready throughout, and served the rest: the new name through each
+    for p in &proxies {
+        assert!(fleet_of(p).get("ready").is_some_and(|r| r == V::s("yes")));
+        assert_eq!(Conn::connect(p.port()).cmd(&["GET", "ro:n"]), V::s(new.to_string()));
+    }
+    // a file caught up: the rule under [[colocate]], no next rules; nothing changes
+    std::fs::write(&files[0].1, &caught_up).unwrap();
+    assert!(!Conn::connect(proxies[0].port()).cmd(&["PROXY", "CONFIG", "RELOAD"]).is_err());
+    thread::sleep(Duration::from_millis(600));
+    assert_eq!(digest(&proxies[0]), Some(next));
+    assert_eq!(Conn::connect(proxies[0].port()).cmd(&["INCR", "ro:n"]), V::Int(new as i64 + 1));
+}

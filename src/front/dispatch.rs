@@ -99,11 +99,13 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         return transaction::refuse(ctx, &text);
     }
     // an instance whose colocation rules differ from its fleet's serves no key the two
-    // would store under different names (docs/fleet.md)
-    if proxy.fleet.names_differ()
-        && let Some(key) = stored_otherwise(proxy, ctx, cmd)
+    // would store under different names, nor, while the fleet switches its rules, a key
+    // the old and the new name differently (docs/fleet.md)
+    if proxy.fleet.refusing()
+        && let Some((key, switching)) = stored_otherwise(proxy, ctx, cmd)
     {
-        return transaction::refuse(ctx, &errors::fleet_names_differ(&key));
+        let e = if switching { errors::fleet_switching(&key) } else { errors::fleet_names_differ(&key) };
+        return transaction::refuse(ctx, &e);
     }
     if proxy.client_side.active() {
         track(proxy, ctx, cmd);
@@ -169,12 +171,20 @@ fn acl_denied(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Option<crate::serv
 }
 
 /// The first key of the request (as the client sent it) that this instance's colocation
-/// rules store under another name than the fleet's.
+/// rules store under another name than the fleet's, or than its next rules while it is
+/// closing for them (then `true`).
 #[cold]
-fn stored_otherwise(proxy: &Proxy, ctx: &Ctx, cmd: &Command) -> Option<Vec<u8>> {
+fn stored_otherwise(proxy: &Proxy, ctx: &Ctx, cmd: &Command) -> Option<(Vec<u8>, bool)> {
     let mine = proxy.colocate.rules();
+    let next = if proxy.fleet.closing() { proxy.colocate.next() } else { None };
+    let differ = proxy.fleet.names_differ();
     let keys = crate::command::keys_of(cmd, ctx.asked).ok()?;
-    keys.iter().map(|&k| ctx.asked.arg(k as usize)).find(|k| proxy.fleet.stored_otherwise(&mine, k)).map(<[u8]>::to_vec)
+    keys.iter().map(|&k| ctx.asked.arg(k as usize)).find_map(|k| {
+        if differ && proxy.fleet.stored_otherwise(&mine, k) {
+            return Some((k.to_vec(), false));
+        }
+        next.as_ref().filter(|n| n.stored_name(k) != mine.stored_name(k)).map(|_| (k.to_vec(), true))
+    })
 }
 
 /// While some client tracks keys (CLIENT TRACKING): a tracking client's read registers

@@ -115,6 +115,13 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overri
             }
         }
     });
+    // (after the digests: it starts closing when its next colocation rules differ)
+    let weak = Arc::downgrade(&proxy);
+    proxy.fleet.set_switcher(move || {
+        if let Some(p) = weak.upgrade() {
+            p.colocate.switch();
+        }
+    });
     // (waits for the first sync, so the first clients meet the fleet's parts)
     crate::services::fleet::start(proxy.fleet.clone(), proxy.ratelimit.clone(), proxy.cluster.clone()).await;
     spawn_tls_reloader(acceptor.clone(), opts.tls.clone());

@@ -670,6 +670,8 @@ impl Rules {
 #[derive(Default)]
 pub struct Colocate {
     rules: ArcSwap<Rules>,
+    /// The rules this instance switches to with its fleet (`[[colocate_next]]`), if any.
+    next: parking_lot::Mutex<Option<Arc<Rules>>>,
     active: AtomicBool,
     /// Counts the changes of the rules (a session keeps the rules it saw last).
     generation: AtomicU64,
@@ -738,6 +740,29 @@ impl Colocate {
         self.shas.0.invalidate_all();
         self.generation.fetch_add(1, Ordering::Release);
         self.active.store(on, Ordering::Relaxed);
+    }
+
+    /// The rules to switch to with the fleet (none: no change is rolling out).
+    pub fn next(&self) -> Option<Arc<Rules>> {
+        self.next.lock().clone()
+    }
+
+    /// Sets the rules to switch to (empty: none). (Counted as a change: the fleet's
+    /// digests are made again.)
+    pub fn set_next(&self, rules: Rules) {
+        *self.next.lock() = (!rules.list.is_empty()).then(|| Arc::new(rules));
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Puts the next rules in force (the fleet switched).
+    pub fn switch(&self) {
+        if let Some(next) = self.next() {
+            let specs: Vec<RuleConfig> = next.list.iter().map(|r| r.spec.clone()).collect();
+            // (they compiled when they were set)
+            if let Ok(rules) = compile(&specs) {
+                self.replace(rules);
+            }
+        }
     }
 
     /// Changes so far (see [`Colocate::rules`]).

@@ -131,14 +131,26 @@ pub struct Digests {
     /// The colocation rules themselves (JSON of their `[[colocate]]` tables): an
     /// instance that differs refuses the keys the fleet's rules would store otherwise.
     pub colocate_rules: String,
+    /// The digest of the rules it switches to with the fleet (`[[colocate_next]]`), if any.
+    pub next: String,
+    /// It refuses the keys its rules and its next rules name differently, until every
+    /// member does (then each switches): see [`Fleet::closing`].
+    pub closing: bool,
 }
 
 impl Digests {
+    /// The colocation rules it counts as having: its next ones once it is closing for
+    /// them (it serves neither's names of the keys they name differently, and switches
+    /// when every member is closing), its own otherwise.
+    pub fn names(&self) -> &String {
+        if self.closing && !self.next.is_empty() { &self.next } else { &self.colocate }
+    }
+
     /// What of `self` differs from `fleet` (`colocate`, `users`, `rules`).
     pub fn differing(&self, fleet: &Digests) -> Vec<&'static str> {
         let mut out = Vec::new();
         for (what, a, b) in [
-            ("colocate", &self.colocate, &fleet.colocate),
+            ("colocate", self.names(), &fleet.colocate),
             ("users", &self.users, &fleet.users),
             ("rules", &self.rules, &fleet.rules),
         ] {
@@ -181,6 +193,11 @@ pub struct Fleet {
     names_differ: std::sync::atomic::AtomicBool,
     /// The fleet's colocation rules, while this instance's differ.
     fleet_rules: Mutex<Option<Arc<crate::services::colocate::Rules>>>,
+    /// Switching colocation rules with the fleet: this instance refuses the keys its rules
+    /// and its next ones name differently, and waits for every member to do the same.
+    closing: std::sync::atomic::AtomicBool,
+    /// Puts the next colocation rules in force (set at start-up).
+    switcher: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Fleet {
@@ -196,7 +213,33 @@ impl Fleet {
             digests: std::sync::OnceLock::new(),
             names_differ: std::sync::atomic::AtomicBool::new(false),
             fleet_rules: Mutex::new(None),
+            closing: std::sync::atomic::AtomicBool::new(false),
+            switcher: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Whether this instance is closing for its next colocation rules ([`Fleet::closing`]'s
+    /// field).
+    pub fn closing(&self) -> bool {
+        self.closing.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether some keys are refused now: this instance's colocation rules differ from the
+    /// fleet's, or it is closing for its next ones.
+    #[inline]
+    pub fn refusing(&self) -> bool {
+        self.names_differ() || self.closing()
+    }
+
+    /// Where the next colocation rules are put in force from (once, at start-up). An
+    /// instance that starts with next rules other than its own starts closing: it may be
+    /// joining a fleet that switched already, and its first sync says.
+    pub fn set_switcher(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.switcher.set(Box::new(f));
+        let d = self.digests();
+        if self.enabled() && !d.next.is_empty() && d.next != d.colocate {
+            self.closing.store(true, std::sync::atomic::Ordering::Release);
+        }
     }
 
     /// While this instance's colocation rules differ from the fleet's: whether `key` (a
@@ -288,6 +331,12 @@ impl Report {
         if !self.digests.colocate_rules.is_empty() {
             let _ = writeln!(s, "c {}", hex(self.digests.colocate_rules.as_bytes()));
         }
+        if !self.digests.next.is_empty() {
+            let _ = writeln!(s, "d n {}", self.digests.next);
+        }
+        if self.digests.closing {
+            let _ = writeln!(s, "w closing");
+        }
         for (r, d) in &self.rules {
             let _ = writeln!(s, "r {r} {d:.3}");
         }
@@ -317,9 +366,11 @@ impl Report {
                         Some("c") => rep.digests.colocate = d,
                         Some("u") => rep.digests.users = d,
                         Some("r") => rep.digests.rules = d,
+                        Some("n") => rep.digests.next = d,
                         _ => {}
                     }
                 }
+                Some("w") => rep.digests.closing = f.next() == Some("closing"),
                 Some("r") => {
                     if let (Some(r), Some(Ok(d))) = (f.next(), f.next().map(str::parse::<f64>)) {
                         rep.rules.insert(r.to_string(), d.max(0.0));
@@ -362,10 +413,10 @@ pub fn fleet_digests(reports: &[Report]) -> Digests {
         counts.iter().find(|(_, n)| *n == most).map(|(d, _)| (*d).clone()).unwrap_or_default()
     };
     Digests {
-        colocate: pick(&|r| &r.digests.colocate),
+        colocate: pick(&|r| r.digests.names()),
         users: pick(&|r| &r.digests.users),
         rules: pick(&|r| &r.digests.rules),
-        colocate_rules: String::new(),
+        ..Digests::default()
     }
 }
 
@@ -672,7 +723,7 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
     let mut me = Report {
         id: fleet.id.clone(),
         about: fleet.about.clone(),
-        digests: fleet.digests(),
+        digests: Digests { closing: fleet.closing(), ..fleet.digests() },
         since_ms: fleet.since_ms,
         at_ms: unix_ms(),
         ..Report::default()
@@ -723,6 +774,7 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
         members: reports.len(),
     });
     names(fleet, &me.digests, &reports);
+    switching(fleet, &me.digests, &reports);
     let mut v = fleet.view.lock();
     if v.members != reports.len() || v.error.is_some() {
         info!(fleet = %fleet.config.name, members = reports.len(), "fleet membership");
@@ -802,6 +854,49 @@ fn names(fleet: &Fleet, mine: &Digests, reports: &[Report]) {
     v.list = list;
 }
 
+/// A change of colocation rules rolled out instance by instance (`[[colocate_next]]`,
+/// docs/fleet.md): once every member knows the next rules (or has them in force), each
+/// closes, refusing the keys its rules and the next ones name differently; once every
+/// member's report says it closed (or switched), each switches. So no instance serves a
+/// key under its new name while another still serves it under the old one. Once closed,
+/// an instance waits for every member (one that joins without the next rules holds the
+/// switch until it is reloaded with them or leaves), unless no member has switched yet,
+/// when a member without the next rules opens the old names again.
+fn switching(fleet: &Fleet, mine: &Digests, reports: &[Report]) {
+    use std::sync::atomic::Ordering::Release;
+    let next = &mine.next;
+    let closing = fleet.closing();
+    if next.is_empty() || *next == mine.colocate {
+        if closing {
+            fleet.closing.store(false, Release);
+            info!(fleet = %fleet.config.name, "colocation rules: no change to switch to now; every key is served");
+        }
+        return;
+    }
+    let switched = reports.iter().any(|r| r.digests.colocate == *next);
+    let know = reports.iter().all(|r| r.digests.next == *next || r.digests.colocate == *next);
+    let closed = reports.iter().all(|r| (r.digests.next == *next && r.digests.closing) || r.digests.colocate == *next);
+    if closing && closed {
+        if let Some(f) = fleet.switcher.get() {
+            f();
+        }
+        fleet.closing.store(false, Release);
+        info!(fleet = %fleet.config.name, rules = %next, "colocation rules: every member closed; switched to the next rules");
+    } else if !closing && (know || switched) {
+        fleet.closing.store(true, Release);
+        info!(fleet = %fleet.config.name, rules = %next,
+            "colocation rules: every member knows the next rules; closing (the keys they name otherwise are refused until every member has closed)");
+    } else if closing && !know && !switched {
+        fleet.closing.store(false, Release);
+        let without: Vec<&str> = reports
+            .iter()
+            .filter(|r| r.digests.next != *next && r.digests.colocate != *next)
+            .map(|r| r.about.as_str())
+            .collect();
+        info!(fleet = %fleet.config.name, members = ?without, "colocation rules: members without the next rules; not switching yet, every key is served");
+    }
+}
+
 /// Runs the sync script on the master of the fleet's slot; every member's report.
 async fn exchange(fleet: &Fleet, cluster: &Cluster, round: &mut Round, me: &Report) -> Result<Vec<Report>, String> {
     let (reports, members) = fleet.config.keys();
@@ -860,9 +955,62 @@ mod tests {
             users: "u1".into(),
             rules: "r1".into(),
             colocate_rules: r#"[{"name":"rq","keys":["rq:*"],"tag":"rq"}]"#.into(),
+            next: "n1".into(),
+            closing: true,
         };
         (r.since_ms, r.at_ms) = (1_700_000_000_000, 1_700_000_000_500);
         assert_eq!(Report::decode("a", &r.encode()), r);
+    }
+
+    /// A member's report for the switch: its rules in force, its next ones, closed or not.
+    fn at(id: &str, colocate: &str, next: &str, closing: bool) -> Report {
+        Report {
+            id: id.into(),
+            digests: Digests { colocate: colocate.into(), next: next.into(), closing, ..Digests::default() },
+            ..Report::default()
+        }
+    }
+
+    #[test]
+    fn a_fleet_switches_its_colocation_rules_only_once_every_member_has_closed() {
+        let fleet = Fleet::new(FleetConfig { name: "f".into(), ..FleetConfig::default() }, "x");
+        let switched = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let s = switched.clone();
+        fleet.set_switcher(move || {
+            s.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        let me = |closing| at("a", "old", "new", closing);
+        let count = || switched.load(std::sync::atomic::Ordering::Relaxed);
+        // another member does not know the next rules: every key is served
+        switching(&fleet, &me(false).digests, &[me(false), at("b", "old", "", false)]);
+        assert!(!fleet.closing());
+        // every member knows them: closing (not switching yet)
+        switching(&fleet, &me(false).digests, &[me(false), at("b", "old", "new", false)]);
+        assert!(fleet.closing() && count() == 0);
+        // the other has not closed yet: still closing
+        switching(&fleet, &me(true).digests, &[me(true), at("b", "old", "new", false)]);
+        assert!(fleet.closing() && count() == 0);
+        // a member joins without them before anyone switched: open again
+        let joined = [me(true), at("b", "old", "new", true), at("c", "old", "", false)];
+        switching(&fleet, &me(true).digests, &joined);
+        assert!(!fleet.closing() && count() == 0);
+        // it is reloaded with them; everyone closes, then every report says closed: switch
+        switching(&fleet, &me(false).digests, &[me(false), at("b", "old", "new", true), at("c", "old", "new", false)]);
+        assert!(fleet.closing());
+        switching(&fleet, &me(true).digests, &[me(true), at("b", "old", "new", true), at("c", "old", "new", true)]);
+        assert!(!fleet.closing() && count() == 1);
+        // a member that restarts with the old rules and the next ones, after the others
+        // switched, closes at once and switches once its own report says closed, even
+        // with a member without the next rules around (it holds no one back: the
+        // others switched)
+        let fleet = Fleet::new(FleetConfig { name: "f".into(), ..FleetConfig::default() }, "y");
+        fleet.set_switcher(|| {});
+        switching(&fleet, &me(false).digests, &[me(false), at("b", "new", "new", false), at("c", "old", "", false)]);
+        assert!(fleet.closing());
+        switching(&fleet, &me(true).digests, &[me(true), at("b", "new", "new", false), at("c", "old", "", false)]);
+        assert!(fleet.closing(), "c neither closed nor switched");
+        switching(&fleet, &me(true).digests, &[me(true), at("b", "new", "", false), at("c", "new", "", false)]);
+        assert!(!fleet.closing());
     }
 
     fn named(id: &str, since_ms: u64, colocate: &str) -> Report {

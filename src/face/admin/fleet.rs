@@ -12,7 +12,7 @@ use crate::services::fleet::Digests;
 pub(super) fn fleet_command(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
     let fleet = &proxy.fleet;
     let view = fleet.view();
-    let mine = fleet.digests();
+    let mine = Digests { closing: fleet.closing(), ..fleet.digests() };
     let differs = if fleet.enabled() { mine.differing(&view.fleet_digests) } else { Vec::new() };
     let rules = proxy.ratelimit.rules();
     let leases = proxy.ratelimit.leases_by_rule();
@@ -22,11 +22,20 @@ pub(super) fn fleet_command(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
         Err(why) => format!("no: {why}"),
     };
     let digests = |w: &mut Writer, d: &Digests| {
-        w.map(3);
-        for (k, v) in [("colocate", &d.colocate), ("users", &d.users), ("rules", &d.rules)] {
+        w.map(5);
+        for (k, v) in [("colocate", &d.colocate), ("users", &d.users), ("rules", &d.rules), ("colocate_next", &d.next)]
+        {
             w.bulk(k.as_bytes());
             w.bulk(v.as_bytes());
         }
+        w.bulk(b"switching");
+        w.bulk(if d.closing {
+            &b"closed"[..]
+        } else if d.next.is_empty() || d.next == d.colocate {
+            b"no"
+        } else {
+            b"waiting"
+        });
     };
     ctx.reply(|w| {
         w.map(10);
