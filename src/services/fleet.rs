@@ -198,6 +198,8 @@ pub struct Fleet {
     closing: std::sync::atomic::AtomicBool,
     /// Puts the next colocation rules in force (set at start-up).
     switcher: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// `names_differ || closing`: the one load the request path makes ([`Fleet::refusing`]).
+    refusing: std::sync::atomic::AtomicBool,
 }
 
 impl Fleet {
@@ -215,20 +217,32 @@ impl Fleet {
             fleet_rules: Mutex::new(None),
             closing: std::sync::atomic::AtomicBool::new(false),
             switcher: std::sync::OnceLock::new(),
+            refusing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// Whether this instance is closing for its next colocation rules ([`Fleet::closing`]'s
     /// field).
+    #[inline]
     pub fn closing(&self) -> bool {
         self.closing.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn set_closing(&self, on: bool) {
+        self.closing.store(on, std::sync::atomic::Ordering::Release);
+        self.refusing.store(on || self.names_differ(), std::sync::atomic::Ordering::Release);
+    }
+
+    fn set_names_differ(&self, on: bool) {
+        self.names_differ.store(on, std::sync::atomic::Ordering::Release);
+        self.refusing.store(on || self.closing(), std::sync::atomic::Ordering::Release);
     }
 
     /// Whether some keys are refused now: this instance's colocation rules differ from the
     /// fleet's, or it is closing for its next ones.
     #[inline]
     pub fn refusing(&self) -> bool {
-        self.names_differ() || self.closing()
+        self.refusing.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Where the next colocation rules are put in force from (once, at start-up). An
@@ -238,7 +252,7 @@ impl Fleet {
         let _ = self.switcher.set(Box::new(f));
         let d = self.digests();
         if self.enabled() && !d.next.is_empty() && d.next != d.colocate {
-            self.closing.store(true, std::sync::atomic::Ordering::Release);
+            self.set_closing(true);
         }
     }
 
@@ -849,7 +863,7 @@ fn names(fleet: &Fleet, mine: &Digests, reports: &[Report]) {
         false => None,
     };
     *fleet.fleet_rules.lock() = rules;
-    fleet.names_differ.store(differing.contains(&"colocate"), std::sync::atomic::Ordering::Relaxed);
+    fleet.set_names_differ(differing.contains(&"colocate"));
     v.fleet_digests = agreed;
     v.list = list;
 }
@@ -863,12 +877,11 @@ fn names(fleet: &Fleet, mine: &Digests, reports: &[Report]) {
 /// switch until it is reloaded with them or leaves), unless no member has switched yet,
 /// when a member without the next rules opens the old names again.
 fn switching(fleet: &Fleet, mine: &Digests, reports: &[Report]) {
-    use std::sync::atomic::Ordering::Release;
     let next = &mine.next;
     let closing = fleet.closing();
     if next.is_empty() || *next == mine.colocate {
         if closing {
-            fleet.closing.store(false, Release);
+            fleet.set_closing(false);
             info!(fleet = %fleet.config.name, "colocation rules: no change to switch to now; every key is served");
         }
         return;
@@ -880,14 +893,14 @@ fn switching(fleet: &Fleet, mine: &Digests, reports: &[Report]) {
         if let Some(f) = fleet.switcher.get() {
             f();
         }
-        fleet.closing.store(false, Release);
+        fleet.set_closing(false);
         info!(fleet = %fleet.config.name, rules = %next, "colocation rules: every member closed; switched to the next rules");
     } else if !closing && (know || switched) {
-        fleet.closing.store(true, Release);
+        fleet.set_closing(true);
         info!(fleet = %fleet.config.name, rules = %next,
             "colocation rules: every member knows the next rules; closing (the keys they name otherwise are refused until every member has closed)");
     } else if closing && !know && !switched {
-        fleet.closing.store(false, Release);
+        fleet.set_closing(false);
         let without: Vec<&str> = reports
             .iter()
             .filter(|r| r.digests.next != *next && r.digests.colocate != *next)
