@@ -619,6 +619,12 @@ impl Config {
         if let Err(rules) = crate::services::colocate::compile(&self.colocate_next) {
             p.extend(rules.into_iter().map(|r| format!("colocate_next: {r}")));
         }
+        if !self.colocate_next.is_empty() && self.fleet.name.is_empty() {
+            p.push(
+                "colocate_next: switching rules with a fleet needs one ([fleet] name); alone, change [[colocate]]"
+                    .into(),
+            );
+        }
         if self.admin.password.as_deref() == Some("") {
             p.push("admin.password: must not be empty (remove the key to disable it)".into());
         }
@@ -759,6 +765,18 @@ mod tests {
         assert!(p.iter().any(|l| l.starts_with("backend.seeds:")), "{p:?}");
         assert!(p.iter().any(|l| l.starts_with("backend.connections_per_node:")), "{p:?}");
         assert!(p.iter().any(|l| l.starts_with("server.announce:")), "{p:?}");
+    }
+
+    #[test]
+    fn next_colocation_rules_need_a_fleet() {
+        let rule = "[[colocate_next]]\nname = 'rq'\nkeys = ['rq:*']\ntag = 'rq'\n";
+        let alone = Config::parse(rule).unwrap();
+        let p = alone.validate().unwrap_err();
+        assert!(p.iter().any(|l| l.starts_with("colocate_next: switching rules with a fleet needs one")), "{p:?}");
+        let mut fleet = Config::parse(&format!("[fleet]\nname = 'f'\n\n{rule}")).unwrap();
+        fleet.apply(&Overrides { standalone: Some("127.0.0.1:7000".into()), ..Default::default() });
+        fleet.validate().unwrap();
+        assert_eq!(fleet.colocate_next.len(), 1);
     }
 
     #[test]
