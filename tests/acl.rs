@@ -69,6 +69,21 @@ fn acl_cat_and_whoami_are_heatshield_s_never_the_backend_user_s() {
 
 /// The users of the differential test, as `ACL SETUSER` arguments.
 const USERS: &[&[&str]] = &[
+    // Redis 7.0's selectors, given as separate arguments (from the configuration file too)
+    &[
+        "mixed",
+        "on",
+        ">mpw",
+        "~app:*",
+        "+get",
+        "(~log:*",
+        "+set",
+        "+lpush)",
+        "(%R~other",
+        "&weather",
+        "+@read",
+        "+publish)",
+    ],
     &["app", "on", ">apppw", "~app:*", "&app.*", "+@all", "-@dangerous", "-@admin"],
     &["reader", "on", ">rpw", "%R~*", "resetchannels", "+@read", "+@connection"],
     &["writer", "on", ">wpw", "%W~log:*", "+@write", "-flushall", "+ping"],
@@ -88,6 +103,8 @@ fn matrix() -> Vec<Vec<&'static str>> {
         vec!["GET", "log:1"],
         vec!["DEL", "app:1"],
         vec!["MGET", "app:1", "other"],
+        vec!["MGET", "app:1", "log:1"],
+        vec!["MGET", "other", "other"],
         vec!["MSET", "app:1", "a", "app:2", "b"],
         vec!["HSET", "app:h", "f", "v"],
         vec!["EVAL", "return 1", "1", "app:1"],
@@ -136,6 +153,7 @@ fn users_and_rules_answer_as_redis_does() {
         assert_eq!(a.get("passwords"), b.get("passwords"), "{}", u[0]);
         assert_eq!(a.get("keys"), b.get("keys"), "{}", u[0]);
         assert_eq!(a.get("channels"), b.get("channels"), "{}", u[0]);
+        selectors_alike(&a, &b, u[0]);
     }
 
     let mut cells = 0;
@@ -222,6 +240,20 @@ fn a_transaction_and_live_changes_and_deleted_users() {
     assert!(!body.contains("made-up-name"), "a client-chosen name became a label");
 }
 
+/// `ACL GETUSER`'s selectors alike: as many, each with the same keys and channels and
+/// commands [`rules_alike`].
+fn selectors_alike(ours: &V, theirs: &V, user: &str) {
+    let (a, b) = (ours.get("selectors").unwrap(), theirs.get("selectors").unwrap());
+    let (a, b) = (a.items(), b.items());
+    assert_eq!(a.len(), b.len(), "{user}: selectors {a:?} vs {b:?}");
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.get("keys"), y.get("keys"), "{user}: a selector's keys");
+        assert_eq!(x.get("channels"), y.get("channels"), "{user}: a selector's channels");
+        let (x, y) = (x.get("commands").unwrap().text(), y.get("commands").unwrap().text());
+        assert!(rules_alike(&x, &y), "{user}: a selector's commands {x:?} vs {y:?}");
+    }
+}
+
 /// `ACL GETUSER`'s `commands` (or `ACL LIST`'s rules) alike: the same `+@all` / `-@all`,
 /// the same categories in the same order, the same single commands (which Redis lists
 /// in its hash table's order, heatshield by name).
@@ -256,6 +288,25 @@ const MATRIX_USERS: &[&[&str]] = &[
     &["reader", "on", "nopass", "%R~*", "resetchannels", "+@read", "+@connection"],
     &["writer", "on", "nopass", "%W~log:*", "+@write", "-flushall", "+ping"],
     &["nothing", "on", "nopass", "resetkeys", "resetchannels", "-@all", "+@fast", "-@keyspace"],
+    // selectors: a command runs when the root or one selector allows all of it
+    &[
+        "sels",
+        "on",
+        "nopass",
+        "%R~app:*",
+        "resetchannels",
+        "-@all",
+        "+@read",
+        "(~log:*",
+        "%R~rw:*",
+        "+@write",
+        "+@read)",
+        "(&news.*",
+        "%W~app:*",
+        "+@pubsub",
+        "+@write",
+        "-psubscribe)",
+    ],
 ];
 
 /// Every command and subcommand the reference Redis lists (`COMMAND`), with its arity.
@@ -336,6 +387,7 @@ fn a_generated_matrix_of_every_command_and_user_answers_as_redis_does() {
         for field in ["flags", "passwords", "keys", "channels"] {
             assert_eq!(a.get(field), b.get(field), "{} {field}", u[0]);
         }
+        selectors_alike(&a, &b, u[0]);
         let (a, b) = (a.get("commands").unwrap().text(), b.get("commands").unwrap().text());
         assert!(rules_alike(&a, &b), "{}: heatshield shows {a:?}, Redis {b:?}", u[0]);
     }
@@ -484,6 +536,16 @@ fn acl_log_and_malformed_rules_as_on_redis() {
         &["+get|"],
         &[">ok", "+nosuch"],
         &["on", "+get", "bogus"],
+        // selectors: one left open, rules no selector takes, an error inside one
+        &["(~a", "+get"],
+        &["(~a", "+get)", "(&x"],
+        &["(on)"],
+        &["(>pw", "+get)"],
+        &["a)"],
+        &["(+nosuch)"],
+        &["(~a", "(~b)"],
+        &["(allkeys", "~x)"],
+        &["(~x", "+get", "(~y", "z)"],
     ];
     let mut ours = Conn::connect(proxy.port());
     let mut theirs = Conn::connect(reference.port());

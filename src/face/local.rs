@@ -321,6 +321,11 @@ fn acl(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
             let flags = p.flags();
             let passwords: Vec<String> = p.passwords.iter().map(crate::services::acl::hex).collect();
             let (commands, keys, channels) = (p.command_rules(&proxy.commands), p.key_rules(), p.channel_rules());
+            let selectors: Vec<(String, String, String)> = p
+                .selectors
+                .iter()
+                .map(|s| (s.command_rules(&proxy.commands), s.key_rules(), s.channel_rules()))
+                .collect();
             ctx.reply(|w| {
                 w.map(6);
                 w.bulk(b"flags");
@@ -340,7 +345,16 @@ fn acl(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 w.bulk(b"channels");
                 w.bulk(channels.as_bytes());
                 w.bulk(b"selectors");
-                w.array(0);
+                w.array(selectors.len());
+                for (commands, keys, channels) in &selectors {
+                    w.map(3);
+                    w.bulk(b"commands");
+                    w.bulk(commands.as_bytes());
+                    w.bulk(b"keys");
+                    w.bulk(keys.as_bytes());
+                    w.bulk(b"channels");
+                    w.bulk(channels.as_bytes());
+                }
             })
         }
         b"SETUSER" => {

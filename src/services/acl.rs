@@ -127,6 +127,10 @@ pub struct Perms {
     /// `sanitize-payload` (`Some(true)`) / `skip-sanitize-payload` (`Some(false)`): kept
     /// and shown, as RESTORE's payloads are the servers' business.
     pub sanitize: Option<bool>,
+    /// Redis 7.0's selectors (`(...)` rules): more sets of command, key and channel rules,
+    /// each a [`Perms`] whose flags and passwords mean nothing. A command runs when these
+    /// permissions (the root) or one selector allow all of it ([`Perms::check`]).
+    pub selectors: Vec<Perms>,
     /// What the rules decide, worked out once ([`Perms::settle`]) for the request path.
     settled: Settled,
 }
@@ -161,7 +165,6 @@ pub enum RuleError {
     KeysAfterAll,
     ChannelsAfterAll,
     FirstArgOfSub,
-    Selectors,
 }
 
 impl RuleError {
@@ -180,7 +183,6 @@ impl RuleError {
                 "Adding a pattern after the * pattern (or the 'allchannels' flag) is not valid and does not have any effect. Try 'resetchannels' to start with an empty list of channels"
             }
             RuleError::FirstArgOfSub => "Allowing first-arg of a subcommand is not supported",
-            RuleError::Selectors => "heatshield does not support selectors",
         }
     }
 
@@ -233,6 +235,7 @@ impl Perms {
             keys: vec![KeyPattern::new(b"*", true, true)],
             channels: vec![b"*".to_vec()],
             sanitize: None,
+            selectors: Vec::new(),
             settled: Settled { unrestricted: true, all_keys: true, ..Settled::default() },
         }
     }
@@ -260,6 +263,11 @@ impl Perms {
                 s.allowed[c.id / 64] |= 1 << (c.id % 64);
             }
         }
+        for sel in &mut self.selectors {
+            sel.settle(table);
+            // (a selector that allows everything lets the user do anything)
+            s.unrestricted |= sel.settled.unrestricted;
+        }
         self.settled = s;
     }
 
@@ -285,8 +293,7 @@ impl Perms {
             b"nocommands" => self.rules = vec![CmdRule::All(false)],
             b"sanitize-payload" => self.sanitize = Some(true),
             b"skip-sanitize-payload" => self.sanitize = Some(false),
-            // (no selectors to clear: heatshield refuses them)
-            b"clearselectors" => {}
+            b"clearselectors" => self.selectors.clear(),
             b"reset" => {
                 *self = Perms::new();
                 self.rules = vec![CmdRule::All(false)];
@@ -364,10 +371,29 @@ impl Perms {
                 };
                 self.push_rule(rule);
             }
-            b'(' => return Err(RuleError::Selectors),
+            b'(' if rule.len() > 1 && rule.ends_with(b")") => {
+                let mut sel = Perms::new();
+                for op in rule[1..rule.len() - 1].split(u8::is_ascii_whitespace).filter(|w| !w.is_empty()) {
+                    sel.apply_in_selector(op, table)?;
+                }
+                self.selectors.push(sel);
+            }
             _ => return Err(RuleError::Syntax),
         }
         Ok(())
+    }
+
+    /// One rule inside a selector: only command, key and channel rules (Redis 7.0's
+    /// `ACLSetSelector`); flags, passwords and selectors are a syntax error there.
+    fn apply_in_selector(&mut self, op: &[u8], table: &CommandTable) -> Result<(), RuleError> {
+        let lower = op.to_ascii_lowercase();
+        match lower.as_slice() {
+            b"allkeys" | b"resetkeys" | b"allchannels" | b"resetchannels" | b"allcommands" | b"nocommands" => {
+                self.apply(op, table)
+            }
+            [b'~' | b'%' | b'&' | b'+' | b'-', ..] => self.apply_pattern(op, table),
+            _ => Err(RuleError::Syntax),
+        }
     }
 
     /// `+name`, `-name`, `+name|sub`, `-name|sub` or `+name|first-arg`, as Redis 7.0 takes
@@ -492,9 +518,37 @@ impl Perms {
         self.all_keys() || self.keys.iter().any(|k| (!read || k.read) && (!write || k.write) && k.glob.matches(key))
     }
 
-    /// Whether the user may run `req` (resolved to `cmd`): the command, then each of its
-    /// keys, then its channels, as Redis checks them; the first refusal.
+    /// Whether the user may run `req` (resolved to `cmd`): allowed when the root rules or
+    /// one selector allow all of it (command, keys and channels). Refused, the refusal
+    /// Redis 7.0 reports (`ACLCheckAllUserCommandPerm`): of the root's and every selector's,
+    /// the channel before the key before the command, and of two alike the later argument.
     pub fn check(&self, cmd: &Command, req: &Request) -> Result<(), Denial> {
+        let root = self.check_one(cmd, req);
+        if root.is_ok() || self.selectors.is_empty() {
+            return root;
+        }
+        let rank = |d: &Denial| {
+            let why = match d.why {
+                Denied::Command => 1,
+                Denied::Key => 2,
+                Denied::Channel => 4,
+            };
+            (why, d.arg)
+        };
+        let mut relevant = root.unwrap_err();
+        for sel in &self.selectors {
+            match sel.check_one(cmd, req) {
+                Ok(()) => return Ok(()),
+                Err(d) if rank(&d) > rank(&relevant) => relevant = d,
+                Err(_) => {}
+            }
+        }
+        Err(relevant)
+    }
+
+    /// [`Perms::check`] by these rules alone (the root's, or one selector's): the command,
+    /// then each of its keys, then its channels, as Redis checks them; the first refusal.
+    fn check_one(&self, cmd: &Command, req: &Request) -> Result<(), Denial> {
         // (AUTH, HELLO and RESET, which need no login, need no permission either)
         let may_run = if Settled::bit(&self.settled.known, cmd.id) {
             Settled::bit(&self.settled.allowed, cmd.id)
@@ -661,10 +715,22 @@ impl Perms {
         flags
     }
 
-    /// The user as `ACL LIST` shows it, without `user <name> ` (Redis 7.0's order).
+    /// The user as `ACL LIST` shows it, without `user <name> ` (Redis 7.0's order): flags,
+    /// passwords, the root rules, then each selector in parentheses.
     pub fn describe(&self, table: &CommandTable) -> String {
         let mut parts: Vec<String> = self.flags().iter().map(|f| f.to_string()).collect();
         parts.extend(self.passwords.iter().map(|h| format!("#{}", hex(h))));
+        parts.push(self.describe_rules(table));
+        for sel in &self.selectors {
+            parts.push(format!("({})", sel.describe_rules(table)));
+        }
+        parts.join(" ")
+    }
+
+    /// The key, channel and command rules as `ACL LIST` shows them (Redis 7.0's
+    /// `ACLDescribeSelector`).
+    pub fn describe_rules(&self, table: &CommandTable) -> String {
+        let mut parts: Vec<String> = Vec::new();
         if !self.keys.is_empty() {
             parts.push(self.key_rules());
         }
@@ -678,6 +744,37 @@ impl Perms {
         }
         parts.push(self.command_rules(table));
         parts.join(" ")
+    }
+}
+
+/// The rules with each selector made one again (Redis 7.0's `ACLMergeSelectorArguments`): a
+/// rule that opens with `(` and does not close it takes the rules after it, joined by
+/// spaces, up to one that ends with `)`; another such opening starts afresh. A selector
+/// left open is Redis's error.
+fn merge_selectors<'r>(rules: &[&'r [u8]]) -> Result<Vec<std::borrow::Cow<'r, [u8]>>, String> {
+    use std::borrow::Cow;
+    let mut out = Vec::with_capacity(rules.len());
+    let mut open: Option<(usize, Vec<u8>)> = None;
+    for (i, &r) in rules.iter().enumerate() {
+        if r.starts_with(b"(") && !r.ends_with(b")") {
+            // (one opened while another is open starts afresh, as on Redis)
+            open = Some((i, r.to_vec()));
+        } else if let Some((_, sel)) = &mut open {
+            sel.push(b' ');
+            sel.extend_from_slice(r);
+            if r.ends_with(b")") {
+                out.push(Cow::Owned(open.take().map(|(_, s)| s).unwrap_or_default()));
+            }
+        } else {
+            out.push(Cow::Borrowed(r));
+        }
+    }
+    match open {
+        Some((i, _)) => Err(format!(
+            "ERR Unmatched parenthesis in acl selector starting at '{}'.",
+            String::from_utf8_lossy(rules[i])
+        )),
+        None => Ok(out),
     }
 }
 
@@ -931,9 +1028,10 @@ impl Users {
     /// `ACL SETUSER`: every rule applies, or none does (the first refused is the error,
     /// in Redis's words). Returns the user.
     pub fn set_user(&self, name: &str, rules: &[&[u8]], table: &CommandTable) -> Result<Arc<User>, String> {
+        let rules = merge_selectors(rules)?;
         let mut users = self.users.write();
         let mut perms = users.get(name).map(|u| (**u.perms()).clone()).unwrap_or_default();
-        for r in rules {
+        for r in &rules {
             perms.apply(r, table).map_err(|e| e.reply(r))?;
         }
         perms.settle(table);
@@ -1217,5 +1315,54 @@ mod tests {
         assert_eq!(users.delete(&["alice", "default", "ghost"]).len(), 1);
         assert_eq!(users.names(), ["default"]);
         assert!(Users::from_config(&["bob +nosuch".into()], None, &t).unwrap_err().contains("user 'bob'"));
+    }
+
+    #[test]
+    fn a_selector_allows_what_it_allows_whole_and_a_refusal_is_the_most_relevant() {
+        let t = table();
+        let users = Users::default();
+        let rules: Vec<&[u8]> =
+            ["on", "nopass", "~a*", "+get", "+mget", "(~b*", "+set", "+mget)", "(&c*", "%R~z*", "+publish", "+get)"]
+                .iter()
+                .map(|r| r.as_bytes())
+                .collect();
+        let u = users.set_user("s", &rules, &t).unwrap();
+        let p = u.perms();
+        assert_eq!(p.selectors.len(), 2);
+        assert!(!p.unrestricted());
+        assert_eq!(check(&p, &t, "GET a1"), Ok(()), "the root");
+        assert_eq!(check(&p, &t, "SET b1 v"), Ok(()), "the first selector");
+        assert_eq!(check(&p, &t, "GET z1"), Ok(()), "the second, read only");
+        assert_eq!(check(&p, &t, "MGET a1 a2"), Ok(()));
+        // all of a command in one place: keys that span the root and a selector are refused
+        assert_eq!(check(&p, &t, "MGET a1 b1"), Err((Denied::Key, 2)), "the later of two key refusals");
+        assert_eq!(check(&p, &t, "MGET b1 a1"), Err((Denied::Key, 2)));
+        assert_eq!(check(&p, &t, "SET z1 v"), Err((Denied::Key, 1)), "a key refusal before a command's");
+        assert_eq!(check(&p, &t, "HSET a h v"), Err((Denied::Command, 0)));
+        assert_eq!(check(&p, &t, "PUBLISH d m"), Err((Denied::Channel, 1)), "a channel refusal before all");
+        assert_eq!(check(&p, &t, "PUBLISH c1 m"), Ok(()));
+        assert!(p.describe(&t).ends_with(
+            "~a* resetchannels -@all +get +mget (~b* resetchannels -@all +mget +set) (%R~z* resetchannels &c* -@all +get +publish)"
+        ));
+        drop(p);
+        // a selector that allows everything lets the user do anything; clearselectors
+        let u = users.set_user("s", &[b"(allkeys allchannels +@all)"], &t).unwrap();
+        assert!(u.perms().unrestricted());
+        let u = users.set_user("s", &[b"clearselectors"], &t).unwrap();
+        assert!(u.perms().selectors.is_empty() && !u.perms().unrestricted());
+        // selectors given across arguments, and Redis's errors
+        let e = users.set_user("s", &[b"(~x", b"+get", b"(~y", b"z)"], &t).unwrap_err();
+        assert_eq!(e, "ERR Error in ACL SETUSER modifier '(~y z)': Syntax error");
+        let e = users.set_user("s", &[b"(~x", b"(~y)"], &t).unwrap_err();
+        assert_eq!(e, "ERR Error in ACL SETUSER modifier '(~x (~y)': Syntax error");
+        let e = users.set_user("s", &[b"+get", b"(~x", b"+get"], &t).unwrap_err();
+        assert_eq!(e, "ERR Unmatched parenthesis in acl selector starting at '(~x'.");
+        let e = users.set_user("s", &[b"(reset)"], &t).unwrap_err();
+        assert_eq!(e, "ERR Error in ACL SETUSER modifier '(reset)': Syntax error");
+        assert!(u.perms().selectors.is_empty(), "a refused SETUSER changes nothing");
+        // from the configuration file: one line, selectors split by its spaces
+        let users =
+            Users::from_config(&["erin on nopass ~a* +get (~b* +set) (%R~c* +@read)".into()], None, &t).unwrap();
+        assert_eq!(users.get("erin").unwrap().perms().selectors.len(), 2);
     }
 }
