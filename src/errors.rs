@@ -37,7 +37,7 @@ pub const CLIENT_NAME_CHARS: &str = "ERR Client names cannot contain spaces, new
 pub const LIB_INFO_CHARS: &str = "ERR lib-name and lib-ver cannot contain spaces, newlines or special characters.";
 pub const NOPROTO: &str = "NOPROTO unsupported protocol version";
 pub const PROTO_NOT_AN_INTEGER: &str = "ERR Protocol version is not an integer or out of range";
-pub const HELLO_NOAUTH: &str = "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time";
+pub const HELLO_NOAUTH: &str = "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time";
 /// SELECT of a database other than 0 (Redis's text, and why).
 pub const DB_OUT_OF_RANGE: &str = "ERR DB index is out of range (heatshield serves database 0 only)";
 /// Redis's own text, where the masters have several databases.

@@ -472,6 +472,49 @@ fn a_generated_matrix_of_every_command_and_user_answers_as_redis_does() {
     }
 }
 
+/// Before logging in, as Redis 7.0 answers: NOAUTH for everything but AUTH, HELLO (with
+/// AUTH), QUIT and RESET, in Redis's bytes; RESET goes back to the `default` user.
+#[test]
+fn before_logging_in_every_answer_is_redis_s() {
+    let reference = RedisStandalone::start();
+    // (set once it answered the harness's PING)
+    assert_eq!(Conn::connect(reference.port()).cmd(&["CONFIG", "SET", "requirepass", "pw"]), V::ok());
+    let backing = RedisStandalone::start();
+    let (_d, conf) = config_file("[server]\npassword = \"pw\"\nusers = [\"ops on >opspw ~* &* +@all\"]\n");
+    let proxy = Proxy::start_standalone(&backing, &["--config", &conf]);
+    let steps: &[&[&str]] = &[
+        &["PING"],
+        &["PING", "hello"],
+        &["ECHO", "x"],
+        &["GET", "k"],
+        &["HELLO"],
+        &["HELLO", "3"],
+        &["HELLO", "2", "AUTH", "default", "wrong"],
+        &["CLIENT", "SETNAME", "n"],
+        &["RESET"],
+        &["AUTH", "wrong"],
+        &["GET", "k"],
+        &["AUTH", "pw"],
+        &["PING"],
+        &["RESET"],
+        &["PING"],
+    ];
+    let mut ours = Conn::connect(proxy.port());
+    let mut theirs = Conn::connect(reference.port());
+    for s in steps {
+        assert_eq!(ours.cmd_full(s).raw, theirs.cmd_full(s).raw, "{s:?}");
+    }
+    // RESET after logging in as another user: back to `default`, not logged in
+    assert_eq!(ours.cmd(&["AUTH", "ops", "opspw"]), V::ok());
+    assert_eq!(ours.cmd(&["ACL", "WHOAMI"]), V::s("ops"));
+    assert_eq!(ours.cmd(&["RESET"]), V::s("RESET"));
+    assert_eq!(ours.cmd(&["ACL", "WHOAMI"]).err(), Some("NOAUTH Authentication required."));
+    assert_eq!(ours.cmd(&["AUTH", "pw"]), V::ok());
+    assert_eq!(ours.cmd(&["ACL", "WHOAMI"]), V::s("default"));
+    let list = ours.cmd(&["CLIENT", "LIST"]).text();
+    assert!(!list.contains("user=ops"), "CLIENT LIST still shows the user RESET left: {list}");
+}
+
 #[test]
 fn acl_log_and_malformed_rules_as_on_redis() {
     let reference = RedisStandalone::start();

@@ -156,9 +156,10 @@ pub enum Local {
 }
 
 impl Local {
-    /// Whether a client may send it before authenticating (PING, AUTH, HELLO, QUIT).
+    /// Whether a client may send it before authenticating: AUTH, HELLO, QUIT and RESET,
+    /// Redis 7.0's `no-auth` commands (PING is not one: it gets NOAUTH, as on Redis).
     pub fn auth_free(self) -> bool {
-        matches!(self, Local::Ping | Local::Auth | Local::Hello | Local::Quit)
+        matches!(self, Local::Auth | Local::Hello | Local::Quit | Local::Reset)
     }
 }
 

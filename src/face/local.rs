@@ -135,7 +135,14 @@ pub fn run(proxy: &Proxy, ctx: &mut Ctx, l: Local, req: &Request) -> Outcome {
             ctx.client.info.db.store(0, std::sync::atomic::Ordering::Relaxed);
             ctx.client.info.names.lock().name = None;
             (ctx.client.no_evict, ctx.client.no_touch) = (false, false);
-            ctx.client.authed = proxy.config.server.password.is_none();
+            // back to the `default` user, logged in only if it needs no password (Redis's
+            // clientSetDefaultAuth)
+            let default = proxy.users.default_user();
+            let p = default.perms();
+            let authed = p.enabled && p.nopass;
+            drop(p);
+            log_in(ctx, default);
+            ctx.client.authed = authed;
             ctx.reply(|w| w.simple("RESET"))
         }
         Local::Auth => {

@@ -95,7 +95,8 @@ impl Proxy {
 
     /// Spawns `bin --listen 127.0.0.1:PORT args...` with `RUST_LOG=info`
     /// (unless RUST_LOG is set in the environment) and waits up to 20 s for
-    /// `PING` to return `+PONG`. Panics with the log if the process exits
+    /// `PING` to return `+PONG` (or, with a password, Redis's NOAUTH: it answers). Panics
+    /// with the log if the process exits
     /// first or never answers.
     ///
     /// Unless `args` already contain `--metrics` (`--metrics ADDR` or
@@ -163,7 +164,7 @@ impl Proxy {
             if let Ok(Some(status)) = lock(&self.child).try_wait() {
                 return Err(format!("exited early with {status}"));
             }
-            if ping_raw(self.port).as_deref() == Some(b"+PONG\r\n".as_slice()) {
+            if matches!(ping_raw(self.port).as_deref(), Some(b"+PONG\r\n" | b"-NOAUTH Authentication required.\r\n")) {
                 return Ok(());
             }
             // (started with a listener of its own: ready when it says so)
