@@ -655,10 +655,12 @@ fn follow_on(
     // (a window starts in the 10 ms that hold its time)
     let step = |t: f64| (t * 100.0).floor() / 100.0;
     let mut bad = vec![];
-    // the first phase is the warm-up (the key becomes watched): checked from its second second
+    // the first phase is the warm-up (the key becomes watched, and is held to this
+    // instance's part for a sync interval more while the others may not watch it yet:
+    // docs/fleet.md): checked from its third second
     for (i, &m) in moves.iter().enumerate() {
         let until = moves.get(i + 1).copied().unwrap_or(killed - 0.3);
-        let mut w = step(m + if i == 0 { 2.0 } else { 1.0 });
+        let mut w = step(m + if i == 0 { 3.0 } else { 1.0 });
         while w + 1.0 <= until + 0.01 {
             let r = window(w);
             if !(0.9..=1.1).contains(&r) {

@@ -532,6 +532,9 @@ return out";
 /// together).
 const TOKENS_EVERY: Duration = Duration::from_millis(3);
 
+/// After the buckets did not answer, the leases ask again this much later (ns).
+const RETRY_NS: u64 = 1_000_000_000;
+
 /// Asks the fleet's buckets for the tokens the leases want, as they want them: one
 /// script for every lease queued, at most every [`TOKENS_EVERY`]. While the buckets do
 /// not answer, leases draw on their parts (`Tokens::on` is false) and ask again a
@@ -564,7 +567,10 @@ pub fn start_tokens(fleet: Arc<Fleet>, limiter: Arc<Limiter>, cluster: Arc<Clust
                     let g = crate::metrics::global();
                     g.fleet_token_asks_ok.increment(1);
                     g.fleet_tokens_taken.increment(grants.iter().map(|(n, _)| n).sum());
-                    limiter.tokens.on.store(true, Relaxed);
+                    if !limiter.tokens.on.swap(true, Relaxed) {
+                        // the others try again within a second of their own failure
+                        limiter.tokens.both_until.store(now + RETRY_NS + 10 * TOKENS_EVERY.as_nanos() as u64, Relaxed);
+                    }
                     for (l, (n, wait_us)) in leases.iter().zip(grants) {
                         l.tokens.fetch_add(n, Relaxed);
                         l.not_before.store(if n == 0 { now + wait_us * 1000 } else { 0 }, Relaxed);
@@ -578,7 +584,7 @@ pub fn start_tokens(fleet: Arc<Fleet>, limiter: Arc<Limiter>, cluster: Arc<Clust
                     }
                     link = None;
                     for l in &leases {
-                        l.not_before.store(now + 1_000_000_000, Relaxed);
+                        l.not_before.store(now + RETRY_NS, Relaxed);
                         l.asking.store(false, Relaxed);
                     }
                 }
@@ -666,6 +672,9 @@ struct Round {
     /// Each leased key's demand (requests a second), smoothed over a few rounds
     /// ([`SMOOTHING`]), by rule id and key.
     smoothed: HashMap<(String, Vec<u8>), f64>,
+    /// The last sync failed: the next that succeeds writes this instance's report but
+    /// keeps the last parts (see [`sync`]).
+    failed: bool,
 }
 
 /// Starts the fleet task (when a fleet is configured) and waits for its first sync, at
@@ -679,7 +688,13 @@ pub async fn start(fleet: Arc<Fleet>, limiter: Arc<Limiter>, cluster: Arc<Cluste
     let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
     info!(fleet = %fleet.config.name, id = %fleet.id, "joining the fleet");
     tokio::spawn(async move {
-        let mut round = Round { link: None, last: Instant::now(), counted: HashMap::new(), smoothed: HashMap::new() };
+        let mut round = Round {
+            link: None,
+            last: Instant::now(),
+            counted: HashMap::new(),
+            smoothed: HashMap::new(),
+            failed: false,
+        };
         let mut first = Some(first_tx);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -692,6 +707,13 @@ pub async fn start(fleet: Arc<Fleet>, limiter: Arc<Limiter>, cluster: Arc<Cluste
                 Err(e) => {
                     g.fleet_syncs_failed.increment(1);
                     round.link = None;
+                    round.failed = true;
+                    // The fleet's master did not answer: the buckets are on it too. Watched
+                    // keys draw on this instance's part until an ask succeeds again, as
+                    // every other member's do: one whose asks happened to succeed around
+                    // the failure would otherwise take the whole rate from the bucket
+                    // while the others take theirs from their parts.
+                    limiter.tokens.on.store(false, std::sync::atomic::Ordering::Relaxed);
                     let mut v = fleet.view.lock();
                     if v.error.is_none() {
                         warn!(fleet = %fleet.config.name, error = %e, "fleet sync failed; keeping the last parts");
@@ -774,6 +796,14 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
         }
     }
     let reports = exchange(fleet, cluster, round, &me).await?;
+    if std::mem::take(&mut round.failed) {
+        // The fleet's master did not answer until now (it failed over, say), so no member
+        // could renew its membership, and the script just dropped those whose time ran
+        // out: the first to sync again would find itself alone and take the whole rule,
+        // the next ones half of it, while the others still keep their parts. Every
+        // member syncs again within an interval: the reports are whole at the next one.
+        return Ok(());
+    }
     let (shares, keys) = plan(&fleet.id, &ids, &reports, fleet.config.max_watched_keys);
     limiter.fleet_apply(&Plan {
         rules: seen.rules.clone(),
@@ -786,6 +816,8 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
             })
             .collect(),
         members: reports.len(),
+        // (every member syncs within an interval, and then watches the key too)
+        settle_ns: (fleet.config.sync_interval_ms + 50) * 1_000_000,
     });
     names(fleet, &me.digests, &reports);
     switching(fleet, &me.digests, &reports);

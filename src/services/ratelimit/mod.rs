@@ -307,6 +307,10 @@ pub struct Plan {
     pub leases: Vec<Watch>,
     /// The fleet's members now.
     pub members: usize,
+    /// How long a key newly watched here is also charged to this instance's part
+    /// (nanoseconds; [`share::Lease::both_until`]): long enough for every member to
+    /// watch it too (a sync interval and a little).
+    pub settle_ns: u64,
 }
 
 /// A session's handle on the limiter, so that a check costs less than a standalone one:
@@ -396,9 +400,11 @@ impl Limiter {
         self.state.load().rules.clone()
     }
 
-    /// Replaces the rules. A rule whose definition is unchanged keeps its budgets and its
-    /// part of a fleet's; new and changed rules start fresh (the budgets of the old ones go
-    /// idle and are reclaimed), and the fleet's leases are dropped until its next sync.
+    /// Replaces the rules. A rule whose definition is unchanged keeps its budgets, its
+    /// part of a fleet's and, where it keeps its place, the fleet's leases on its keys
+    /// (dropped, a watched key would draw on this instance's part until the next sync
+    /// while the others take the whole rate from its bucket); new and changed rules start
+    /// fresh (the budgets of the old ones go idle and are reclaimed).
     pub fn replace(&self, rules: Vec<Arc<Rule>>) {
         let _p = self.publish.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.state.load().rules.clone();
@@ -413,8 +419,16 @@ impl Limiter {
         // new ones: the filter is widened to both first, and narrowed to the new ones after)
         self.set_first(rules.iter().chain(old.iter()));
         self.some.store(!rules.is_empty(), Ordering::Relaxed);
+        let kept: share::Leases = self
+            .state
+            .load()
+            .leases
+            .iter()
+            .filter(|(_, l)| matches!((old.get(l.rule), rules.get(l.rule)), (Some(o), Some(n)) if Arc::ptr_eq(o, n)))
+            .map(|(t, l)| (*t, l.clone()))
+            .collect();
         let rules = Arc::new(rules);
-        self.state.store(Arc::new(State { rules: rules.clone(), leases: Arc::new(share::Leases::default()) }));
+        self.state.store(Arc::new(State { rules: rules.clone(), leases: Arc::new(kept) }));
         self.set_first(rules.iter());
     }
 
@@ -471,7 +485,12 @@ impl Limiter {
             let tag = table::tag(self.hasher.hash_one(&key[..]), r.salt);
             let lease = match state.leases.get(&tag) {
                 Some(l) => l.clone(),
-                None => Arc::new(share::Lease::new(*ri, key.clone(), bucket.clone(), r.interval, r.tolerance)),
+                None => {
+                    let l = share::Lease::new(*ri, key.clone(), bucket.clone(), r.interval, r.tolerance);
+                    // (other members may not watch it yet, and draw on their parts)
+                    l.both_until.store(self.now() + plan.settle_ns, Ordering::Relaxed);
+                    Arc::new(l)
+                }
             };
             lease.part.set(r.interval, r.spec.burst, *s);
             // what one ask takes at most: TOKENS_ASKED of the rule's rate times this
@@ -654,7 +673,12 @@ impl Limiter {
                 _ => (r.shared.load(Ordering::Relaxed), Self::part(state, r, None)),
             };
             let over = match lease {
-                Some(l) if tokens => l.tokens.load(Ordering::Relaxed) < n,
+                Some(l) if tokens => {
+                    l.tokens.load(Ordering::Relaxed) < n || {
+                        let (i, t) = Self::settling_part(l, r);
+                        l.settling(now, &self.tokens) && tat.max(now) + n * i - now > t
+                    }
+                }
                 _ => tat.max(now) + n * interval - now > tolerance,
             };
             if over {
@@ -680,14 +704,22 @@ impl Limiter {
             let (interval, _, lease) = Self::part(state, r, tag);
             if let Some(l) = lease {
                 l.demand.fetch_add(n, Ordering::Relaxed);
-                if tokens {
+                // (while the fleet changes over, the part is charged too: below)
+                if tokens && !l.settling(now, &self.tokens) {
                     // (another request may have taken them since the look: admitted all
                     // the same, a few tokens over at most)
                     l.take(n, now, &self.tokens);
                     r.count_allowed(n);
                     continue;
                 }
+                if tokens {
+                    l.take(n, now, &self.tokens);
+                }
             }
+            let interval = match lease {
+                Some(l) if tokens => Self::settling_part(l, r).0,
+                _ => interval,
+            };
             let charge = |tat: u64| Some(tat.max(now) + n * interval);
             let placed = match (key, table) {
                 (Some(h), Some((b, t))) => b.update(t, h, table::tag(h, r.salt), charge) != table::Update::Full,
@@ -699,6 +731,17 @@ impl Limiter {
             r.count_allowed(n);
         }
         Ok(())
+    }
+
+    /// The part a watched key is also charged with while the fleet changes over
+    /// ([`share::Lease::settling`]): the stricter of its lease's and the rule's part of an
+    /// unwatched key (1/N), which is what members that do not watch it yet charge with.
+    /// (Its lease's share follows the demand reported so far, all of it here when this
+    /// instance is the first to report the key.)
+    #[inline]
+    fn settling_part(l: &share::Lease, r: &Rule) -> (u64, u64) {
+        let (a, b) = (l.part.get(), r.local.get());
+        if a.0 >= b.0 { a } else { b }
     }
 
     /// The interval and tolerance a budget is charged with: its lease's when the fleet
@@ -750,8 +793,18 @@ impl Limiter {
                 if let Some(l) = lease {
                     l.demand.fetch_add(1, Ordering::Relaxed);
                     // a watched key draws on the tokens this instance took from the
-                    // fleet's bucket for it, while the bucket answers
+                    // fleet's bucket for it, while the bucket answers; while the fleet
+                    // changes over (a key newly watched, the bucket answering again),
+                    // on this instance's part as well, as other members may still draw
+                    // on theirs
                     if self.tokens.drawing() {
+                        if l.settling(now, &self.tokens) {
+                            let t = tables.get_or_insert_with(|| b.cache()).load();
+                            let (i, t_) = Self::settling_part(l, r);
+                            if b.update(t, h, tag, take(i, t_)) == table::Update::Applied(false) {
+                                return self.finish(r, ri, key, false, false);
+                            }
+                        }
                         return self.finish(r, ri, key, l.take(1, now, &self.tokens), false);
                     }
                     // (the buckets did not answer: asked again now and then)

@@ -84,6 +84,10 @@ pub struct Lease {
     pub asking: AtomicBool,
     /// The bucket was empty: no ask before this time (the limiter's clock).
     pub not_before: AtomicU64,
+    /// Until this time (the limiter's clock) a request also needs this instance's part:
+    /// the key is newly watched here, and other members may still draw on their parts
+    /// (docs/fleet.md, "Budgets that follow the clients").
+    pub both_until: AtomicU64,
 }
 
 impl Lease {
@@ -100,7 +104,16 @@ impl Lease {
             short: AtomicU64::new(0),
             asking: AtomicBool::new(false),
             not_before: AtomicU64::new(0),
+            both_until: AtomicU64::new(0),
         }
+    }
+
+    /// Whether the fleet is changing over for this key (newly watched, or the buckets
+    /// answering again after they did not: [`Tokens::both_until`]): a request then needs
+    /// this instance's part as well as a token.
+    #[inline]
+    pub fn settling(&self, now: u64, tokens: &Tokens) -> bool {
+        now < self.both_until.load(Ordering::Relaxed) || now < tokens.both_until.load(Ordering::Relaxed)
     }
 
     /// Takes `n` tokens if there are that many; asks the bucket for more (through
@@ -155,6 +168,10 @@ pub struct Tokens {
     pub shared: AtomicBool,
     wanting: Mutex<Vec<std::sync::Arc<Lease>>>,
     pub wake: tokio::sync::Notify,
+    /// The buckets answered again after they did not: until this time (the limiter's
+    /// clock) every watched key also needs this instance's part, as other members try the
+    /// buckets again only a second after their failure ([`Lease::settling`]).
+    pub both_until: AtomicU64,
 }
 
 impl Tokens {
