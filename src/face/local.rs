@@ -327,12 +327,17 @@ fn acl(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
             let p = u.perms();
             let flags = p.flags();
             let passwords: Vec<String> = p.passwords.iter().map(crate::services::acl::hex).collect();
-            let (commands, keys, channels) = (p.command_rules(&proxy.commands), p.key_rules(), p.channel_rules());
-            let selectors: Vec<(String, String, String)> = p
-                .selectors
-                .iter()
-                .map(|s| (s.command_rules(&proxy.commands), s.key_rules(), s.channel_rules()))
-                .collect();
+            let rules =
+                |p: &crate::services::acl::Perms| [p.command_rules(&proxy.commands), p.key_rules(), p.channel_rules()];
+            let root = rules(&p);
+            let selectors: Vec<[String; 3]> = p.selectors.iter().map(rules).collect();
+            // (the root's command, key and channel rules, and each selector's, alike)
+            let three = |w: &mut crate::protocol::encode::Writer<'_>, r: &[String; 3]| {
+                for (name, text) in [&b"commands"[..], b"keys", b"channels"].into_iter().zip(r) {
+                    w.bulk(name);
+                    w.bulk(text.as_bytes());
+                }
+            };
             ctx.reply(|w| {
                 w.map(6);
                 w.bulk(b"flags");
@@ -345,22 +350,12 @@ fn acl(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 for h in &passwords {
                     w.bulk(h.as_bytes());
                 }
-                w.bulk(b"commands");
-                w.bulk(commands.as_bytes());
-                w.bulk(b"keys");
-                w.bulk(keys.as_bytes());
-                w.bulk(b"channels");
-                w.bulk(channels.as_bytes());
+                three(w, &root);
                 w.bulk(b"selectors");
                 w.array(selectors.len());
-                for (commands, keys, channels) in &selectors {
+                for s in &selectors {
                     w.map(3);
-                    w.bulk(b"commands");
-                    w.bulk(commands.as_bytes());
-                    w.bulk(b"keys");
-                    w.bulk(keys.as_bytes());
-                    w.bulk(b"channels");
-                    w.bulk(channels.as_bytes());
+                    three(w, s);
                 }
             })
         }

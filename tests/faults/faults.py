@@ -89,7 +89,8 @@ def _target_slots(env, n=6):
     return slots[:n]
 
 
-def migrate(env):
+def _move_slots(env, how, move):
+    """Moves the seeded slots one by one to another master (seeded) with `move`."""
     slots = _target_slots(env)
     t0 = now()
     parts = []
@@ -97,22 +98,17 @@ def migrate(env):
         owner = env.cluster.slot_owner(s)
         others = sorted((m for m in env.cluster.masters() if m.port != owner), key=lambda n: n.port)
         dst = env.rng.choice(others)
-        parts.append(procs.migrate_slots(env.cluster, [s], dst, env.log))
-    return {"detail": "MIGRATE " + "; ".join(parts), "victim": None, "victim_slots": set(),
+        parts.append(move(env.cluster, [s], dst, env.log))
+    return {"detail": how + " " + "; ".join(parts), "victim": None, "victim_slots": set(),
             "failover": False, "t0": t0, "t1": now()}
+
+
+def migrate(env):
+    return _move_slots(env, "MIGRATE", procs.migrate_slots)
 
 
 def atomic_migrate(env):
-    slots = _target_slots(env)
-    t0 = now()
-    parts = []
-    for s in slots:
-        owner = env.cluster.slot_owner(s)
-        others = sorted((m for m in env.cluster.masters() if m.port != owner), key=lambda n: n.port)
-        dst = env.rng.choice(others)
-        parts.append(procs.migrateslots_atomic(env.cluster, [s], dst, env.log))
-    return {"detail": "CLUSTER MIGRATESLOTS " + "; ".join(parts), "victim": None, "victim_slots": set(),
-            "failover": False, "t0": t0, "t1": now()}
+    return _move_slots(env, "CLUSTER MIGRATESLOTS", procs.migrateslots_atomic)
 
 
 def sigstop(env):
