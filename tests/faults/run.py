@@ -124,6 +124,7 @@ def episode(env, fault, ep, cycle, warm, post):
     # the cycle, so --faults F --seed S replays F as the full schedule would; so do the
     # key names
     env.rng = random.Random(f"{env.args.seed}/{fault}/{cycle}")
+    env.cycle = cycle
     tag = f"{fault}.{cycle}"
     variant = fault == "kill-master-stale"
     if variant:
