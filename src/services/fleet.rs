@@ -816,8 +816,9 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
             })
             .collect(),
         members: reports.len(),
-        // (every member syncs within an interval, and then watches the key too)
-        settle_ns: (fleet.config.sync_interval_ms + 50) * 1_000_000,
+        // (every member syncs within an interval, and then watches the key too; one more,
+        // as one interval measured in the fault harness left 3% over the bound at times)
+        settle_ns: (2 * fleet.config.sync_interval_ms + 50) * 1_000_000,
     });
     names(fleet, &me.digests, &reports);
     switching(fleet, &me.digests, &reports);

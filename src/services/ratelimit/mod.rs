@@ -309,7 +309,7 @@ pub struct Plan {
     pub members: usize,
     /// How long a key newly watched here is also charged to this instance's part
     /// (nanoseconds; [`share::Lease::both_until`]): long enough for every member to
-    /// watch it too (a sync interval and a little).
+    /// watch it too (two sync intervals and a little).
     pub settle_ns: u64,
 }
 
