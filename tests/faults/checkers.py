@@ -466,11 +466,17 @@ def check_rate(ops, bound, max_starts=400):
     return out
 
 
+def _resets_near(resets, a, b):
+    """The budget resets that can add to the window [a, b]: those in it or in the second
+    before it (a bucket refills within burst / rate, a fraction of a second here)."""
+    return sum(1 for t in resets if a - 1.0 <= t <= b)
+
+
 def gcra_bound(rate, burst, resets=(), slack=1):
     """burst + rate x t, plus one more burst for each budget reset (a restart) in or
-    before the window, plus slack for the bucket's rounding."""
+    just before the window, plus slack for the bucket's rounding."""
     def f(a, b):
-        extra = sum(1 for t in resets if t <= b)
+        extra = _resets_near(resets, a, b)
         return burst * (1 + extra) + rate * (b - a) + slack
     return f
 
@@ -480,12 +486,14 @@ def fleet_bound(rate, burst, members, resets=(), slack=1):
     rule plus one burst, moves or not", plus one request per member for a rule slower
     than 20 x members requests/s. A longer window is covered by ceil(t) one-second
     windows (the documentation states no tighter bound for it). A member restarted in or
-    before the window brings a fresh part of the burst (budgets are in memory)."""
+    just before the window brings a fresh part of the burst (budgets are in memory), and
+    so does the fleet's master failing or coming back (docs/fleet.md: the parts' bursts
+    and the bucket's meet in that second)."""
     import math
     floor = members if rate < 20 * members else 0
 
     def f(a, b):
-        extra = sum(1 for t in resets if t <= b)
+        extra = _resets_near(resets, a, b)
         windows = max(1, math.ceil((b - a) - 1e-9))
         return windows * (1.1 * rate + burst + floor) + burst * extra + slack
     return f

@@ -65,6 +65,9 @@ def kill_master(env):
     v.kill9()
     promoted = _wait_promoted(env.cluster, slots, v)
     t_prom = now()
+    if FLEET_SLOT in slots:
+        env.note_fleet_buckets(t0)
+        env.note_fleet_buckets(t_prom)
     v.start()  # rejoins as a replica of the promoted one
     return {"detail": f"kill -9 master {v.port}{_fleet_note(slots)}, replica promoted after {t_prom - t0:.1f}s, "
                       "restarted as replica",
@@ -120,6 +123,9 @@ def sigstop(env):
     slots = _slots_of(env.cluster, v.port)
     t0 = now()
     v.stop_cont(2.0)
+    if FLEET_SLOT in slots:
+        env.note_fleet_buckets(t0)
+        env.note_fleet_buckets(now())
     time.sleep(1.5)
     role = v.info("replication").get("role")
     return {"detail": f"SIGSTOP master {v.port}{_fleet_note(slots)} for 2 s, then SIGCONT; afterwards it is {role}",

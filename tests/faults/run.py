@@ -78,6 +78,12 @@ class Env:
     def all_workloads(self):
         return [w for ws in self.workloads.values() for w in ws]
 
+    def note_fleet_buckets(self, t):
+        """The fleet's buckets stopped or started answering at t (docs/fleet.md)."""
+        for w in self.workloads.get("hs", []):
+            if isinstance(w, W.RateLimit) and w.fleet:
+                w.resets.append(t)
+
     def note_reset(self, h, t):
         for w in self.workloads.get("hs", []):
             if isinstance(w, W.RateLimit) and ((h in self.fleet) == w.fleet) and (w.fleet or h is self.hs):

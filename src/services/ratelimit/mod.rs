@@ -709,6 +709,13 @@ impl Limiter {
                     // (another request may have taken them since the look: admitted all
                     // the same, a few tokens over at most)
                     l.take(n, now, &self.tokens);
+                    // the part keeps count too, never refusing (as for one key)
+                    if let (Some(h), Some((b, t))) = (key, table) {
+                        let (_, tolerance) = l.part.get();
+                        b.update(t, h, table::tag(h, r.salt), |tat| {
+                            Some((tat.max(now) + n * interval).min(now + tolerance))
+                        });
+                    }
                     r.count_allowed(n);
                     continue;
                 }
@@ -798,12 +805,18 @@ impl Limiter {
                     // on this instance's part as well, as other members may still draw
                     // on theirs
                     if self.tokens.drawing() {
+                        let t = tables.get_or_insert_with(|| b.cache()).load();
                         if l.settling(now, &self.tokens) {
-                            let t = tables.get_or_insert_with(|| b.cache()).load();
                             let (i, t_) = Self::settling_part(l, r);
                             if b.update(t, h, tag, take(i, t_)) == table::Update::Applied(false) {
                                 return self.finish(r, ri, key, false, false);
                             }
+                        } else {
+                            // the part keeps count too (never refusing): should the
+                            // buckets stop answering, the key draws on a part whose burst
+                            // its recent requests spent, not a full one on top of what
+                            // the bucket gave
+                            b.update(t, h, tag, |tat| Some((tat.max(now) + interval).min(now + tolerance)));
                         }
                         return self.finish(r, ri, key, l.take(1, now, &self.tokens), false);
                     }
