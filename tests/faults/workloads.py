@@ -527,7 +527,9 @@ class RateLimit(Workload):
 
     def bound(self):
         if self.fleet:
-            return checkers.fleet_bound(RL_RATE, RL_BURST, 3, resets=self.resets)
+            # (slack: one request per member, the precision measured over 114 episodes:
+            # docs/reliability.md)
+            return checkers.fleet_bound(RL_RATE, RL_BURST, 3, resets=self.resets, slack=3)
         return checkers.gcra_bound(RL_RATE, RL_BURST, resets=self.resets)
 
     def check(self, final):
