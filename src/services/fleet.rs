@@ -329,11 +329,13 @@ pub struct Report {
     pub rules: HashMap<String, f64>,
     /// By (rule id, key).
     pub keys: HashMap<(String, Vec<u8>), f64>,
+    /// The keys of `keys` the member watches (has a lease for) as it writes the report.
+    pub watched: std::collections::HashSet<(String, Vec<u8>)>,
 }
 
 impl Report {
     /// The report as stored: a line each (`a ABOUT`, `s SINCE AT`, `d c|u|r DIGEST`,
-    /// `r RULE DEMAND`, `k RULE KEY DEMAND`, names and keys in hex).
+    /// `r RULE DEMAND`, `k RULE KEY DEMAND [w]`, names and keys in hex; `w`: watched).
     pub fn encode(&self) -> String {
         let mut s = format!("a {}\n", self.about);
         let _ = writeln!(s, "s {} {}", self.since_ms, self.at_ms);
@@ -355,7 +357,8 @@ impl Report {
             let _ = writeln!(s, "r {r} {d:.3}");
         }
         for ((r, k), d) in &self.keys {
-            let _ = writeln!(s, "k {r} {} {d:.3}", hex(k));
+            let w = if self.watched.contains(&(r.clone(), k.clone())) { " w" } else { "" };
+            let _ = writeln!(s, "k {r} {} {d:.3}{w}", hex(k));
         }
         s
     }
@@ -394,6 +397,9 @@ impl Report {
                     if let (Some(r), Some(Some(k)), Some(Ok(d))) =
                         (f.next(), f.next().map(unhex), f.next().map(str::parse::<f64>))
                     {
+                        if f.next() == Some("w") {
+                            rep.watched.insert((r.to_string(), k.clone()));
+                        }
                         rep.keys.insert((r.to_string(), k), d.max(0.0));
                     }
                 }
@@ -439,13 +445,13 @@ fn unix_ms() -> u64 {
 }
 
 /// A key to watch: rule index, key, this instance's share.
-pub type Lease = (usize, Vec<u8>, f64);
+pub type Lease = (usize, Vec<u8>, f64, bool);
 
 /// This instance's part, from every member's report (its own among them, under `me`).
 /// `rules` are this instance's rules with their ids.
 pub fn plan(me: &str, rules: &[(Arc<Rule>, String)], reports: &[Report], max_keys: usize) -> (Vec<f64>, Vec<Lease>) {
     let mut shares = Vec::with_capacity(rules.len());
-    let mut keys: Vec<(f64, usize, Vec<u8>, f64)> = Vec::new();
+    let mut keys: Vec<(f64, usize, Vec<u8>, f64, bool)> = Vec::new();
     let mine = reports.iter().find(|r| r.id == me);
     for (ri, (rule, id)) in rules.iter().enumerate() {
         let with: Vec<&Report> = reports.iter().filter(|r| r.rules.contains_key(id)).collect();
@@ -472,14 +478,17 @@ pub fn plan(me: &str, rules: &[(Arc<Rule>, String)], reports: &[Report], max_key
             if total < rule.spec.rate / (2.0 * n) {
                 continue;
             }
-            let own = mine.and_then(|r| r.keys.get(&(id.clone(), k.to_vec()))).copied().unwrap_or(0.0);
-            keys.push((total / rule.spec.rate, ri, k.to_vec(), share_of(own, total)));
+            let at = (id.clone(), k.to_vec());
+            let own = mine.and_then(|r| r.keys.get(&at)).copied().unwrap_or(0.0);
+            // every member with the rule said it watches the key: none draws on its part
+            let settled = with.iter().all(|r| r.watched.contains(&at));
+            keys.push((total / rule.spec.rate, ri, k.to_vec(), share_of(own, total), settled));
         }
     }
     // the most demanded keys first, relative to their rule's rate
     keys.sort_by(|a, b| b.0.total_cmp(&a.0));
     keys.truncate(max_keys);
-    (shares, keys.into_iter().map(|(_, ri, k, s)| (ri, k, s)).collect())
+    (shares, keys.into_iter().map(|(_, ri, k, s, settled)| (ri, k, s, settled)).collect())
 }
 
 /// The script: report, expire the members gone, return every report.
@@ -783,6 +792,7 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
                 None => now,
             };
             smoothed.insert(k.clone(), d);
+            me.watched.insert(k.clone());
             *me.keys.entry(k).or_default() += d;
         }
     }
@@ -810,15 +820,12 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
         shares,
         leases: keys
             .into_iter()
-            .map(|(ri, k, s)| {
+            .map(|(ri, k, s, settled)| {
                 let bucket = fleet.config.bucket(&ids[ri].1, &k);
-                (ri, k.into_boxed_slice(), s, bucket)
+                (ri, k.into_boxed_slice(), s, bucket, settled)
             })
             .collect(),
         members: reports.len(),
-        // (every member syncs within an interval, and then watches the key too; one more,
-        // as one interval measured in the fault harness left 3% over the bound at times)
-        settle_ns: (2 * fleet.config.sync_interval_ms + 50) * 1_000_000,
     });
     names(fleet, &me.digests, &reports);
     switching(fleet, &me.digests, &reports);
@@ -1113,6 +1120,31 @@ mod tests {
         // at most max_keys, the most demanded first
         let (_, keys) = plan("a", &rs, &[report("a", id, 0.0, &[("x", 600.0), ("y", 900.0)])], 1);
         assert_eq!(keys[0].1, b"y");
+    }
+
+    #[test]
+    fn a_key_settles_once_every_member_with_its_rule_says_it_watches_it() {
+        let rs = rules("per-key");
+        let id = &rs[0].1;
+        let watching = |mut r: Report, keys: &[&str]| {
+            r.watched = keys.iter().map(|k| (id.to_string(), k.as_bytes().to_vec())).collect();
+            r
+        };
+        let a = report("a", id, 900.0, &[("hot", 900.0)]);
+        let b = report("b", id, 100.0, &[("hot", 100.0)]);
+        let other = report("c", "other", 50.0, &[]);
+        let settled = |reports: &[Report]| plan("a", &rs, reports, 10).1[0].3;
+        // newly watched: nobody said so yet, then one member of two
+        assert!(!settled(&[a.clone(), b.clone(), other.clone()]));
+        assert!(!settled(&[watching(a.clone(), &["hot"]), b.clone(), other.clone()]));
+        // every member with the rule (c has another rule, and counts not)
+        assert!(settled(&[watching(a.clone(), &["hot"]), watching(b.clone(), &["hot"]), other.clone()]));
+        // a member that joins draws on its part until it watches the key too
+        let d = report("d", id, 0.0, &[]);
+        assert!(!settled(&[watching(a.clone(), &["hot"]), watching(b.clone(), &["hot"]), d]));
+        // the mark survives the report's encoding
+        let r = watching(a, &["hot"]);
+        assert_eq!(Report::decode("a", &r.encode()).watched, r.watched);
     }
 
     #[test]

@@ -294,7 +294,7 @@ pub struct Seen {
 
 /// A key the fleet watches: rule index, key, this instance's share of it, the key's
 /// bucket in Redis.
-pub type Watch = (usize, Box<[u8]>, f64, Box<[u8]>);
+pub type Watch = (usize, Box<[u8]>, f64, Box<[u8]>, bool);
 
 /// What the fleet decided for this instance ([`Limiter::fleet_apply`]).
 pub struct Plan {
@@ -302,15 +302,12 @@ pub struct Plan {
     pub rules: Arc<Vec<Arc<Rule>>>,
     /// This instance's share of each rule's shared budget and of its keys without a lease.
     pub shares: Vec<f64>,
-    /// The keys to watch: rule index, key, this instance's share of it, and the key's
-    /// bucket in Redis.
+    /// The keys to watch: rule index, key, this instance's share of it, the key's bucket
+    /// in Redis, and whether every member's report said it watches the key (until then
+    /// a request also needs this instance's part: [`share::Lease::both_until`]).
     pub leases: Vec<Watch>,
     /// The fleet's members now.
     pub members: usize,
-    /// How long a key newly watched here is also charged to this instance's part
-    /// (nanoseconds; [`share::Lease::both_until`]): long enough for every member to
-    /// watch it too (two sync intervals and a little).
-    pub settle_ns: u64,
 }
 
 /// A session's handle on the limiter, so that a check costs less than a standalone one:
@@ -480,18 +477,16 @@ impl Limiter {
             r.local.set(r.interval, r.spec.burst, s);
         }
         let mut leases = share::Leases::default();
-        for (ri, key, s, bucket) in &plan.leases {
+        for (ri, key, s, bucket, settled) in &plan.leases {
             let Some(r) = state.rules.get(*ri).filter(|r| r.per_key) else { continue };
             let tag = table::tag(self.hasher.hash_one(&key[..]), r.salt);
             let lease = match state.leases.get(&tag) {
                 Some(l) => l.clone(),
-                None => {
-                    let l = share::Lease::new(*ri, key.clone(), bucket.clone(), r.interval, r.tolerance);
-                    // (other members may not watch it yet, and draw on their parts)
-                    l.both_until.store(self.now() + plan.settle_ns, Ordering::Relaxed);
-                    Arc::new(l)
-                }
+                None => Arc::new(share::Lease::new(*ri, key.clone(), bucket.clone(), r.interval, r.tolerance)),
             };
+            // until every member said it watches the key, some may still draw on their
+            // parts (a member joining later makes it so again)
+            lease.both_until.store(if *settled { 0 } else { u64::MAX }, Ordering::Relaxed);
             lease.part.set(r.interval, r.spec.burst, *s);
             // what one ask takes at most: TOKENS_ASKED of the rule's rate times this
             // instance's share of the key's demand, or over the members if more (the
@@ -665,13 +660,18 @@ impl Limiter {
         // Look first...
         for &((ri, key), n, first) in &need {
             let r = &rules[ri];
-            let (tat, (interval, tolerance, lease)) = match (key, table) {
+            let (tat, (mut interval, mut tolerance, lease)) = match (key, table) {
                 (Some(h), Some((_, t))) => {
                     let tag = table::tag(h, r.salt);
                     (table::Budgets::get(t, h, tag).unwrap_or(0), Self::part(state, r, Some(tag)))
                 }
                 _ => (r.shared.load(Ordering::Relaxed), Self::part(state, r, None)),
             };
+            // (without tokens, the stricter part while some member may not watch the key:
+            // as in check_one)
+            if let Some(l) = lease.filter(|l| !tokens && l.settling(now, &self.tokens)) {
+                (interval, tolerance) = Self::settling_part(l, r);
+            }
             let over = match lease {
                 Some(l) if tokens => {
                     l.tokens.load(Ordering::Relaxed) < n || {
@@ -724,7 +724,7 @@ impl Limiter {
                 }
             }
             let interval = match lease {
-                Some(l) if tokens => Self::settling_part(l, r).0,
+                Some(l) if tokens || l.settling(now, &self.tokens) => Self::settling_part(l, r).0,
                 _ => interval,
             };
             let charge = |tat: u64| Some(tat.max(now) + n * interval);
@@ -825,6 +825,13 @@ impl Limiter {
                         l.ask(&self.tokens);
                     }
                 }
+                // Without tokens, a key some member may not watch yet draws on the stricter
+                // part: that member draws on the rule's 1/N, and the parts of a plan it
+                // has not applied (demand shares) would add up to more than the rule.
+                let (interval, tolerance) = match lease {
+                    Some(l) if l.settling(now, &self.tokens) => Self::settling_part(l, r),
+                    _ => (interval, tolerance),
+                };
                 let take = take(interval, tolerance);
                 let ok = match b.update(tables.get_or_insert_with(|| b.cache()).load(), h, tag, take) {
                     table::Update::Applied(ok) => ok,

@@ -85,8 +85,9 @@ pub struct Lease {
     /// The bucket was empty: no ask before this time (the limiter's clock).
     pub not_before: AtomicU64,
     /// Until this time (the limiter's clock) a request also needs this instance's part:
-    /// the key is newly watched here, and other members may still draw on their parts
-    /// (docs/fleet.md, "Budgets that follow the clients").
+    /// `u64::MAX` until every member's report said it watches the key (until then some
+    /// may still draw on their parts), 0 after (docs/fleet.md, "While the fleet changes
+    /// over").
     pub both_until: AtomicU64,
 }
 
@@ -104,7 +105,7 @@ impl Lease {
             short: AtomicU64::new(0),
             asking: AtomicBool::new(false),
             not_before: AtomicU64::new(0),
-            both_until: AtomicU64::new(0),
+            both_until: AtomicU64::new(u64::MAX),
         }
     }
 
