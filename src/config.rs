@@ -220,6 +220,11 @@ pub struct TlsConfig {
     /// Client certificates (Redis's `tls-auth-clients`): "yes" (required), "optional"
     /// (verified when given), "no". Unset: "yes" when `ca_cert_file` is set, else "no".
     pub auth_clients: Option<String>,
+    /// Which field of a verified client certificate names the client's ACL user, who is
+    /// then logged in without AUTH (Valkey's `tls-auth-clients-user`): "off", "CN" (the
+    /// subject's common name) or "URI" (the first URI subject alternative name). A field
+    /// that names no enabled user leaves the connection the default user's.
+    pub auth_clients_user: String,
     /// A client whose handshake has not finished in this long is disconnected.
     pub handshake_timeout_ms: u64,
 }
@@ -232,6 +237,7 @@ impl Default for TlsConfig {
             key_file: None,
             ca_cert_file: None,
             auth_clients: None,
+            auth_clients_user: "off".into(),
             handshake_timeout_ms: 10_000,
         }
     }
@@ -244,6 +250,15 @@ impl TlsConfig {
             (Some(a), _) => a,
             (None, Some(_)) => "yes",
             (None, None) => "no",
+        }
+    }
+
+    /// The certificate field that names a client's user, unless "off" (after validation).
+    pub fn cert_user(&self) -> Option<crate::tls::CertUser> {
+        match self.auth_clients_user.to_ascii_lowercase().as_str() {
+            "cn" => Some(crate::tls::CertUser::Cn),
+            "uri" => Some(crate::tls::CertUser::Uri),
+            _ => None,
         }
     }
 
@@ -660,6 +675,16 @@ impl Config {
             }
             "yes" | "optional" => {}
             other => p.push(format!("tls.auth_clients: '{other}' is none of \"yes\", \"optional\", \"no\"")),
+        }
+        match t.auth_clients_user.to_ascii_lowercase().as_str() {
+            "off" => {}
+            "cn" | "uri" if t.auth_clients() == "no" => p.push(
+                "tls.auth_clients_user: needs client certificates (tls.auth_clients \"yes\" or \"optional\")".into(),
+            ),
+            "cn" | "uri" => {}
+            _ => {
+                p.push(format!("tls.auth_clients_user: '{}' is none of \"off\", \"CN\", \"URI\"", t.auth_clients_user))
+            }
         }
         if t.handshake_timeout_ms == 0 {
             p.push("tls.handshake_timeout_ms: must be greater than 0".into());

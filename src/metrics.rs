@@ -321,6 +321,8 @@ pub struct Global {
     pub accepted: Counter,
     pub rejected: Counter,
     pub tls_handshake_failed: Counter,
+    /// By [`CertLogin`].
+    pub tls_cert_logins: [Counter; 4],
     pub tls_reloads: Counter,
     pub fleet_members: Gauge,
     pub fleet_leased_keys: Gauge,
@@ -367,6 +369,36 @@ pub struct Global {
     pub blocked: Gauge,
 }
 
+/// What a client certificate's user name came to (`tls.auth_clients_user`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertLogin {
+    /// Logged in as the user it names.
+    User,
+    /// No such user: the default user.
+    Unknown,
+    /// The user is disabled: the default user.
+    Disabled,
+    /// The certificate has no such field: the default user.
+    NoField,
+}
+
+impl CertLogin {
+    pub fn label(self) -> &'static str {
+        match self {
+            CertLogin::User => "user",
+            CertLogin::Unknown => "unknown",
+            CertLogin::Disabled => "disabled",
+            CertLogin::NoField => "no_field",
+        }
+    }
+}
+
+impl Global {
+    pub fn tls_cert_login(&self, r: CertLogin) {
+        self.tls_cert_logins[r as usize].increment(1);
+    }
+}
+
 /// The process-wide handles (bound on first use, after the recorder is installed).
 pub fn global() -> &'static Global {
     static G: OnceLock<Global> = OnceLock::new();
@@ -375,6 +407,8 @@ pub fn global() -> &'static Global {
         accepted: counter!("heatshield_client_connections_accepted_total"),
         rejected: counter!("heatshield_client_connections_rejected_total"),
         tls_handshake_failed: counter!("heatshield_tls_handshakes_failed_total"),
+        tls_cert_logins: [CertLogin::User, CertLogin::Unknown, CertLogin::Disabled, CertLogin::NoField]
+            .map(|r| counter!("heatshield_tls_cert_logins_total", "result" => r.label())),
         tls_reloads: counter!("heatshield_tls_reloads_total"),
         fleet_members: gauge!("heatshield_fleet_members"),
         fleet_leased_keys: gauge!("heatshield_fleet_watched_keys"),

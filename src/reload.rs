@@ -161,10 +161,18 @@ pub fn apply(proxy: &Proxy, new: Config) -> Result<Report, String> {
         proxy.colocate.set_next(next);
     }
     if changed("server.users") || changed("server.password") {
-        // as ACL LOAD on Redis: the connections of users that are gone are closed
+        // as ACL LOAD on Redis: the connections of users that are gone are closed, and
+        // those of users the file turns off (logged in by AUTH or by a certificate alike)
         let gone = proxy.users.replace(users);
+        let off: Vec<String> = proxy
+            .users
+            .names()
+            .into_iter()
+            .filter(|n| proxy.users.get(n).is_some_and(|u| !u.perms().enabled))
+            .collect();
         for c in proxy.clients.all() {
-            if gone.iter().any(|u| u.name == c.user()) {
+            let user = c.user();
+            if gone.iter().any(|u| u.name == user) || (user != "default" && off.contains(&user)) {
                 c.send(crate::conn::Control::Kill);
                 proxy.clients.remove(c.id);
             }

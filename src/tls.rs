@@ -8,6 +8,10 @@
 //! takes the configuration current at its start, so connections already open keep the
 //! certificate they were made with. Files that do not load leave the old configuration in
 //! place, with the reason in the log.
+//!
+//! A verified client certificate may name the client's ACL user ([`cert_user_name`],
+//! `tls.auth_clients_user`, as Valkey's `tls-auth-clients-user`); x509-parser reads its
+//! fields (rustls verifies it, but leaves its subject to the caller).
 
 use std::io;
 use std::net::IpAddr;
@@ -382,5 +386,30 @@ mod tests {
         .err()
         .unwrap();
         assert!(e.contains("/nonexistent/cert.pem"), "{e}");
+    }
+}
+
+/// The field of a verified client certificate that names its ACL user
+/// (`tls.auth_clients_user`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertUser {
+    /// The subject's first common name.
+    Cn,
+    /// The first URI among the subject alternative names, whole.
+    Uri,
+}
+
+/// The user name the client certificate of `conn` gives in `field`, if it presented one
+/// (a certificate present after the handshake was verified against `tls.ca_cert_file`)
+/// and it has that field.
+pub fn cert_user_name(conn: &rustls::ServerConnection, field: CertUser) -> Option<String> {
+    let der = conn.peer_certificates()?.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+    match field {
+        CertUser::Cn => cert.subject().iter_common_name().next()?.as_str().ok().map(str::to_string),
+        CertUser::Uri => cert.subject_alternative_name().ok()??.value.general_names.iter().find_map(|n| match n {
+            x509_parser::extensions::GeneralName::URI(u) => Some(u.to_string()),
+            _ => None,
+        }),
     }
 }

@@ -164,6 +164,96 @@ fn client_certificates_required_or_optional() {
     assert!(!works(port, Some(&stranger)), "optional: a certificate given is still verified");
 }
 
+/// `tls.auth_clients_user` (Valkey's `tls-auth-clients-user`): a verified certificate
+/// whose common name (or first URI, with "URI") names an enabled user logs the client in
+/// as that user without AUTH; a disabled or unknown user, or no such field, leaves it
+/// the default user's (here one with a password: NOAUTH until AUTH). A reload that turns
+/// the user off closes its certificate connections, as it closes its AUTH ones.
+#[test]
+fn a_client_certificate_names_the_clients_user() {
+    let redis = RedisStandalone::start();
+    let pki = Pki::new("heatshield test CA");
+    let cert = pki.issue_local("heatshield");
+    let (alice, bob, carol) = (pki.issue("alice", &[]), pki.issue("bob", &[]), pki.issue("carol", &[]));
+    let app = pki.issue_uri("app", "spiffe://heatshield.test/app");
+    let ca = ca_of(&pki);
+    let users = |alice_on: &str| {
+        format!(
+            "[server]\nusers = [\"default on resetpass >defpw\", \"alice {alice_on} >alicepw ~a:* +@all\", \
+             \"bob off >bobpw allkeys +@all\", \"app on nopass ~app:* +get +acl|whoami +ping\", \"spiffe://heatshield.test/app on nopass ~u:* +@all\"]\n"
+        )
+    };
+    let tls = |port: u16, field: &str| {
+        listener_conf(
+            port,
+            &cert,
+            &format!("ca_cert_file = \"{}\"\nauth_clients_user = \"{field}\"", pki.ca().display()),
+        )
+    };
+    let port = free_port();
+    let (_d, conf) = config_file(&(users("on") + &tls(port, "CN")));
+    let proxy = Proxy::start_standalone(&redis, &["--config", &conf]);
+    let whoami = |c: &mut TlsConn| c.cmd(&["ACL", "WHOAMI"]).unwrap();
+
+    // alice: her user, her rules, her name in CLIENT LIST, without AUTH
+    let mut a = TlsConn::connect(port, &pki.ca(), Some(&alice)).unwrap();
+    assert_eq!(whoami(&mut a), V::s("alice"));
+    assert_eq!(a.cmd(&["SET", "a:1", "x"]).unwrap(), V::ok());
+    let refused = a.cmd(&["SET", "b:1", "x"]).unwrap();
+    assert!(refused.err().is_some_and(|e| e.starts_with("NOPERM")), "{refused:?}");
+    let list = a.cmd(&["CLIENT", "LIST"]).unwrap().text();
+    assert!(list.lines().any(|l| l.contains(" user=alice ")), "{list}");
+    assert_eq!(redis_cli_tls(port, &ca, Some(&alice), &["ACL", "WHOAMI"]), (true, "alice".into()));
+    // bob is off, carol unknown: the default user, who needs its password
+    for who in [&bob, &carol] {
+        let mut c = TlsConn::connect(port, &pki.ca(), Some(who)).unwrap();
+        assert_eq!(whoami(&mut c), V::Err("NOAUTH Authentication required.".into()));
+        assert_eq!(c.cmd(&["AUTH", "defpw"]).unwrap(), V::ok());
+        assert_eq!(whoami(&mut c), V::s("default"));
+    }
+    // with CN, the URI certificate is its common name's user, "app"
+    let mut u = TlsConn::connect(port, &pki.ca(), Some(&app)).unwrap();
+    assert_eq!(whoami(&mut u), V::s("app"));
+    let counted = |result: &str| metric(&proxy, &format!("heatshield_tls_cert_logins_total{{result=\"{result}\"}}"));
+    assert_eq!((counted("user"), counted("disabled"), counted("unknown")), (3.0, 1.0, 1.0));
+
+    // a reload that turns alice off closes her certificate connection; a new one is the
+    // default user's
+    write_atomically(std::path::Path::new(&conf), (users("off") + &tls(port, "CN")).as_bytes());
+    proxy.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.cmd(&["PING"]).is_ok() {
+        assert!(Instant::now() < deadline, "alice's certificate connection still open after the reload");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let mut again = TlsConn::connect(port, &pki.ca(), Some(&alice)).unwrap();
+    assert_eq!(whoami(&mut again), V::Err("NOAUTH Authentication required.".into()));
+    assert_eq!(whoami(&mut u), V::s("app"), "other certificate users stay");
+
+    // URI: the first URI subject alternative name, whole; a certificate without one is
+    // the default user's
+    let port = free_port();
+    let (_d2, conf) = config_file(&(users("on") + &tls(port, "URI")));
+    let proxy = Proxy::start_standalone(&redis, &["--config", &conf]);
+    let mut u = TlsConn::connect(port, &pki.ca(), Some(&app)).unwrap();
+    assert_eq!(whoami(&mut u), V::s("spiffe://heatshield.test/app"));
+    assert_eq!(u.cmd(&["SET", "u:1", "x"]).unwrap(), V::ok());
+    let mut a = TlsConn::connect(port, &pki.ca(), Some(&alice)).unwrap();
+    assert_eq!(whoami(&mut a), V::Err("NOAUTH Authentication required.".into()));
+    assert_eq!(metric(&proxy, "heatshield_tls_cert_logins_total{result=\"no_field\"}"), 1.0);
+
+    // the setting is checked: a name it does not know, and no client certificates asked for
+    for (more, problem) in [
+        (format!("ca_cert_file = \"{}\"\nauth_clients_user = \"OU\"", pki.ca().display()), "is none of"),
+        ("auth_clients_user = \"CN\"".to_string(), "needs client certificates"),
+    ] {
+        let (_d3, bad) = config_file(&listener_conf(free_port(), &cert, &more));
+        let (code, out, err) = common::run_bin(&["--check", "--config", &bad]);
+        let text = out + &err;
+        assert!(code != 0 && text.contains("tls.auth_clients_user") && text.contains(problem), "{text}");
+    }
+}
+
 #[test]
 fn tls_listener_alone() {
     let redis = RedisStandalone::start();

@@ -85,6 +85,27 @@ impl Pki {
         issued
     }
 
+    /// A client certificate whose common name is `file` and whose one subject alternative
+    /// name is the URI `uri`, written as `<file>.crt` / `<file>.key`.
+    pub fn issue_uri(&self, file: &str, uri: &str) -> Issued {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.distinguished_name.push(DnType::CommonName, file);
+        params.subject_alt_names = vec![rcgen::SanType::URI(uri.to_string().try_into().expect("an IA5 URI"))];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        let n = self.serial.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        params.serial_number = Some(rcgen::SerialNumber::from(n));
+        let key = KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.ca).expect("sign");
+        let issued = Issued {
+            cert: self.dir.path().join(format!("{file}.crt")),
+            key: self.dir.path().join(format!("{file}.key")),
+        };
+        write_atomically(&issued.cert, cert.pem().as_bytes());
+        write_atomically(&issued.key, key.serialize_pem().as_bytes());
+        issued
+    }
+
     /// A certificate for 127.0.0.1, ::1 and localhost.
     pub fn issue_local(&self, file: &str) -> Issued {
         self.issue(file, &["127.0.0.1", "::1", "localhost"])

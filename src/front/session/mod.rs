@@ -188,7 +188,7 @@ pub async fn run(proxy: Arc<Proxy>, stream: Stream, stopping: Arc<AtomicBool>) {
             let addrs = addrs(&stream);
             let cut = {
                 let (rd, wr) = stream.split();
-                serve(proxy, addrs, false, &mut ReadSide::Plain(rd), &mut WriteSide::Plain(wr), stopping).await
+                serve(proxy, addrs, (false, None), &mut ReadSide::Plain(rd), &mut WriteSide::Plain(wr), stopping).await
             };
             if cut.is_none() {
                 let _ = stream.shutdown().await;
@@ -197,9 +197,11 @@ pub async fn run(proxy: Arc<Proxy>, stream: Stream, stopping: Arc<AtomicBool>) {
         Stream::Tls(stream) => {
             let _ = stream.get_ref().0.set_nodelay(true);
             let addrs = addrs(stream.get_ref().0);
+            // the user a verified client certificate names (tls.auth_clients_user)
+            let cert_user = proxy.config.tls.cert_user().map(|f| crate::tls::cert_user_name(stream.get_ref().1, f));
             let (rd, wr) = tokio::io::split(*stream);
             let mut wr = WriteSide::Tls(wr);
-            let cut = serve(proxy, addrs, true, &mut ReadSide::Tls(rd), &mut wr, stopping).await;
+            let cut = serve(proxy, addrs, (true, cert_user), &mut ReadSide::Tls(rd), &mut wr, stopping).await;
             if let (None, WriteSide::Tls(wr)) = (cut, &mut wr) {
                 // (close_notify, then the socket's shutdown: bounded, since a client that
                 // reads nothing more would leave the alert unwritten for ever)
@@ -209,10 +211,12 @@ pub async fn run(proxy: Arc<Proxy>, stream: Stream, stopping: Arc<AtomicBool>) {
     }
 }
 
+/// `tls`: whether the client came over TLS, and when `tls.auth_clients_user` is on, the
+/// user name its certificate gives (`Some(None)`: on, and no such field).
 async fn serve(
     proxy: Arc<Proxy>,
     (addr, laddr): (String, String),
-    tls: bool,
+    tls: (bool, Option<Option<String>>),
     rd: &mut ReadSide<'_>,
     wr: &mut WriteSide<'_>,
     stopping: Arc<AtomicBool>,
@@ -361,22 +365,64 @@ fn asked_form(asked: &[(u64, Box<Request>)], seq: u64) -> Option<&Request> {
     asked.iter().find(|(s, _)| *s == seq).map(|(_, r)| &**r)
 }
 
+/// The enabled user a client certificate names (`name`: its field, if it has one), or
+/// None (counted and logged by the reason).
+fn cert_login(proxy: &Proxy, client: u64, name: Option<String>) -> Option<Arc<crate::services::acl::User>> {
+    let m = crate::metrics::global();
+    let Some(name) = name else {
+        m.tls_cert_login(crate::metrics::CertLogin::NoField);
+        info!(client, "client certificate without the field tls.auth_clients_user names: the default user");
+        return None;
+    };
+    match proxy.users.get(&name) {
+        Some(u) if u.perms().enabled => {
+            m.tls_cert_login(crate::metrics::CertLogin::User);
+            info!(client, user = %name, "logged in by its client certificate");
+            Some(u)
+        }
+        found => {
+            let why =
+                if found.is_some() { crate::metrics::CertLogin::Disabled } else { crate::metrics::CertLogin::Unknown };
+            m.tls_cert_login(why);
+            info!(client, user = %name, reason = why.label(), "client certificate names no enabled user: the default user");
+            None
+        }
+    }
+}
+
 impl Session {
-    fn new(proxy: Arc<Proxy>, addr: String, laddr: String, tls: bool, tx: ReplyTx) -> Session {
+    fn new(
+        proxy: Arc<Proxy>,
+        addr: String,
+        laddr: String,
+        (tls, cert): (bool, Option<Option<String>>),
+        tx: ReplyTx,
+    ) -> Session {
         let id = proxy.stats.next_client_id.fetch_add(1, Ordering::Relaxed) + 1;
         info!(client = id, %addr, tls, "client connected");
         let info = Arc::new(ClientInfo::new(id, addr, laddr, tx.clone()));
         proxy.clients.add(info.clone());
+        // logged in as `default` from the start if it needs no password, as on Redis; as
+        // the user its certificate names, if tls.auth_clients_user says so and that user
+        // is enabled (as on Valkey, the default user otherwise)
+        let (user, authed) = match cert.map(|name| cert_login(&proxy, id, name)) {
+            Some(Some(u)) => {
+                info.names.lock().user = (u.name != "default").then(|| u.name.clone());
+                (u, true)
+            }
+            _ => {
+                let d = proxy.users.default_user();
+                let p = d.perms();
+                let authed = p.enabled && p.nopass;
+                drop(p);
+                (d, authed)
+            }
+        };
         let client = ClientState {
             id,
             proto: Proto::Resp2,
-            // logged in as `default` from the start if it needs no password, as on Redis
-            authed: {
-                let d = proxy.users.default_user();
-                let p = d.perms();
-                p.enabled && p.nopass
-            },
-            user: proxy.users.default_user(),
+            authed,
+            user,
             perms_seen: None,
             info,
             reply: ReplyMode::On,
