@@ -31,6 +31,8 @@ pub struct Config {
     /// the rest of its fleet (docs/fleet.md, "Changing colocation rules in a running
     /// fleet"). Empty: none.
     pub colocate_next: Vec<crate::services::colocate::RuleConfig>,
+    /// `[audit]`: the audit log (docs/audit.md).
+    pub audit: crate::services::audit::AuditConfig,
 }
 
 /// Every key of a configuration as `section.key` with its value, made from the structs
@@ -628,6 +630,7 @@ impl Config {
         }
         p.extend(self.cache.validate(&table));
         p.extend(self.fleet.problems());
+        p.extend(self.audit.problems());
         if let Err(rules) = crate::services::colocate::compile(&self.colocate) {
             p.extend(rules);
         }

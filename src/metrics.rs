@@ -324,6 +324,8 @@ pub struct Global {
     /// By [`CertLogin`].
     pub tls_cert_logins: [Counter; 4],
     pub tls_reloads: Counter,
+    pub audit_records: Counter,
+    pub audit_dropped: Counter,
     pub fleet_members: Gauge,
     pub fleet_leased_keys: Gauge,
     pub fleet_sync_age: Gauge,
@@ -410,6 +412,8 @@ pub fn global() -> &'static Global {
         tls_cert_logins: [CertLogin::User, CertLogin::Unknown, CertLogin::Disabled, CertLogin::NoField]
             .map(|r| counter!("heatshield_tls_cert_logins_total", "result" => r.label())),
         tls_reloads: counter!("heatshield_tls_reloads_total"),
+        audit_records: counter!("heatshield_audit_records_total"),
+        audit_dropped: counter!("heatshield_audit_dropped_total"),
         fleet_members: gauge!("heatshield_fleet_members"),
         fleet_leased_keys: gauge!("heatshield_fleet_watched_keys"),
         fleet_sync_age: gauge!("heatshield_fleet_sync_age_seconds"),

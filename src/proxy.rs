@@ -107,6 +107,8 @@ pub struct Proxy {
     pub bigkeys: crate::services::stats::BigKeys,
     /// `HOTKEYS`: the session, if one was started.
     pub hotkeys: crate::services::stats::Hotkeys,
+    /// The audit log (`[audit]`).
+    pub audit: crate::services::audit::Audit,
 }
 
 /// What statistics need of a reply once it has been written (the reply itself is gone).
@@ -278,6 +280,10 @@ impl Proxy {
             slowlog: Default::default(),
             bigkeys: Default::default(),
             hotkeys: Default::default(),
+            audit: crate::services::audit::Audit::start(&config.audit, &commands, {
+                let l = &config.server.listen;
+                if l == "off" { config.tls.listen.clone().unwrap_or_default() } else { l.clone() }
+            }),
             workers,
             config,
             commands,

@@ -71,15 +71,21 @@ pub fn from_file(proxy: &Proxy) -> Result<Report, String> {
     };
     let new = Config::load(Some(path), overrides).map_err(|e| {
         let e = e.to_string();
+        proxy.audit.reopen();
+        proxy.audit.reload(&[], &[], Some(&e));
         error!(file = %path.display(), problems = %e, "reload: configuration rejected whole; nothing changed");
         e
     })?;
     let r = apply(proxy, new);
+    // (logrotate moved the audit log, say: opened again before its next record)
+    proxy.audit.reopen();
     match &r {
         Ok(r) => {
+            proxy.audit.reload(&r.applied, &r.restart, None);
             info!(file = %path.display(), applied = r.applied.len(), needs_restart = r.restart.len(), "reload done")
         }
         Err(e) => {
+            proxy.audit.reload(&[], &[], Some(e));
             error!(file = %path.display(), problems = %e, "reload: configuration rejected whole; nothing changed")
         }
     }

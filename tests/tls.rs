@@ -191,6 +191,9 @@ fn a_client_certificate_names_the_clients_user() {
         )
     };
     let port = free_port();
+    let audit_dir = tempfile::tempdir().unwrap();
+    let audit = audit_dir.path().join("audit.jsonl");
+    let users = |on: &str| format!("{}[audit]\nfile = \"{}\"\n\n", users(on), audit.display());
     let (_d, conf) = config_file(&(users("on") + &tls(port, "CN")));
     let proxy = Proxy::start_standalone(&redis, &["--config", &conf]);
     let whoami = |c: &mut TlsConn| c.cmd(&["ACL", "WHOAMI"]).unwrap();
@@ -216,6 +219,36 @@ fn a_client_certificate_names_the_clients_user() {
     assert_eq!(whoami(&mut u), V::s("app"));
     let counted = |result: &str| metric(&proxy, &format!("heatshield_tls_cert_logins_total{{result=\"{result}\"}}"));
     assert_eq!((counted("user"), counted("disabled"), counted("unknown")), (3.0, 1.0, 1.0));
+    // the audit log has each certificate login (docs/audit.md)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let logins = loop {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        let found: Vec<(String, String, String)> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|r| r["via"] == "certificate")
+            .map(|r| {
+                (
+                    r["user"].as_str().unwrap_or("").into(),
+                    r["result"].as_str().unwrap_or("").into(),
+                    r["reason"].as_str().unwrap_or("").into(),
+                )
+            })
+            .collect();
+        if found.len() >= 5 || Instant::now() > deadline {
+            break found;
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    let want = |u: &str, res: &str, why: &str| (u.to_string(), res.to_string(), why.to_string());
+    for w in [
+        want("alice", "ok", ""),
+        want("bob", "failed", "disabled"),
+        want("carol", "failed", "unknown"),
+        want("app", "ok", ""),
+    ] {
+        assert!(logins.contains(&w), "{w:?} not in {logins:?}");
+    }
 
     // a reload that turns alice off closes her certificate connection; a new one is the
     // default user's

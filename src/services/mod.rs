@@ -20,6 +20,7 @@
 //! - [`reads`]: read policies, which reads go to a master's replicas and to which.
 
 pub mod acl;
+pub mod audit;
 pub mod cache;
 pub mod colocate;
 pub mod fleet;

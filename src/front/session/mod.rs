@@ -367,16 +367,18 @@ fn asked_form(asked: &[(u64, Box<Request>)], seq: u64) -> Option<&Request> {
 
 /// The enabled user a client certificate names (`name`: its field, if it has one), or
 /// None (counted and logged by the reason).
-fn cert_login(proxy: &Proxy, client: u64, name: Option<String>) -> Option<Arc<crate::services::acl::User>> {
+fn cert_login(proxy: &Proxy, client: u64, addr: &str, name: Option<String>) -> Option<Arc<crate::services::acl::User>> {
     let m = crate::metrics::global();
     let Some(name) = name else {
         m.tls_cert_login(crate::metrics::CertLogin::NoField);
+        proxy.audit.cert_login(client, addr, None, false, "no such field in the certificate");
         info!(client, "client certificate without the field tls.auth_clients_user names: the default user");
         return None;
     };
     match proxy.users.get(&name) {
         Some(u) if u.perms().enabled => {
             m.tls_cert_login(crate::metrics::CertLogin::User);
+            proxy.audit.cert_login(client, addr, Some(&name), true, "");
             info!(client, user = %name, "logged in by its client certificate");
             Some(u)
         }
@@ -384,6 +386,7 @@ fn cert_login(proxy: &Proxy, client: u64, name: Option<String>) -> Option<Arc<cr
             let why =
                 if found.is_some() { crate::metrics::CertLogin::Disabled } else { crate::metrics::CertLogin::Unknown };
             m.tls_cert_login(why);
+            proxy.audit.cert_login(client, addr, Some(&name), false, why.label());
             info!(client, user = %name, reason = why.label(), "client certificate names no enabled user: the default user");
             None
         }
@@ -405,7 +408,7 @@ impl Session {
         // logged in as `default` from the start if it needs no password, as on Redis; as
         // the user its certificate names, if tls.auth_clients_user says so and that user
         // is enabled (as on Valkey, the default user otherwise)
-        let (user, authed) = match cert.map(|name| cert_login(&proxy, id, name)) {
+        let (user, authed) = match cert.map(|name| cert_login(&proxy, id, &info.addr, name)) {
             Some(Some(u)) => {
                 info.names.lock().user = (u.name != "default").then(|| u.name.clone());
                 (u, true)

@@ -106,6 +106,10 @@ impl Session {
                 true => b,
                 false => colocated(&self.proxy, &mut self.fixes, &mut self.held.replies, q.head + q.sent as u64, b),
             };
+            if self.proxy.audit.wants(e.meta.cmd) {
+                let req = super::asked_form(&self.asked, q.head + q.sent as u64).or(e.meta.req.as_ref());
+                audit(&self.proxy, &self.client, req, &b);
+            }
             e.reply = Reply::Sent { summary: ReplySummary::of(&b), at };
             if e.silent {
                 self.held.replies -= b.len();
@@ -205,6 +209,18 @@ impl Session {
             self.asked.retain(|(s, _)| *s >= head);
         }
     }
+}
+
+/// Records an audited command's reply (crate::services::audit), its keys as the client
+/// named them.
+#[cold]
+#[inline(never)]
+fn audit(proxy: &Proxy, client: &crate::conn::ClientState, req: Option<&crate::protocol::Request>, reply: &[u8]) {
+    let Some(req) = req else { return };
+    let Ok(cmd) = proxy.commands.lookup(req) else { return };
+    let keys = crate::command::keys_of(cmd, req).unwrap_or_default();
+    let who = crate::services::audit::Who { client: client.id, addr: &client.info.addr, user: &client.user.name };
+    proxy.audit.command(&who, cmd, req, &keys, reply);
 }
 
 /// An error reply with the client's names for the stored ones it quotes
