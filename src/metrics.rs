@@ -89,6 +89,15 @@ fn describe() {
         "Client TLS handshakes that failed or timed out (a bad or missing client certificate, a plain-text client)."
     );
     describe_counter!("heatshield_tls_reloads_total", "Certificate files reloaded (TLS listener and backend).");
+    describe_counter!(
+        "heatshield_tls_cert_logins_total",
+        "TLS clients whose certificate named a user (tls.auth_clients_user), by result."
+    );
+    describe_counter!("heatshield_audit_records_total", "Records the audit log wrote.");
+    describe_counter!(
+        "heatshield_audit_dropped_total",
+        "Audit records dropped: the queue full or the file not opening."
+    );
     describe_gauge!(
         "heatshield_fleet_members",
         "Heatshields of this one's fleet seen at the last sync, itself included."

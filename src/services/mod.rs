@@ -17,7 +17,8 @@
 //! - [`pubsub`]: subscribers, the shared backend subscriptions that serve them, message
 //!   fan-out;
 //! - [`wait`]: WAIT and WAITAOF, asked of the masters a client wrote to;
-//! - [`reads`]: read policies, which reads go to a master's replicas and to which.
+//! - [`reads`]: read policies, which reads go to a master's replicas and to which;
+//! - [`audit`]: the audit log (logins, administrative and dangerous commands, reloads).
 
 pub mod acl;
 pub mod audit;

@@ -71,6 +71,11 @@ impl Pki {
             CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).expect("params");
         params.distinguished_name.push(DnType::CommonName, file);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        self.sign(file, params)
+    }
+
+    /// Signs `params` (a fresh key, the next serial) and writes `<file>.crt` / `<file>.key`.
+    fn sign(&self, file: &str, mut params: CertificateParams) -> Issued {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         let n = self.serial.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         params.serial_number = Some(rcgen::SerialNumber::from(n));
@@ -92,18 +97,7 @@ impl Pki {
         params.distinguished_name.push(DnType::CommonName, file);
         params.subject_alt_names = vec![rcgen::SanType::URI(uri.to_string().try_into().expect("an IA5 URI"))];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-        let n = self.serial.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        params.serial_number = Some(rcgen::SerialNumber::from(n));
-        let key = KeyPair::generate().expect("key");
-        let cert = params.signed_by(&key, &self.ca).expect("sign");
-        let issued = Issued {
-            cert: self.dir.path().join(format!("{file}.crt")),
-            key: self.dir.path().join(format!("{file}.key")),
-        };
-        write_atomically(&issued.cert, cert.pem().as_bytes());
-        write_atomically(&issued.key, key.serialize_pem().as_bytes());
-        issued
+        self.sign(file, params)
     }
 
     /// A certificate for 127.0.0.1, ::1 and localhost.
