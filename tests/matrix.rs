@@ -878,20 +878,29 @@ fn fleet_rate_limit_on_every_write_path() {
             let k = key(family, area, "fleet");
             assert_eq!(writer.cmd(&["SET", &k, "v"]), V::ok());
             let mut r = Conn::connect(a.port());
-            // in sync on the replica, or filled into the cache; then a fresh budget
-            wait_until(Duration::from_secs(20), "the read answered", || r.cmd(&["GET", &k]) == V::s("v"));
-            std::thread::sleep(Duration::from_millis(1100));
-            let replica = env.cluster.replica_of(env.cluster.master_for_slot(stored_slot(&k)));
-            let (gets, hits) = (cmdstat_calls(replica, "get"), cache_hits(&mut r));
-            let started = Instant::now();
-            let replies: Vec<V> = (0..5).map(|_| r.cmd(&["GET", &k])).collect();
             let cell = format!("{family} {what}");
-            one_admitted(&cell, &replies, started.elapsed(), &mut failures);
-            let (gets, hits) = (cmdstat_calls(replica, "get") - gets, cache_hits(&mut r) - hits);
-            match what {
-                "replica" if gets != 1 => failures.push(format!("{cell}: {gets} reads on the replica")),
-                "cache hit" if hits != 1 => failures.push(format!("{cell}: {hits} cache hits")),
-                _ => {}
+            // (the cache hit's cell is tried again when the one admitted read was not a hit:
+            // on a loaded machine the entry was once dropped before it, and the cell then
+            // tested the miss path, not this one)
+            for attempt in 1..=3 {
+                // in sync on the replica, or filled into the cache; then a fresh budget
+                wait_until(Duration::from_secs(20), "the read answered", || r.cmd(&["GET", &k]) == V::s("v"));
+                std::thread::sleep(Duration::from_millis(1100));
+                let replica = env.cluster.replica_of(env.cluster.master_for_slot(stored_slot(&k)));
+                let (gets, hits) = (cmdstat_calls(replica, "get"), cache_hits(&mut r));
+                let started = Instant::now();
+                let replies: Vec<V> = (0..5).map(|_| r.cmd(&["GET", &k])).collect();
+                let (gets, hits) = (cmdstat_calls(replica, "get") - gets, cache_hits(&mut r) - hits);
+                if what == "cache hit" && hits == 0 && attempt < 3 {
+                    continue;
+                }
+                one_admitted(&cell, &replies, started.elapsed(), &mut failures);
+                match what {
+                    "replica" if gets != 1 => failures.push(format!("{cell}: {gets} reads on the replica")),
+                    "cache hit" if hits != 1 => failures.push(format!("{cell}: {hits} cache hits in {attempt} tries")),
+                    _ => {}
+                }
+                break;
             }
         }
     }
