@@ -86,6 +86,18 @@ fn rule_field(c: &mut Conn, rule: &str, field: &str) -> V {
     r.get(field).unwrap_or_else(|| panic!("no {field} in {r:?}"))
 }
 
+/// Waits until every one of `proxies` counts them all as the members of `rule`'s fleet.
+fn formed(proxies: &[Proxy], rule: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for p in proxies {
+        let mut c = Conn::connect(p.port());
+        while rule_field(&mut c, rule, "fleet_members") != V::Int(proxies.len() as i64) {
+            assert!(Instant::now() < deadline, "the fleet of {} did not form", proxies.len());
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 #[test]
 fn three_instances_admit_the_rules_rate_and_a_killed_one_lets_go() {
     let cluster = cluster();
@@ -447,15 +459,7 @@ fn a_member_that_syncs_late_lets_no_window_over_the_bound_while_a_key_becomes_wa
         config_file(&format!("[fleet]\nname = \"late\"\nsync_interval_ms = 1000\nmember_ttl_ms = 3000\n\n{rule}"));
     let proxies: Vec<Proxy> =
         [&fast, &fast, &slow].iter().map(|p| Proxy::start_cluster(&cluster, &["--config", p])).collect();
-    // the fleet formed: every member counts three
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for p in &proxies {
-        let mut c = Conn::connect(p.port());
-        while rule_field(&mut c, "hot", "fleet_members") != V::Int(3) {
-            assert!(Instant::now() < deadline, "the fleet of three did not form");
-            thread::sleep(Duration::from_millis(50));
-        }
-    }
+    formed(&proxies, "hot");
     let admitted = Admitted::new(10);
     let stop = Arc::new(AtomicBool::new(false));
     let threads: Vec<_> = proxies
@@ -508,14 +512,7 @@ fn a_fleet_master_pause_before_every_member_watches_a_key_keeps_the_rule() {
         (0..).map(|i| format!("early:k{i}")).find(|k| cluster.master_for_key(k.as_bytes()) != fleet_master).unwrap();
     let proxies: Vec<Proxy> =
         [&fast, &fast, &slow].iter().map(|p| Proxy::start_cluster(&cluster, &["--config", p])).collect();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    for p in &proxies {
-        let mut c = Conn::connect(p.port());
-        while rule_field(&mut c, "hot", "fleet_members") != V::Int(3) {
-            assert!(Instant::now() < deadline, "the fleet of three did not form");
-            thread::sleep(Duration::from_millis(50));
-        }
-    }
+    formed(&proxies, "hot");
     // the slow member has just synced: its next sync is 3 s away
     thread::sleep(Duration::from_millis(3200));
     let admitted = Admitted::new(12);
