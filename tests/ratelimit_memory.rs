@@ -37,11 +37,13 @@ fn twice_the_cap_in_keys_stays_within_the_cap_and_the_memory_bound() {
     let redis = RedisStandalone::start();
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("heatshield.toml");
-    // a per-key rule on every key that never refuses; budgets are not reclaimed during
-    // the test; one worker so RSS is one process's doing
+    // a per-key rule on every key that never refuses during the test, and whose budgets
+    // stay in debt for 100 s after one request (a budget full again may be given to
+    // another key, so a rule whose budgets refill at once would never fill the table);
+    // budgets are not reclaimed during the test; one worker so RSS is one process's doing
     std::fs::write(
         &conf,
-        "[ratelimit]\nidle_reclaim_ms = 3600000\nmax_tracked_keys = 250000\n[[ratelimit.rules]]\nname = \"all\"\npattern = \"*\"\nrate = 1000000\nburst = 1000000\n",
+        "[ratelimit]\nidle_reclaim_ms = 3600000\nmax_tracked_keys = 250000\n[[ratelimit.rules]]\nname = \"all\"\npattern = \"*\"\nrate = 0.01\nburst = 1000000\n",
     )
     .unwrap();
     let proxy = Proxy::start_standalone(&redis, &["--config", conf.to_str().unwrap(), "--threads", "1"]);

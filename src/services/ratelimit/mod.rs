@@ -712,7 +712,7 @@ impl Limiter {
                     // the part keeps count too, never refusing (as for one key)
                     if let (Some(h), Some((b, t))) = (key, table) {
                         let (_, tolerance) = l.part.get();
-                        b.update(t, h, table::tag(h, r.salt), |tat| {
+                        b.update(t, h, table::tag(h, r.salt), now, |tat| {
                             Some((tat.max(now) + n * interval).min(now + tolerance))
                         });
                     }
@@ -729,7 +729,7 @@ impl Limiter {
             };
             let charge = |tat: u64| Some(tat.max(now) + n * interval);
             let placed = match (key, table) {
-                (Some(h), Some((b, t))) => b.update(t, h, table::tag(h, r.salt), charge) != table::Update::Full,
+                (Some(h), Some((b, t))) => b.update(t, h, table::tag(h, r.salt), now, charge) != table::Update::Full,
                 _ => false,
             };
             if !placed {
@@ -808,7 +808,7 @@ impl Limiter {
                         let t = tables.get_or_insert_with(|| b.cache()).load();
                         if l.settling(now, &self.tokens) {
                             let (i, t_) = Self::settling_part(l, r);
-                            if b.update(t, h, tag, take(i, t_)) == table::Update::Applied(false) {
+                            if b.update(t, h, tag, now, take(i, t_)) == table::Update::Applied(false) {
                                 return self.finish(r, ri, key, false, false);
                             }
                         } else {
@@ -816,7 +816,7 @@ impl Limiter {
                             // buckets stop answering, the key draws on a part whose burst
                             // its recent requests spent, not a full one on top of what
                             // the bucket gave
-                            b.update(t, h, tag, |tat| Some((tat.max(now) + interval).min(now + tolerance)));
+                            b.update(t, h, tag, now, |tat| Some((tat.max(now) + interval).min(now + tolerance)));
                         }
                         return self.finish(r, ri, key, l.take(1, now, &self.tokens), false);
                     }
@@ -833,7 +833,7 @@ impl Limiter {
                     _ => (interval, tolerance),
                 };
                 let take = take(interval, tolerance);
-                let ok = match b.update(tables.get_or_insert_with(|| b.cache()).load(), h, tag, take) {
+                let ok = match b.update(tables.get_or_insert_with(|| b.cache()).load(), h, tag, now, take) {
                     table::Update::Applied(ok) => ok,
                     // at the cap a new key draws on the shared budget
                     table::Update::Full => r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok(),

@@ -16,9 +16,14 @@
 //! - Lookups and charges are lock-free (a compare-and-swap on the timestamp). Inserting,
 //!   growing and reclaiming take `writer`, so two inserts of one key cannot both claim a
 //!   slot.
-//! - The table starts at 1,024 slots and doubles while more than half full, up to
-//!   `2 × cap` slots rounded up to a power of two, so it stays as dense as the keys in use
-//!   (a sparse table spreads them over more cache lines and TLB entries). Growing and
+//! - A budget whose timestamp is at or before the caller's now is full, which is what a
+//!   key without one is: a new key takes the slot of a full budget in its chain first,
+//!   and when the table is half full the full budgets are dropped before it grows. The
+//!   table so holds the keys in debt now (a rule whose budgets refill between a key's
+//!   requests keeps it at its first size, in the CPU's caches), not every key seen.
+//! - The table starts at 1,024 slots and doubles while more than a quarter full after
+//!   that, up to `2 × cap` slots rounded up to a power of two, so it stays as dense as the
+//!   keys in debt (a sparse table spreads them over more cache lines and TLB entries). Growing and
 //!   reclaiming first set a slot's timestamp to `DEAD`; a charge that meets `DEAD` goes
 //!   through `writer` and retries on the current table, so no charge is lost.
 //! - A tombstone becomes `EMPTY` again once the slot after it is empty (then no probe
@@ -114,9 +119,47 @@ impl KeyTable {
         None
     }
 
+    /// The first slot before the end of the key's chain whose budget is full at `now`.
+    fn full_slot(&self, hash: u64, now: u64) -> Option<usize> {
+        let mut i = hash as usize & self.mask;
+        for _ in 0..MAX_PROBE {
+            match self.tag_at(i).load(Ordering::Relaxed) {
+                EMPTY => return None,
+                TOMB => {}
+                _ if self.tat_at(i).load(Ordering::Relaxed) <= now => return Some(i),
+                _ => {}
+            }
+            i = (i + 1) & self.mask;
+        }
+        None
+    }
+
+    /// Stores a budget in a free slot. (The timestamp with `Release`: a charge that loads
+    /// it then sees the new tag, not the slot's previous key's; see [`KeyTable::charge`].)
     fn put(&self, slot: usize, tag: u64, tat: u64) {
-        self.tat_at(slot).store(tat, Ordering::Relaxed);
+        self.tat_at(slot).store(tat, Ordering::Release);
         self.tag_at(slot).store(tag, Ordering::Release);
+    }
+
+    /// Applies `f` to slot `i`'s timestamp while the slot holds `tag`: whether it was
+    /// applied, or None when the slot was moved, reclaimed or given to another key since
+    /// the caller found it (a timestamp loaded after such a change comes with the new tag,
+    /// and one loaded before it no longer matches the slot, so the compare-and-swap fails:
+    /// timestamps only grow past the old key's).
+    #[inline]
+    fn charge(&self, i: usize, tag: u64, f: &mut impl FnMut(u64) -> Option<u64>) -> Option<bool> {
+        let tat = self.tat_at(i);
+        let mut v = tat.load(Ordering::Acquire);
+        loop {
+            if v == DEAD || self.tag_at(i).load(Ordering::Relaxed) != tag {
+                return None;
+            }
+            let Some(new) = f(v) else { return Some(false) };
+            match tat.compare_exchange_weak(v, new, Ordering::Release, Ordering::Acquire) {
+                Ok(_) => return Some(true),
+                Err(x) => v = x,
+            }
+        }
     }
 }
 
@@ -127,8 +170,12 @@ pub type TableCache = arc_swap::Cache<Arc<ArcSwap<KeyTable>>, Arc<KeyTable>>;
 pub struct Budgets {
     /// Shared with the sessions' caches of it ([`Budgets::cache`]).
     table: Arc<ArcSwap<KeyTable>>,
+    /// The current table's address (changed with `writer` held), so an update that goes
+    /// through `writer` uses the table it has when that is still the current one.
+    current: std::sync::atomic::AtomicPtr<KeyTable>,
     /// Held to insert, grow and reclaim.
     writer: Mutex<()>,
+    /// Keys with a budget: changed with `writer` held, read without.
     live: AtomicUsize,
     cap: usize,
     max_slots: usize,
@@ -140,8 +187,10 @@ impl Budgets {
     /// A table for at most `cap` keys.
     pub fn new(cap: usize) -> Budgets {
         let max_slots = (cap.max(1) * 2).next_power_of_two().max(MIN_SLOTS);
+        let first = Arc::new(KeyTable::new(MIN_SLOTS));
         Budgets {
-            table: Arc::new(ArcSwap::from_pointee(KeyTable::new(MIN_SLOTS))),
+            current: std::sync::atomic::AtomicPtr::new(Arc::as_ptr(&first).cast_mut()),
+            table: Arc::new(ArcSwap::new(first)),
             writer: Mutex::new(()),
             live: AtomicUsize::new(0),
             cap,
@@ -162,6 +211,13 @@ impl Budgets {
     /// so all the outgrown ones together are at most the size of the current one.
     pub fn cache(&self) -> TableCache {
         arc_swap::Cache::new(self.table.clone())
+    }
+
+    /// Changes the count of keys with a budget. Called with `writer` held, so a load and a
+    /// store (no locked instruction) do.
+    #[inline]
+    fn add_live(&self, by: isize) {
+        self.live.store(self.live.load(Ordering::Relaxed).wrapping_add_signed(by), Ordering::Relaxed);
     }
 
     /// Keys with a budget.
@@ -201,42 +257,64 @@ impl Budgets {
     /// Applies `f` to the key's timestamp (0 for a key without a budget yet, which then
     /// gets one if `f` accepts and there is room), looking first in `t` (a table from
     /// [`Budgets::load`], possibly outgrown). `f` may run more than once.
-    pub fn update(&self, t: &KeyTable, hash: u64, tag: u64, mut f: impl FnMut(u64) -> Option<u64>) -> Update {
-        {
-            if let Some(i) = t.find(hash, tag) {
-                let r = t
-                    .tat_at(i)
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| if v == DEAD { None } else { f(v) });
-                match r {
-                    Ok(_) => return Update::Applied(true),
-                    Err(DEAD) => {} // moved or reclaimed under us: retry below
-                    Err(_) => return Update::Applied(false),
-                }
-            }
+    ///
+    /// `now`: the caller's clock. A budget whose timestamp is at or before it is full, as
+    /// a key without one is, so its slot may be given to a new key at once (before any
+    /// empty slot, and before the table grows): the table holds the keys that are in debt
+    /// now, not every key seen in the last `idle_reclaim_ms`, and stays as small (and as
+    /// warm in the CPU's caches) as that.
+    pub fn update(&self, t: &KeyTable, hash: u64, tag: u64, now: u64, mut f: impl FnMut(u64) -> Option<u64>) -> Update {
+        // (None: moved, reclaimed or given to another key under us: redone below)
+        if let Some(applied) = t.find(hash, tag).and_then(|i| t.charge(i, tag, &mut f)) {
+            return Update::Applied(applied);
         }
         let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         // no slot is half-moved or half-reclaimed while `writer` is held
-        let mut t = self.table.load_full();
+        let mut owned;
+        let mut t = if std::ptr::eq(t, self.current.load(Ordering::Relaxed)) {
+            t
+        } else {
+            owned = self.table.load_full();
+            &*owned
+        };
         if let Some(i) = t.find(hash, tag) {
-            return Update::Applied(t.tat_at(i).fetch_update(Ordering::Relaxed, Ordering::Relaxed, &mut f).is_ok());
+            return Update::Applied(t.tat_at(i).fetch_update(Ordering::Release, Ordering::Acquire, &mut f).is_ok());
         }
-        let live = self.live.load(Ordering::Relaxed);
-        if live >= self.cap {
+        // the slot of a budget that is full again
+        if let Some(i) = t.full_slot(hash, now) {
+            let Some(new) = f(0) else { return Update::Applied(false) };
+            let tat = t.tat_at(i);
+            let v = tat.load(Ordering::Relaxed);
+            // (a charge of the old key since the look keeps it: then a free slot below)
+            if v <= now && tat.compare_exchange(v, DEAD, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                t.tag_at(i).store(tag, Ordering::Relaxed);
+                tat.store(new, Ordering::Release);
+                return Update::Applied(true);
+            }
+        }
+        if self.live.load(Ordering::Relaxed) >= self.cap {
             return Update::Full;
         }
-        if (live + 1) * 2 > t.slots() && t.slots() < self.max_slots {
-            t = self.grow(&t);
+        if (self.live.load(Ordering::Relaxed) + 1) * 2 > t.slots() {
+            // first drop the budgets that are full again; grow only if that leaves the
+            // table more than a quarter full (so a purge's pass over the table is paid
+            // for by a quarter of its slots' inserts)
+            self.purge(t, now);
+            if (self.live.load(Ordering::Relaxed) + 1) * 4 > t.slots() && t.slots() < self.max_slots {
+                owned = self.grow(t, now);
+                t = &*owned;
+            }
         }
         let Some(i) = t.free_slot(hash) else { return Update::Full };
         let Some(new) = f(0) else { return Update::Applied(false) };
         t.put(i, tag, new);
-        self.live.fetch_add(1, Ordering::Relaxed);
+        self.add_live(1);
         Update::Applied(true)
     }
 
-    /// Moves every budget into a table twice the size and publishes it. Called with
-    /// `writer` held.
-    fn grow(&self, old: &KeyTable) -> Arc<KeyTable> {
+    /// Moves every budget that is not full (timestamp after `now`) into a table twice the
+    /// size and publishes it. Called with `writer` held.
+    fn grow(&self, old: &KeyTable, now: u64) -> Arc<KeyTable> {
         let new = KeyTable::new(old.slots() * 2);
         for i in 0..old.slots() {
             let tag = old.tag_at(i).load(Ordering::Relaxed);
@@ -245,15 +323,47 @@ impl Budgets {
             }
             // charges go on until the slot is marked; after that they wait for `writer`
             let tat = old.tat_at(i).swap(DEAD, Ordering::Relaxed);
-            if let Some(j) = new.free_slot(tag) {
+            if tat <= now {
+                self.add_live(-1); // full: as if it had no budget
+            } else if let Some(j) = new.free_slot(tag) {
                 new.put(j, tag, tat);
             } else {
-                self.live.fetch_sub(1, Ordering::Relaxed); // no room: the key starts afresh
+                self.add_live(-1); // no room: the key starts afresh
             }
         }
         let new = Arc::new(new);
+        self.current.store(Arc::as_ptr(&new).cast_mut(), Ordering::Relaxed);
         self.table.store(new.clone());
         new
+    }
+
+    /// Drops every budget of `t` (the current table) that is full at `now`, and the
+    /// tombstones that end a chain. Called with `writer` held.
+    fn purge(&self, t: &KeyTable, now: u64) {
+        for i in (0..t.slots()).rev() {
+            self.drop_if_full(t, i, now);
+        }
+    }
+
+    /// Drops slot `i`'s budget if its timestamp is at or before `cutoff`, and clears a
+    /// tombstone there that ends its chain. Called with `writer` held.
+    #[inline]
+    fn drop_if_full(&self, t: &KeyTable, i: usize, cutoff: u64) -> bool {
+        let mut removed = false;
+        if t.tag_at(i).load(Ordering::Relaxed) > TOMB {
+            let tat = t.tat_at(i);
+            let v = tat.load(Ordering::Relaxed);
+            if v <= cutoff && tat.compare_exchange(v, DEAD, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                t.tag_at(i).store(TOMB, Ordering::Release);
+                self.add_live(-1);
+                removed = true;
+            }
+        }
+        // a tombstone at the end of a chain ends the chain
+        if t.tag_at(i).load(Ordering::Relaxed) == TOMB && t.tag_at((i + 1) & t.mask).load(Ordering::Relaxed) == EMPTY {
+            t.tag_at(i).store(EMPTY, Ordering::Release);
+        }
+        removed
     }
 
     /// Drops budgets whose timestamp is at or before `cutoff`, visiting `slots` slots from
@@ -273,22 +383,7 @@ impl Budgets {
             }
             let start = end.saturating_sub(CHUNK.min(left));
             for i in (start..end).rev() {
-                if t.tag_at(i).load(Ordering::Relaxed) > TOMB {
-                    let tat = t.tat_at(i);
-                    let v = tat.load(Ordering::Relaxed);
-                    if v > cutoff || tat.compare_exchange(v, DEAD, Ordering::Relaxed, Ordering::Relaxed).is_err() {
-                        continue;
-                    }
-                    t.tag_at(i).store(TOMB, Ordering::Release);
-                    self.live.fetch_sub(1, Ordering::Relaxed);
-                    removed += 1;
-                }
-                // a tombstone at the end of a chain ends the chain
-                if t.tag_at(i).load(Ordering::Relaxed) == TOMB
-                    && t.tag_at((i + 1) & t.mask).load(Ordering::Relaxed) == EMPTY
-                {
-                    t.tag_at(i).store(EMPTY, Ordering::Release);
-                }
+                removed += usize::from(self.drop_if_full(&t, i, cutoff));
             }
             self.sweep.store(start, Ordering::Relaxed);
             left -= end - start;
@@ -306,7 +401,7 @@ mod tests {
     }
 
     fn upd(t: &Budgets, h: u64, f: impl FnMut(u64) -> Option<u64>) -> Update {
-        t.update(&t.load(), h, tag(h, 0), f)
+        t.update(&t.load(), h, tag(h, 0), 0, f)
     }
 
     fn get(t: &Budgets, h: u64, tag: u64) -> Option<u64> {
@@ -413,11 +508,91 @@ mod tests {
             if n % 1000 == 0 {
                 snap = t.load();
             }
-            assert_eq!(t.update(&snap, 42, tag(42, 0), |v| Some(v.max(10) + 1)), Update::Applied(true));
+            assert_eq!(t.update(&snap, 42, tag(42, 0), 0, |v| Some(v.max(10) + 1)), Update::Applied(true));
         }
         adder.join().unwrap();
         stop.store(true, Ordering::Relaxed);
         reclaimer.join().unwrap();
         assert_eq!(get(&t, 42, tag(42, 0)), Some(50_010));
+    }
+
+    #[test]
+    fn a_full_budget_gives_its_slot_to_a_new_key() {
+        let t = Budgets::new(1000);
+        let slots = t.slots() as u64;
+        let (a, b) = (7, 7 + slots);
+        assert_eq!(t.update(&t.load(), a, tag(a, 0), 0, |_| Some(100)), Update::Applied(true));
+        // at 50, a is still in debt: b takes the next slot
+        assert_eq!(t.update(&t.load(), b, tag(b, 0), 50, |_| Some(60)), Update::Applied(true));
+        assert_eq!((get(&t, a, tag(a, 0)), get(&t, b, tag(b, 0)), t.len()), (Some(100), Some(60), 2));
+        // at 80, b is full again: c takes its slot, a keeps its budget
+        let c = 7 + 2 * slots;
+        assert_eq!(t.update(&t.load(), c, tag(c, 0), 80, |_| Some(90)), Update::Applied(true));
+        assert_eq!((get(&t, a, tag(a, 0)), get(&t, b, tag(b, 0)), get(&t, c, tag(c, 0))), (Some(100), None, Some(90)));
+        assert_eq!(t.len(), 2);
+        // a key refused while fresh takes nothing
+        assert_eq!(t.update(&t.load(), b, tag(b, 0), 200, |_| None), Update::Applied(false));
+        assert_eq!(get(&t, b, tag(b, 0)), None);
+    }
+
+    #[test]
+    fn keys_whose_budgets_fill_again_keep_the_table_small() {
+        let t = Budgets::new(1_000_000);
+        let h = |k: u64| k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        // 200,000 keys one after another, each full again before the next one comes
+        for k in 0..200_000u64 {
+            let now = 10 * k;
+            assert_eq!(t.update(&t.load(), h(k), tag(h(k), 0), now, |v| Some(v.max(now) + 5)), Update::Applied(true));
+        }
+        assert_eq!(t.slots(), MIN_SLOTS, "{} keys in a table of {}", t.len(), t.slots());
+        // keys that stay in debt still make it grow, and every one keeps its budget
+        let now = 10 * 200_000;
+        for k in 0..5000u64 {
+            let k = 1_000_000 + k;
+            assert_eq!(t.update(&t.load(), h(k), tag(h(k), 0), now, |_| Some(u64::MAX / 2)), Update::Applied(true));
+        }
+        assert!(t.slots() >= 10_000);
+        for k in 0..5000u64 {
+            let k = 1_000_000 + k;
+            assert_eq!(get(&t, h(k), tag(h(k), 0)), Some(u64::MAX / 2));
+        }
+    }
+
+    #[test]
+    fn charges_racing_slots_given_to_new_keys_are_neither_lost_nor_misplaced() {
+        let t = Arc::new(Budgets::new(100_000));
+        const FAR: u64 = 1 << 60;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // one thread inserts keys whose budgets are full again at once, so they keep
+        // taking each other's slots (in a table of 1,024 slots, many in key 42's chain)
+        let adder = {
+            let (t, stop) = (t.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut k = 1000u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let h = k.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                    let now = k;
+                    t.update(&t.load(), h, tag(h, 0), now, |v| {
+                        assert!(v < FAR, "key {k} charged with key 42's budget {v}");
+                        Some(v.max(now) + 1)
+                    });
+                    k += 1;
+                }
+            })
+        };
+        // key 42 is always in debt (far in the future): never given away, every charge kept
+        let bad = std::sync::atomic::AtomicU64::new(0);
+        for _ in 0..200_000 {
+            t.update(&t.load(), 42, tag(42, 0), 0, |v| {
+                if v != 0 && v < FAR {
+                    bad.store(v, Ordering::Relaxed);
+                }
+                Some(v.max(FAR) + 1)
+            });
+        }
+        stop.store(true, Ordering::Relaxed);
+        adder.join().unwrap();
+        assert_eq!(bad.load(Ordering::Relaxed), 0, "key 42 charged on another key's budget");
+        assert_eq!(get(&t, 42, tag(42, 0)), Some(FAR + 200_000));
     }
 }
