@@ -11,6 +11,9 @@
 # (default: --threads 1, one worker, which is fastest on a 2-core machine shared with the
 # load generator and Redis). HEATSHIELD_PGO=BINARY adds a third, that binary (a
 # profile-guided build from scripts/build-pgo.sh) with metrics on (7482), on 7402.
+# The peers predixy (7410) and mithril (7411), one worker each, in front of the same
+# cluster: built by ../shared/bench/peers.sh into $PEERS (default /tmp/peers) when missing;
+# PEERS=none leaves them out. Their configs are ../shared/bench/peers/*.conf.in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BENCH_DIR:-../shared/bench}
@@ -47,7 +50,25 @@ if [[ -n ${HEATSHIELD_PGO:-} ]]; then
   echo $! >"$W/heatshield-pgo.pid"
   pgo_target=(heatshield-pgo=127.0.0.1:7402)
 fi
-for p in 7400 7401 ${HEATSHIELD_PGO:+7402}; do
+peer_targets=()
+if [[ ${PEERS:-} != none ]]; then
+  P=${PEERS:-/tmp/peers}
+  [[ -x $P/predixy && -x $P/mithril ]] || PEERS=$P bash "$B/peers.sh" >&2 || true
+  if [[ -x $P/predixy ]]; then
+    sed "s/@PORT@/7410/; s/@SEED@/127.0.0.1:7000/" "$B/peers/predixy.conf.in" >"$W/predixy.conf"
+    "$P/predixy" "$W/predixy.conf" >"$W/predixy.log" 2>&1 &
+    echo $! >"$W/heatshield-peer-predixy.pid"
+    peer_targets+=(predixy=127.0.0.1:7410)
+  fi
+  if [[ -x $P/mithril ]]; then
+    sed "s/@PORT@/7411/; s/@SEED@/127.0.0.1:7000/" "$B/peers/mithril.conf.in" >"$W/mithril.conf"
+    "$P/mithril" "$W/mithril.conf" >"$W/mithril.log" 2>&1 &
+    echo $! >"$W/heatshield-peer-mithril.pid"
+    peer_targets+=(mithril=127.0.0.1:7411)
+  fi
+  ((${#peer_targets[@]} == 2)) || echo "a peer is missing (see $P/*-build.log): run without it" >&2
+fi
+for p in 7400 7401 ${HEATSHIELD_PGO:+7402} ${peer_targets[@]:+7410 7411}; do
   for _ in $(seq 100); do redis-cli -p $p ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
 done
 # scrape the metrics-on instance every 5 s, as Prometheus would
@@ -55,4 +76,4 @@ done
 SCRAPER=$!
 trap 'kill $SCRAPER 2>/dev/null; cleanup' EXIT
 python3 "$B/compare.py" "$@" redis=127.0.0.1:7100 twemproxy=127.0.0.1:7300 \
-  heatshield=127.0.0.1:7400 heatshield-nometrics=127.0.0.1:7401 "${pgo_target[@]}"
+  heatshield=127.0.0.1:7400 heatshield-nometrics=127.0.0.1:7401 "${pgo_target[@]}" "${peer_targets[@]}"

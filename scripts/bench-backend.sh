@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# What heatshield saves the cluster: the masters' CPU per request with the clients
+# straight on the cluster (`redis-benchmark --cluster`) and through one heatshield worker,
+# and heatshield's own CPU per request, for GET and SET at -P1 and -P16 and several client
+# counts (docs/design/performance.md, "The cluster's side"; the README shows the table).
+#
+#   scripts/bench-backend.sh [--clients "50 400 2000"] [--tests "get set"] [--pipelines "1 16"]
+#                            [--rounds N] [--bin BINARY]
+#
+# A round runs every cell once, direct then through heatshield; with several rounds each
+# figure is the median and the spread (min-max) is printed beside it. Requests a cell:
+# $BACKEND_REQUESTS_P1 (300000) at -P1, $BACKEND_REQUESTS_P16 (2000000) at -P16, over 100k
+# random keys, 100-byte values. CPU is read from /proc (utime + stime) of each master and
+# of heatshield before and after the load. Ports (127.0.0.1): cluster 7100-7102 (3 masters,
+# no replicas), heatshield 7190 (one worker, the hot-key cache off, metrics off).
+# Needs redis-server, redis-cli and redis-benchmark 7.x, and ../shared/bench.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/benchlib.sh
+clients="50 400 2000" tests="get set" pipes="1 16" rounds=1 bin=""
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --clients) clients=$2; shift 2 ;;
+    --tests) tests=$2; shift 2 ;;
+    --pipelines) pipes=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --bin) bin=$2; shift 2 ;;
+    *) sed -n '2,17p' "$0" >&2; exit 2 ;;
+  esac
+done
+bench_needs redis-server redis-cli redis-benchmark
+H=$(bench_harness) || exit 1
+if [[ -z $bin ]]; then
+  cargo build --release --quiet
+  bin=target/release/heatshield
+fi
+W=${TMPDIR:-/tmp}/heatshield-bench-backend
+mkdir -p "$W"
+BASE=7100 LISTEN=7190
+cleanup() { bench_stop "$W/proxy.pid"; "$H/cluster.sh" stop "$W/cluster" >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+cleanup
+"$H/cluster.sh" start "$W/cluster" "$BASE" 3 0 >/dev/null
+masters=()
+for p in $BASE $((BASE + 1)) $((BASE + 2)); do masters+=("$(cat "$W/cluster/$p/redis.pid")"); done
+printf '[cache]\nenabled = false\n' >"$W/conf.toml"
+RUST_LOG=warn "$bin" -c "$W/conf.toml" --cluster "127.0.0.1:$BASE" --listen "127.0.0.1:$LISTEN" \
+  --metrics off --threads 1 >"$W/proxy.log" 2>&1 &
+echo $! >"$W/proxy.pid"
+proxy=$(cat "$W/proxy.pid")
+for _ in $(seq 100); do redis-cli -p "$LISTEN" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+cpu() { # summed utime + stime of the given pids, in clock ticks
+  local t=0 p
+  for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+  echo "$t"
+}
+tck=$(getconf CLK_TCK)
+# run DIRECT|PROXY TEST P C: prints masters' and heatshield's µs per request
+run() {
+  local mode=$1 t=$2 p=$3 c=$4 n
+  n=${BACKEND_REQUESTS_P1:-300000}
+  ((p > 1)) && n=${BACKEND_REQUESTS_P16:-2000000}
+  local args=(-c "$c" -n "$n" -r 100000 -d 100 -P "$p" -t "$t" -q)
+  local m0 h0 m1 h1
+  m0=$(cpu "${masters[@]}") h0=$(cpu "$proxy")
+  if [[ $mode == direct ]]; then
+    redis-benchmark -h 127.0.0.1 -p "$BASE" --cluster "${args[@]}" >"$W/last.log" 2>&1
+  else
+    redis-benchmark -h 127.0.0.1 -p "$LISTEN" "${args[@]}" >"$W/last.log" 2>&1
+  fi
+  m1=$(cpu "${masters[@]}") h1=$(cpu "$proxy")
+  grep -q "requests per second" "$W/last.log" || { cat "$W/last.log" >&2; echo "redis-benchmark failed" >&2; exit 1; }
+  awk -v m=$((m1 - m0)) -v h=$((h1 - h0)) -v n="$n" -v k="$tck" \
+    'BEGIN {printf "%.2f %.2f\n", m / k * 1e6 / n, h / k * 1e6 / n}'
+}
+# warm up: connections made, keys written
+redis-benchmark -h 127.0.0.1 -p "$LISTEN" -c 50 -n 200000 -r 100000 -d 100 -P 16 -t set -q >/dev/null 2>&1
+declare -A res
+for r in $(seq "$rounds"); do
+  for c in $clients; do
+    for t in $tests; do
+      for p in $pipes; do
+        read -r md _ < <(run direct "$t" "$p" "$c")
+        read -r mp hp < <(run proxy "$t" "$p" "$c")
+        res[$t $p $c]+="$md $mp $hp;"
+        printf 'round %d: %s -P%s, %s clients: masters %s µs/request direct, %s through heatshield; heatshield %s\n' \
+          "$r" "${t^^}" "$p" "$c" "$md" "$mp" "$hp" >&2
+      done
+    done
+  done
+done
+echo
+echo "Masters' CPU per request (µs, the 3 masters together), direct and through one heatshield worker; $rounds round(s), median (min-max)"
+echo
+echo "| workload | clients | masters, direct | masters, through heatshield | ratio | heatshield's own |"
+echo "|---|---|---|---|---|---|"
+for t in $tests; do
+  for p in $pipes; do
+    for c in $clients; do
+      python3 - "${t^^} -P$p" "$c" "${res[$t $p $c]}" <<'EOF'
+import statistics, sys
+name, clients, data = sys.argv[1], sys.argv[2], sys.argv[3]
+rows = [tuple(map(float, x.split())) for x in data.split(';') if x.strip()]
+def f(i):
+    v = [r[i] for r in rows]
+    m = statistics.median(v)
+    return f"{m:.2f}" if len(v) == 1 else f"{m:.2f} ({min(v):.2f}-{max(v):.2f})"
+ratios = [r[1] / r[0] for r in rows if r[0] > 0]
+rm = statistics.median(ratios) if ratios else float('nan')
+rs = f"{rm:.2f}×" if len(ratios) <= 1 else f"{rm:.2f}× ({min(ratios):.2f}-{max(ratios):.2f})"
+print(f"| {name} | {clients} | {f(0)} | {f(1)} | {rs} | {f(2)} |")
+EOF
+    done
+  done
+done
