@@ -158,6 +158,20 @@ pub struct Audit {
 
 /// Arguments are cut at this many bytes in a record.
 const ARG_MAX: usize = 64;
+/// A record shows at most this many keys, and this many other arguments: the rest are
+/// counted in a last entry, as Redis's slow log does (so a record's size, and the queue's
+/// memory, stay bounded whatever a client sends).
+const ARGS_MAX: usize = 32;
+
+/// At most [`ARGS_MAX`] entries of `all`, then "… (N more)".
+fn capped(all: impl ExactSizeIterator<Item = String>) -> Vec<String> {
+    let n = all.len();
+    let mut v: Vec<String> = all.take(ARGS_MAX).collect();
+    if n > ARGS_MAX {
+        v.push(format!("… ({} more)", n - ARGS_MAX));
+    }
+    v
+}
 
 impl Audit {
     /// An audit log that records nothing.
@@ -278,7 +292,7 @@ impl Audit {
         r.addr = Some(who.addr);
         r.user = Some(who.user);
         r.command = Some(&cmd.lower);
-        r.keys = keys.iter().map(|&k| shown(req.arg(k as usize))).collect();
+        r.keys = capped(keys.iter().map(|&k| shown(req.arg(k as usize))));
         if cmd.acl & cat::ADMIN != 0 {
             let first = if cmd.name.contains('|') { 2 } else { 1 };
             r.args = Some(masked(&cmd.name, req, first, keys));
@@ -366,10 +380,8 @@ fn masked(name: &str, req: &Request, first: usize, keys: &[u32]) -> Vec<String> 
         "PROXY" => i >= 2 && lower(1) == b"auth",
         _ => false,
     };
-    (first..req.argc())
-        .filter(|&i| !keys.contains(&(i as u32)))
-        .map(|i| if secret(i) { "(masked)".to_string() } else { shown(req.arg(i)) })
-        .collect()
+    let shown_args: Vec<usize> = (first..req.argc()).filter(|&i| !keys.contains(&(i as u32))).collect();
+    capped(shown_args.into_iter().map(|i| if secret(i) { "(masked)".to_string() } else { shown(req.arg(i)) }))
 }
 
 /// `t` as RFC 3339 in UTC, to the millisecond.
@@ -492,6 +504,20 @@ mod tests {
         let r = req(&["MIGRATE", "h", "1", "", "0", "5", "AUTH", "secret4", "KEYS", "a"]);
         assert!(!masked("MIGRATE", &r, 1, &[9]).iter().any(|a| a.contains("secret")));
         assert_eq!(shown(&[b'x'; 100]).chars().count(), ARG_MAX + 1);
+    }
+
+    #[test]
+    fn a_record_shows_at_most_32_arguments_and_counts_the_rest() {
+        let mut args = vec!["CONFIG", "SET"];
+        let many: Vec<String> = (0..1000).map(|i| format!("p{i}")).collect();
+        args.extend(many.iter().map(String::as_str));
+        let r = req(&args);
+        let shownargs = masked("CONFIG|SET", &r, 2, &[]);
+        assert_eq!(shownargs.len(), ARGS_MAX + 1);
+        assert_eq!(shownargs[0], "p0");
+        assert_eq!(shownargs[ARGS_MAX], "… (968 more)");
+        let few = masked("CONFIG|SET", &req(&["CONFIG", "SET", "maxmemory", "1"]), 2, &[]);
+        assert_eq!(few, ["maxmemory", "1"]);
     }
 
     #[test]
