@@ -33,6 +33,8 @@ pub struct Config {
     pub colocate_next: Vec<crate::services::colocate::RuleConfig>,
     /// `[audit]`: the audit log (docs/audit.md).
     pub audit: crate::services::audit::AuditConfig,
+    /// `[migration]`: a cluster to move the data to (docs/migration.md).
+    pub migration: crate::services::migration::MigrationConfig,
 }
 
 /// Every key of a configuration as `section.key` with its value, made from the structs
@@ -631,6 +633,11 @@ impl Config {
         p.extend(self.cache.validate(&table));
         p.extend(self.fleet.problems());
         p.extend(self.audit.problems());
+        let source = match self.backing() {
+            Backing::Cluster { seeds } => seeds,
+            Backing::Standalone { addr } => vec![addr],
+        };
+        p.extend(self.migration.problems(&source));
         if let Err(rules) = crate::services::colocate::compile(&self.colocate) {
             p.extend(rules);
         }

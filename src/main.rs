@@ -59,6 +59,22 @@ enum Tool {
         #[arg(long, default_value_t = 0)]
         max_keys: u64,
     },
+    /// Move the data to the cluster of [migration] (docs/migration.md).
+    Migrate {
+        #[command(subcommand)]
+        phase: Phase,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Phase {
+    /// Compare every key of the source ([backend]) with the target ([migration]): exit
+    /// code 0 when they hold the same data, 1 when keys differ, 2 when it could not run.
+    Verify {
+        /// How many differing keys to list (all are counted).
+        #[arg(long, default_value_t = 20)]
+        first: usize,
+    },
 }
 
 fn main() {
@@ -83,8 +99,12 @@ fn main() {
         println!("configuration ok");
         return;
     }
-    if let Some(Tool::ColocateMigrate { rule, dry_run, max_keys }) = cli.command {
-        std::process::exit(colocate_migrate(config, rule, dry_run, max_keys));
+    match cli.command {
+        Some(Tool::ColocateMigrate { rule, dry_run, max_keys }) => {
+            std::process::exit(colocate_migrate(config, rule, dry_run, max_keys));
+        }
+        Some(Tool::Migrate { phase: Phase::Verify { first } }) => std::process::exit(verify(config, first)),
+        None => {}
     }
     // The control runtime runs start-up, topology refreshes and signal handling; clients
     // are served by the worker threads (see heatshield::worker).
@@ -111,6 +131,67 @@ fn init_logging(format: &str) {
     }
 }
 
+/// A progress bar on standard error, shown from the first report of a length.
+fn progress_bar(unit: &'static str) -> (indicatif::ProgressBar, Box<dyn FnMut(u64, u64) + Send>) {
+    let bar = indicatif::ProgressBar::hidden();
+    let shown = bar.clone();
+    let progress = Box::new(move |done: u64, of: u64| {
+        if shown.length().is_none() {
+            shown.set_length(of);
+            shown.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            shown.set_style(
+                indicatif::ProgressStyle::with_template(&format!(
+                    "{{bar:40}} {{pos}}/{{len}} {unit} {{per_sec}} eta {{eta}}"
+                ))
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+        }
+        shown.set_length(of.max(done));
+        shown.set_position(done);
+    });
+    (bar, progress)
+}
+
+/// `heatshield migrate verify`: prints [`heatshield::services::migration::verify`]'s report.
+fn verify(config: Config, first: usize) -> i32 {
+    use heatshield::services::migration::verify;
+    let m = &config.migration;
+    if !m.configured() {
+        eprintln!("heatshield migrate: no [migration] target in the configuration (docs/migration.md)");
+        return 2;
+    }
+    let opts = backend_options(&config).and_then(|s| Ok((m.options(&s)?, s)));
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return 2 };
+    let ((topts, sopts), (bar, progress)) = match opts {
+        Ok(o) => (o, progress_bar("keys")),
+        Err(e) => {
+            eprintln!("heatshield: {e}");
+            return 2;
+        }
+    };
+    let source = Cluster::new(config.backing(), sopts.clone(), 1, 1);
+    let target = Cluster::new(m.backing(), topts.clone(), 1, 1);
+    let o = verify::Options {
+        ttl_tolerance: std::time::Duration::from_millis(m.ttl_tolerance_ms),
+        rechecks: m.verify_rechecks,
+        recheck_delay: std::time::Duration::from_millis(m.verify_recheck_delay_ms),
+        first,
+        progress,
+    };
+    let result = rt.block_on(verify::run(source, sopts, target, topts, o));
+    bar.finish_and_clear();
+    match result {
+        Ok(report) => {
+            print!("{}", report.render());
+            i32::from(report.differences() > 0)
+        }
+        Err(e) => {
+            eprintln!("heatshield migrate verify: {e}");
+            2
+        }
+    }
+}
+
 /// `heatshield colocate-migrate`: runs [`heatshield::migrate`] with a progress bar (on a
 /// terminal) and prints what it did; exit code 0 when every key moved, 1 on conflicts or
 /// an error.
@@ -125,19 +206,7 @@ fn colocate_migrate(config: Config, rule: String, dry_run: bool, max_keys: u64) 
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return 1 };
     let rules = heatshield::services::colocate::compile(&config.colocate).unwrap_or_default();
     let cluster = Cluster::new(config.backing(), opts.clone(), 1, 1);
-    let bar = indicatif::ProgressBar::hidden();
-    let shown = bar.clone();
-    let progress = Box::new(move |done: u64, of: u64| {
-        if shown.length().is_none() {
-            shown.set_length(of);
-            shown.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-            shown.set_style(
-                indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} keys {per_sec} eta {eta}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-        }
-        shown.set_position(done);
-    });
+    let (bar, progress) = progress_bar("keys");
     let o = heatshield::migrate::Options { rule: rule.clone(), dry_run, max_keys, progress };
     let result = rt.block_on(heatshield::migrate::run(cluster, opts, rules, o));
     bar.finish_and_clear();

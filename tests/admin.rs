@@ -203,7 +203,9 @@ fn info_commandstats_and_metrics_count_what_was_sent() {
 #[test]
 fn admin_password_and_disabled_admin() {
     let cluster = RedisCluster::start();
-    let (_d, path) = config_file("[admin]\npassword = \"sesame\"\n");
+    let (_d, path) = config_file(
+        "[admin]\npassword = \"sesame\"\n[migration]\ntarget = [\"127.0.0.1:1\"]\ntarget_password = \"hunter2\"\n",
+    );
     let proxy = Proxy::start_cluster(&cluster, &["--config", &path]);
     let mut c = Conn::connect(proxy.port());
     assert_eq!(c.cmd(&["PROXY", "INFO"]), V::Err("NOPERM PROXY commands need PROXY AUTH <password> first".into()));
@@ -213,6 +215,10 @@ fn admin_password_and_disabled_admin() {
     // the password is never shown
     let cfg = c.cmd(&["PROXY", "CONFIG", "GET", "admin.password"]).pairs();
     assert_eq!(cfg[0].1, V::s("(set)"));
+    // nor the migration target's
+    let cfg = c.cmd(&["PROXY", "CONFIG", "GET", "migration.target_password"]).pairs();
+    assert_eq!(cfg[0].1, V::s("(set)"));
+    assert!(!format!("{:?}", c.cmd(&["PROXY", "CONFIG", "GET", "*"])).contains("hunter2"));
     // another connection is still locked
     let mut other = Conn::connect(proxy.port());
     assert!(other.cmd(&["PROXY", "NODES"]).err().is_some_and(|e| e.starts_with("NOPERM")));

@@ -243,6 +243,26 @@ pub fn error_text(reply: &[u8]) -> Option<&[u8]> {
     if reply.first() == Some(&b'-') && reply.len() >= 3 { Some(&reply[1..reply.len() - 2]) } else { None }
 }
 
+/// `b` in double quotes as redis-cli prints a string: printable ASCII as it is, `"` and
+/// `\` escaped, `\n`, `\r`, `\t`, and other bytes as `\xNN`.
+pub fn quoted(b: &[u8]) -> String {
+    let mut s = String::with_capacity(b.len() + 2);
+    s.push('"');
+    for &c in b {
+        match c {
+            b'"' => s.push_str("\\\""),
+            b'\\' => s.push_str("\\\\"),
+            b'\n' => s.push_str("\\n"),
+            b'\r' => s.push_str("\\r"),
+            b'\t' => s.push_str("\\t"),
+            0x20..=0x7e => s.push(c as char),
+            _ => s.push_str(&format!("\\x{c:02x}")),
+        }
+    }
+    s.push('"');
+    s
+}
+
 /// A redirection parsed from `MOVED slot host:port` / `ASK slot host:port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Redirect {

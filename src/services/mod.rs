@@ -18,7 +18,8 @@
 //!   fan-out;
 //! - [`wait`]: WAIT and WAITAOF, asked of the masters a client wrote to;
 //! - [`reads`]: read policies, which reads go to a master's replicas and to which;
-//! - [`audit`]: the audit log (logins, administrative and dangerous commands, reloads).
+//! - [`audit`]: the audit log (logins, administrative and dangerous commands, reloads);
+//! - [`migration`]: moving the data to another cluster (its configuration; `verify`).
 
 pub mod acl;
 pub mod audit;
@@ -26,6 +27,7 @@ pub mod cache;
 pub mod colocate;
 pub mod fleet;
 pub mod locks;
+pub mod migration;
 pub mod pubsub;
 pub mod ratelimit;
 pub mod reads;

@@ -24,7 +24,7 @@ use super::ports::{free_port, local};
 use super::process::{LOG_TAIL_LINES, kill_child, lock, poll, read_lossy, report_if_panicking, tail};
 use super::slots::{SLOTS, SlotRange, check_coverage, key_slot, slot_view};
 
-fn redis_server_bin() -> String {
+pub fn redis_server_bin() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
 }
 
@@ -401,6 +401,8 @@ pub struct RedisCluster {
     /// Node ids, same order as `nodes` (ids never change, so they are cached
     /// and remain available for killed nodes).
     ids: Vec<String>,
+    /// How many of `nodes` are masters (each with the same number of replicas).
+    master_count: usize,
 }
 
 impl RedisCluster {
@@ -427,13 +429,21 @@ impl RedisCluster {
     }
 
     fn start_of(bin: &str, extra: &[&str]) -> RedisCluster {
+        Self::start_shaped(bin, Self::MASTERS, 1, extra)
+    }
+
+    /// A cluster of `masters` masters of `bin` (redis-server or valkey-server), each with
+    /// `replicas` replicas.
+    pub fn start_shaped(bin: &str, masters: usize, replicas: usize, extra: &[&str]) -> RedisCluster {
         // Locals are dropped (killed) on unwind if anything below panics.
-        let nodes: Vec<RedisServer> = (0..Self::NODES).map(|_| RedisServer::spawn(bin, true, extra)).collect();
+        let nodes: Vec<RedisServer> =
+            (0..masters * (1 + replicas)).map(|_| RedisServer::spawn(bin, true, extra)).collect();
 
         let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
         let mut args = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(|a| a.as_str()));
-        args.extend(["--cluster-replicas", "1", "--cluster-yes"]);
+        let replicas = replicas.to_string();
+        args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
         redis_cli(&args);
 
         let ids = nodes
@@ -443,7 +453,7 @@ impl RedisCluster {
                 None => panic!("CLUSTER MYID on {} failed", n.port()),
             })
             .collect();
-        let cluster = RedisCluster { nodes, ids };
+        let cluster = RedisCluster { nodes, ids, master_count: masters };
         poll(Duration::from_secs(60), Duration::from_millis(50), "cluster formation", || cluster.check_formed());
         cluster
     }
@@ -633,7 +643,7 @@ impl RedisCluster {
             let port = node.port();
             let ci = info(port, "cluster-info")?;
             let known = info_field(&ci, "cluster_known_nodes");
-            if known.as_deref() != Some("6") {
+            if known != Some(self.nodes.len().to_string()) {
                 return Err(format!("{port}: cluster_known_nodes {known:?}"));
             }
             let repl = info(port, "replication")?;
@@ -648,7 +658,7 @@ impl RedisCluster {
                 role => return Err(format!("{port}: role {role:?}")),
             }
         }
-        if masters != Self::MASTERS {
+        if masters != self.master_count {
             return Err(format!("{masters} masters"));
         }
         Ok(())

@@ -22,12 +22,8 @@ pub(super) fn config_pairs(proxy: &Proxy) -> Vec<(String, String)> {
                 "server.allow_flush" => l.allow_flush.load(Ordering::Relaxed).to_string(),
                 "server.max_clients" => l.max_clients.load(Ordering::Relaxed).to_string(),
                 // secrets: only whether they are set
-                "admin.password" | "backend.password" | "server.password" => {
-                    if v.is_some_and(|v| !v.is_empty()) {
-                        "(set)".into()
-                    } else {
-                        String::new()
-                    }
+                "admin.password" | "backend.password" | "server.password" | "migration.target_password" => {
+                    if v.is_some_and(|v| !v.is_empty()) { "(set)".into() } else { String::new() }
                 }
                 // users: their passwords as ACL GETUSER shows them, hashed
                 "server.users" => {

@@ -1,0 +1,196 @@
+//! Moving the data to another cluster (docs/migration.md): `heatshield migrate verify`
+//! between a Redis 7.0 cluster of 3 masters (the source) and a Valkey 9.1 cluster of 4
+//! (the target), both filled through a heatshield of their own.
+//!
+//! - Equal data of every type (a 20,000-field hash, a 2,500-element list and stream,
+//!   sorted-set scores that the two servers print differently, keys with times to live
+//!   set a moment apart) verify as equal.
+//! - Each kind of difference is found and reported with its key: a missing key, an extra
+//!   one, another type, another value in a later piece of a list, a hash and a sorted set,
+//!   another time to live.
+//! - Keys that reach the target only while the check runs settle on a recheck and are not
+//!   reported.
+
+mod common;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::client::{Conn, cmd_text};
+use common::redis::{redis_server_bin, valkey_server_required};
+use common::{Proxy, RedisCluster, config_file};
+
+struct Env {
+    source: RedisCluster,
+    target: RedisCluster,
+    src: Proxy,
+    dst: Proxy,
+}
+
+fn start() -> Env {
+    let source = RedisCluster::start_shaped(&redis_server_bin(), 3, 0, &[]);
+    let target = RedisCluster::start_shaped(&valkey_server_required(), 4, 0, &[]);
+    let src = Proxy::start_cluster(&source, &["--metrics", "off"]);
+    let dst = Proxy::start_cluster(&target, &["--metrics", "off"]);
+    Env { source, target, src, dst }
+}
+
+/// Sends `cmds` pipelined and checks none was refused.
+fn pipe(c: &mut Conn, cmds: &[Vec<String>]) {
+    for a in cmds {
+        c.send(a);
+    }
+    for a in cmds {
+        let r = c.read_reply();
+        assert!(!r.is_err(), "{a:?}: {r:?}");
+    }
+}
+
+fn args(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+/// The same data of every type, written to a side through its heatshield.
+fn fill(port: u16) {
+    let mut c = Conn::connect(port);
+    let strings: Vec<Vec<String>> = (0..2000).map(|i| args(&["SET", &format!("s:{i}"), &format!("v{i}")])).collect();
+    pipe(&mut c, &strings);
+    let ttls: Vec<Vec<String>> =
+        (0..200).map(|i| args(&["SET", &format!("t:{i}"), "x", "EX", &(100 + i).to_string()])).collect();
+    pipe(&mut c, &ttls);
+    let list: Vec<String> = (0..2500).map(|i| format!("e{i}")).collect();
+    let mut cmd = args(&["RPUSH", "l:1"]);
+    cmd.extend(list);
+    pipe(&mut c, &[cmd]);
+    let hash: Vec<Vec<String>> = (0..20)
+        .map(|b| {
+            let mut cmd = args(&["HSET", "h:big"]);
+            for f in b * 1000..(b + 1) * 1000 {
+                cmd.extend([format!("f{f}"), format!("value-{f}")]);
+            }
+            cmd
+        })
+        .collect();
+    pipe(&mut c, &hash);
+    let mut cmd = args(&["SADD", "set:1"]);
+    cmd.extend((0..1500).map(|i| format!("m{i}")));
+    pipe(&mut c, &[cmd]);
+    let mut cmd = args(&["ZADD", "z:1"]);
+    for i in 0..1200 {
+        // 0.1 is printed 0.10000000000000001 by Redis 7.0 and 0.1 by Valkey
+        cmd.extend([format!("{}", i as f64 * 0.1), format!("m{i}")]);
+    }
+    pipe(&mut c, &[cmd]);
+    let stream: Vec<Vec<String>> =
+        (1..=2500).map(|i| args(&["XADD", "x:1", &format!("{i}-1"), "n", &i.to_string()])).collect();
+    pipe(&mut c, &stream);
+}
+
+/// `heatshield migrate verify` from source to target: (exit code, what it printed).
+fn verify(env: &Env, extra_conf: &str, first: &str) -> (i32, String) {
+    let text = format!("[migration]\ntarget = [\"{}\"]\n{extra_conf}", env.target.nodes()[0].addr());
+    let (_dir, conf) = config_file(&text);
+    let seeds = env.source.seeds();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_heatshield"))
+        .args(["--config", &conf, "--cluster", &seeds, "migrate", "verify", "--first", first])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn verify_finds_equal_data_equal_and_every_kind_of_difference_by_key() {
+    let env = start();
+    fill(env.src.port());
+    // a moment later on the target: the times to live differ by that moment, within 1 s
+    thread::sleep(Duration::from_millis(150));
+    fill(env.dst.port());
+
+    let (code, out) = verify(&env, "", "20");
+    assert_eq!(code, 0, "{out}");
+    // 2,000 strings, 200 with a time to live, a list, a hash, a set, a sorted set, a stream
+    assert!(out.contains("verify: 2205 source keys compared (2205 equal"), "{out}");
+    assert!(out.contains("2205 target keys looked at"), "{out}");
+    assert!(out.contains(": 0 differences"), "{out}");
+
+    // one difference of each kind, made on the target
+    let mut t = Conn::connect(env.dst.port());
+    for c in [
+        args(&["DEL", "s:5"]),
+        args(&["SET", "extra:1", "x"]),
+        args(&["DEL", "s:7"]),
+        args(&["LPUSH", "s:7", "x"]),
+        args(&["EXPIRE", "s:6", "500"]),
+        args(&["LSET", "l:1", "2400", "changed"]),
+        args(&["HSET", "h:big", "f19999", "changed"]),
+        args(&["ZADD", "z:1", "7", "m3"]),
+        args(&["SREM", "set:1", "m1499"]),
+        args(&["SADD", "set:1", "other"]),
+    ] {
+        assert!(!t.cmd(&c).is_err(), "{c:?}");
+    }
+    let (code, out) = verify(&env, "verify_recheck_delay_ms = 50\n", "20");
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(": 8 differences"), "{out}");
+    assert!(out.contains("by kind: missing 1, extra 1, type 1, value 4, ttl 1, unreadable 0"), "{out}");
+    for line in [
+        "difference: missing \"s:5\"",
+        "difference: extra \"extra:1\"",
+        "difference: type \"s:7\"",
+        "string on the source, list on the target",
+        "difference: ttl \"s:6\"",
+        "no expiry on the source, 499",
+        "difference: value \"l:1\"",
+        "elements 2000 to 2999 differs",
+        "difference: value \"h:big\"",
+        "field \"f19999\" differs",
+        "difference: value \"z:1\"",
+        "member's score \"m3\" differs",
+        "difference: value \"set:1\"",
+    ] {
+        assert!(out.contains(line), "{line:?} not in:\n{out}");
+    }
+    // the list of keys is cut at --first, the counts are not
+    let (code, out) = verify(&env, "verify_recheck_delay_ms = 50\n", "2");
+    assert_eq!(code, 1);
+    assert_eq!(out.lines().filter(|l| l.starts_with("difference: ")).count(), 2, "{out}");
+    assert!(out.contains(": 8 differences"), "{out}");
+}
+
+#[test]
+fn keys_that_reach_the_target_during_the_check_settle_and_are_not_reported() {
+    let env = start();
+    fill(env.src.port());
+    fill(env.dst.port());
+    let mut s = Conn::connect(env.src.port());
+    for i in 0..50 {
+        assert!(s.cmd(&["SET", &format!("late:{i}"), "v"]).is_ok());
+    }
+    // Once the check has compared every source key (it then asks the source whether the
+    // target's keys exist: its connections' last command is EXISTS), the late keys are
+    // written to the target: they were missing at the first comparison, and are equal at
+    // the recheck.
+    let masters = env.source.masters();
+    let dst = env.dst.port();
+    let writer = thread::spawn(move || {
+        let until = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < until {
+            let listing: String = masters.iter().map(|&m| cmd_text(m, &["CLIENT", "LIST"])).collect();
+            if listing.lines().any(|l| l.contains("name=heatshield-verify") && l.contains("cmd=exists")) {
+                let mut t = Conn::connect(dst);
+                for i in 0..50 {
+                    assert!(t.cmd(&["SET", &format!("late:{i}"), "v"]).is_ok());
+                }
+                return true;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        false
+    });
+    let (code, out) = verify(&env, "verify_recheck_delay_ms = 1500\n", "20");
+    assert!(writer.join().unwrap(), "the check never reached the target's keys:\n{out}");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("(2205 equal, 50 settled on a recheck"), "{out}");
+    assert!(out.contains(": 0 differences"), "{out}");
+}
