@@ -75,6 +75,20 @@ enum Phase {
         #[arg(long, default_value_t = 20)]
         first: usize,
     },
+    /// Copy every key of the source to the target, never over a newer copy; resumes where
+    /// the last run stopped: exit code 0 when every key was copied, 1 when some failed or
+    /// the run stopped early, 2 when it could not run.
+    Backfill {
+        /// Forget the progress of earlier runs and start over.
+        #[arg(long)]
+        restart: bool,
+        /// Keys a second at most (0: no limit).
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        /// Stop after this many keys (0: all); run again to go on.
+        #[arg(long, default_value_t = 0)]
+        max_keys: u64,
+    },
 }
 
 fn main() {
@@ -103,7 +117,7 @@ fn main() {
         Some(Tool::ColocateMigrate { rule, dry_run, max_keys }) => {
             std::process::exit(colocate_migrate(config, rule, dry_run, max_keys));
         }
-        Some(Tool::Migrate { phase: Phase::Verify { first } }) => std::process::exit(verify(config, first)),
+        Some(Tool::Migrate { phase }) => std::process::exit(migrate(config, phase)),
         None => {}
     }
     // The control runtime runs start-up, topology refreshes and signal handling; clients
@@ -152,18 +166,19 @@ fn progress_bar(unit: &'static str) -> (indicatif::ProgressBar, Box<dyn FnMut(u6
     (bar, progress)
 }
 
-/// `heatshield migrate verify`: prints [`heatshield::services::migration::verify`]'s report.
-fn verify(config: Config, first: usize) -> i32 {
-    use heatshield::services::migration::verify;
+/// `heatshield migrate verify | backfill`: runs the phase with a progress bar and prints
+/// its report.
+fn migrate(config: Config, phase: Phase) -> i32 {
+    use heatshield::services::migration::{backfill, verify};
+    use std::time::Duration;
     let m = &config.migration;
     if !m.configured() {
         eprintln!("heatshield migrate: no [migration] target in the configuration (docs/migration.md)");
         return 2;
     }
-    let opts = backend_options(&config).and_then(|s| Ok((m.options(&s)?, s)));
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return 2 };
-    let ((topts, sopts), (bar, progress)) = match opts {
-        Ok(o) => (o, progress_bar("keys")),
+    let (topts, sopts) = match backend_options(&config).and_then(|s| Ok((m.options(&s)?, s))) {
+        Ok(o) => o,
         Err(e) => {
             eprintln!("heatshield: {e}");
             return 2;
@@ -171,22 +186,37 @@ fn verify(config: Config, first: usize) -> i32 {
     };
     let source = Cluster::new(config.backing(), sopts.clone(), 1, 1);
     let target = Cluster::new(m.backing(), topts.clone(), 1, 1);
-    let o = verify::Options {
-        ttl_tolerance: std::time::Duration::from_millis(m.ttl_tolerance_ms),
-        rechecks: m.verify_rechecks,
-        recheck_delay: std::time::Duration::from_millis(m.verify_recheck_delay_ms),
-        first,
-        progress,
+    let (bar, mut progress) = progress_bar("keys");
+    let result = match phase {
+        Phase::Verify { first } => {
+            let o = verify::Options {
+                ttl_tolerance: Duration::from_millis(m.ttl_tolerance_ms),
+                rechecks: m.verify_rechecks,
+                recheck_delay: Duration::from_millis(m.verify_recheck_delay_ms),
+                first,
+                progress,
+            };
+            rt.block_on(verify::run(source, sopts, target, topts, o)).map(|r| (r.render(), r.differences() > 0))
+        }
+        Phase::Backfill { restart, rate, max_keys } => {
+            let shown = bar.clone();
+            let progress = Box::new(move |done: u64, of: u64, bytes: u64| {
+                progress(done, of);
+                shown.set_message(format!("{:.1} MB", bytes as f64 / 1e6));
+            });
+            let o = backfill::Options { restart, rate, max_keys, progress };
+            rt.block_on(backfill::run(source, sopts, target, topts, o))
+                .map(|r| (r.render(), !r.complete || r.copied.failed > 0))
+        }
     };
-    let result = rt.block_on(verify::run(source, sopts, target, topts, o));
     bar.finish_and_clear();
     match result {
-        Ok(report) => {
-            print!("{}", report.render());
-            i32::from(report.differences() > 0)
+        Ok((text, bad)) => {
+            print!("{text}");
+            i32::from(bad)
         }
         Err(e) => {
-            eprintln!("heatshield migrate verify: {e}");
+            eprintln!("heatshield migrate: {e}");
             2
         }
     }

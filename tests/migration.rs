@@ -194,3 +194,83 @@ fn keys_that_reach_the_target_during_the_check_settle_and_are_not_reported() {
     assert!(out.contains("(2205 equal, 50 settled on a recheck"), "{out}");
     assert!(out.contains(": 0 differences"), "{out}");
 }
+
+/// `heatshield migrate backfill` with `args`, run to its end: (exit code, what it printed).
+fn backfill(env: &Env, args: &[&str]) -> (i32, String) {
+    let (_dir, conf) = target_conf(env);
+    let seeds = env.source.seeds();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_heatshield"))
+        .args(["--config", &conf, "--cluster", &seeds, "migrate", "backfill"])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn target_conf(env: &Env) -> (tempfile::TempDir, String) {
+    config_file(&format!("[migration]\ntarget = [\"{}\"]\n", env.target.nodes()[0].addr()))
+}
+
+/// A field of the backfill's progress, read on the target master that holds it.
+fn progress(env: &Env, field: &str) -> i64 {
+    let key = "{heatshield:migration}backfill";
+    let port = env.target.master_for_key(key.as_bytes());
+    cmd_text(port, &["HGET", key, field]).trim().parse().unwrap_or(0)
+}
+
+#[test]
+fn backfill_copies_every_key_resumes_after_a_sigkill_and_never_replaces_a_newer_copy() {
+    let env = start();
+    fill(env.src.port());
+
+    // a paced run, killed once it has copied 600 keys
+    let (_dir, conf) = target_conf(&env);
+    let seeds = env.source.seeds();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_heatshield"))
+        .args(["--config", &conf, "--cluster", &seeds, "migrate", "backfill", "--rate", "1000"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while progress(&env, "keys") < 600 {
+        assert!(Instant::now() < until, "the paced backfill never reached 600 keys");
+        thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let before = progress(&env, "keys");
+    assert!(before < 2205, "the run was to be killed midway, and copied {before} keys");
+
+    // the next run resumes: it looks at the keys left (and at most a batch again)
+    let (code, out) = backfill(&env, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("backfill: complete"), "{out}");
+    let again: i64 = out.split(" keys looked at").next().and_then(|s| s.rsplit(' ').next()).unwrap().parse().unwrap();
+    assert!(again <= 2205 - before + 500, "resumed, it looked at {again} keys after {before}:\n{out}");
+    assert!(!out.contains("this run resumed 0 of"), "{out}");
+    assert!(out.contains(" 0 failed"), "{out}");
+    let (code, out) = verify(&env, "", "20");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("(2205 equal"), "{out}");
+
+    // A copy never replaces a newer one: the target's copy of s:1 is made to look newer
+    // than any the source's clock can give, and the source's s:1 changes.
+    let s1 = env.target.master_for_key(b"s:1");
+    let vkey = format!("{{{}}}v", heatshield::services::migration::slot_tag(RedisCluster::slot(b"s:1")));
+    assert_eq!(cmd_text(s1, &["HSET", &vkey, "s:1", "9000000000000000"]).trim(), "0");
+    assert!(Conn::connect(env.src.port()).cmd(&["SET", "s:1", "changed"]).is_ok());
+    // a run from the start copies everything again (newer versions), the 20,000-field
+    // hash in pieces, and keeps the target's s:1
+    let (code, out) = backfill(&env, &["--restart"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("2205 keys looked at"), "{out}");
+    assert!(out.contains("2204 copied, 1 kept"), "{out}");
+    assert!(out.contains("1 big keys in pieces"), "{out}");
+    assert_eq!(cmd_text(s1, &["GET", "s:1"]).trim(), "v1");
+    let (code, out) = verify(&env, "verify_recheck_delay_ms = 50\n", "20");
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("difference: value \"s:1\""), "{out}");
+    assert!(out.contains(": 1 differences"), "{out}");
+}

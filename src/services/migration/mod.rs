@@ -3,12 +3,21 @@
 //! options, and the phases (docs/migration.md). Built so far: [`verify`], every key
 //! compared between the two.
 
+pub mod backfill;
+pub mod copy;
 pub mod verify;
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
+use crate::protocol::Request;
+use crate::protocol::reply::{Value, error_text};
 use crate::upstream::backend::BackendOptions;
-use crate::upstream::cluster::Backing;
+use crate::upstream::cluster::{Backing, Cluster, slot};
+use crate::upstream::side::Side;
 
 /// `[migration]`: the cluster to move to, and how the phases compare and pace.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -123,6 +132,102 @@ impl MigrationConfig {
     }
 }
 
+/// One connection per node of one side, opened when first needed.
+pub struct Nodes {
+    pub cluster: Arc<Cluster>,
+    opts: BackendOptions,
+    links: HashMap<Arc<str>, Side>,
+    /// What the connections are for (`CLIENT SETNAME heatshield-<purpose>`).
+    purpose: &'static str,
+}
+
+impl Nodes {
+    pub fn new(cluster: Arc<Cluster>, opts: BackendOptions, purpose: &'static str) -> Nodes {
+        Nodes { cluster, opts, links: HashMap::new(), purpose }
+    }
+
+    /// The master serving `key`'s slot now.
+    pub fn owner(&self, key: &[u8]) -> Result<Arc<str>, String> {
+        let s = slot(key);
+        self.cluster
+            .topology()
+            .master_for_slot(s)
+            .map(|n| n.addr.clone())
+            .ok_or_else(|| format!("slot {s} has no master"))
+    }
+
+    pub fn masters(&self) -> Vec<Arc<str>> {
+        self.cluster.topology().masters.iter().map(|m| m.addr.clone()).collect()
+    }
+
+    /// Sends `cmds` to `addr` pipelined; their replies, in order.
+    pub async fn pipe(&mut self, addr: &Arc<str>, cmds: &[Vec<&[u8]>]) -> Result<Vec<Bytes>, String> {
+        let mut data = BytesMut::new();
+        for c in cmds {
+            data.extend_from_slice(Request::from_args(c).raw());
+        }
+        let side = self.links.entry(addr.clone()).or_insert_with(|| Side::new(addr.clone(), &self.opts, self.purpose));
+        side.call_raw(&data, cmds.len()).await.map_err(|e| format!("{addr}: {e}"))
+    }
+
+    pub async fn ask(&mut self, addr: &Arc<str>, cmd: Vec<&[u8]>) -> Result<Bytes, String> {
+        Ok(self.pipe(addr, &[cmd]).await?.pop().unwrap_or_default())
+    }
+
+    /// `cmd` for `key`, sent to the key's master.
+    pub async fn ask_for(&mut self, key: &[u8], cmd: Vec<&[u8]>) -> Result<Bytes, String> {
+        let addr = self.owner(key)?;
+        self.ask(&addr, cmd).await
+    }
+}
+
+pub fn int(r: &[u8]) -> Option<i64> {
+    Value::parse(r).ok().and_then(|(v, _)| v.as_int())
+}
+
+/// A `SCAN`-family reply: the next cursor and the items.
+pub fn scan_reply(r: &[u8]) -> Result<(Vec<u8>, Vec<Vec<u8>>), String> {
+    if let Some(e) = error_text(r) {
+        return Err(String::from_utf8_lossy(e).into_owned());
+    }
+    let (v, _) = Value::parse(r).map_err(|e| e.0.to_string())?;
+    let Value::Array(parts) = v else { return Err(format!("unexpected reply {v:?}")) };
+    match (parts.first().and_then(Value::as_bytes), parts.get(1)) {
+        (Some(c), Some(Value::Array(items))) => {
+            Ok((c.to_vec(), items.iter().filter_map(Value::as_bytes).map(<[u8]>::to_vec).collect()))
+        }
+        _ => Err(format!("unexpected reply {parts:?}")),
+    }
+}
+
+/// The reserved prefix of heatshield's own keys on the target: `{heatshield:mv:N}`, where
+/// `N` is chosen so the key falls in a given slot ([`slot_tag`]).
+pub const TAG_PREFIX: &str = "heatshield:mv:";
+
+/// A hash tag (without its braces) whose keys fall in `slot`: heatshield's own keys for a
+/// key of that slot (its copy's version, a big key's copy in progress) go beside it, so a
+/// script can touch both.
+pub fn slot_tag(s: u16) -> &'static str {
+    static TAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        let n = crate::upstream::cluster::SLOTS;
+        let mut tags = vec![String::new(); n];
+        let mut left = n;
+        let mut i = 0u64;
+        while left > 0 {
+            let t = format!("{TAG_PREFIX}{i}");
+            let s = slot(format!("{{{t}}}").as_bytes()) as usize;
+            if tags[s].is_empty() {
+                tags[s] = t;
+                left -= 1;
+            }
+            i += 1;
+        }
+        tags
+    });
+    &tags[s as usize]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +249,14 @@ mod tests {
         c.target_tls = false;
         assert!(c.problems(&[]).is_empty());
         assert!(matches!(c.backing(), Backing::Cluster { seeds } if seeds.len() == 2));
+    }
+
+    #[test]
+    fn every_slot_has_a_tag_of_its_own() {
+        for s in [0u16, 1, 777, 16383] {
+            let key = format!("{{{}}}v", slot_tag(s));
+            assert_eq!(slot(key.as_bytes()), s);
+            assert!(crate::command::reserved(key.as_bytes()), "{key} is one of heatshield's own");
+        }
     }
 }

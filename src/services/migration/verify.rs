@@ -16,19 +16,19 @@
 //!   while the check ran settles (its write reaches both sides) and is counted as such,
 //!   not reported. A key gone from both sides meanwhile is counted as gone.
 //! - Only reads: `SCAN`, `TYPE`, `PTTL` and the reads above, on the masters. Database 0
-//!   (the only one of a cluster).
+//!   (the only one of a cluster). heatshield's own keys (`{heatshield:...`: a fleet's
+//!   state, the copies' versions) are not compared.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
-use crate::protocol::Request;
+use super::{Nodes, int, scan_reply};
 use crate::protocol::reply::{Value, error_text};
 use crate::upstream::backend::BackendOptions;
 use crate::upstream::cluster::{Cluster, slot};
-use crate::upstream::side::Side;
 
 /// Elements read per piece of a collection, and keys per `SCAN` batch.
 pub const CHUNK: usize = 1000;
@@ -158,53 +158,6 @@ enum Outcome {
     Differs(Kind, String),
 }
 
-/// One connection per node of one side, opened when first needed.
-struct Nodes {
-    cluster: Arc<Cluster>,
-    opts: BackendOptions,
-    links: HashMap<Arc<str>, Side>,
-}
-
-impl Nodes {
-    fn new(cluster: Arc<Cluster>, opts: BackendOptions) -> Nodes {
-        Nodes { cluster, opts, links: HashMap::new() }
-    }
-
-    /// The master serving `key`'s slot now.
-    fn owner(&self, key: &[u8]) -> Result<Arc<str>, String> {
-        let s = slot(key);
-        self.cluster
-            .topology()
-            .master_for_slot(s)
-            .map(|n| n.addr.clone())
-            .ok_or_else(|| format!("slot {s} has no master"))
-    }
-
-    fn masters(&self) -> Vec<Arc<str>> {
-        self.cluster.topology().masters.iter().map(|m| m.addr.clone()).collect()
-    }
-
-    /// Sends `cmds` to `addr` pipelined; their replies, in order.
-    async fn pipe(&mut self, addr: &Arc<str>, cmds: &[Vec<&[u8]>]) -> Result<Vec<Bytes>, String> {
-        let mut data = BytesMut::new();
-        for c in cmds {
-            data.extend_from_slice(Request::from_args(c).raw());
-        }
-        let side = self.links.entry(addr.clone()).or_insert_with(|| Side::new(addr.clone(), &self.opts, "verify"));
-        side.call_raw(&data, cmds.len()).await.map_err(|e| format!("{addr}: {e}"))
-    }
-
-    async fn ask(&mut self, addr: &Arc<str>, cmd: Vec<&[u8]>) -> Result<Bytes, String> {
-        Ok(self.pipe(addr, &[cmd]).await?.pop().unwrap_or_default())
-    }
-
-    /// `cmd` for `key`, sent to the key's master.
-    async fn ask_for(&mut self, key: &[u8], cmd: Vec<&[u8]>) -> Result<Bytes, String> {
-        let addr = self.owner(key)?;
-        self.ask(&addr, cmd).await
-    }
-}
-
 /// The two sides.
 struct Sides {
     src: Nodes,
@@ -227,8 +180,8 @@ pub async fn run(
         }
     }
     let mut sides = Sides {
-        src: Nodes::new(source, source_opts),
-        dst: Nodes::new(target, target_opts),
+        src: Nodes::new(source, source_opts, "verify"),
+        dst: Nodes::new(target, target_opts, "verify"),
         tolerance_ms: o.ttl_tolerance.as_millis().min(i64::MAX as u128) as i64,
     };
     let mut report = Report::default();
@@ -245,7 +198,9 @@ pub async fn run(
         loop {
             let count = CHUNK.to_string();
             let r = sides.src.ask(&m, vec![b"SCAN", &cursor, b"COUNT", count.as_bytes()]).await?;
-            let (next, keys) = scan_reply(&r).map_err(|e| format!("{m}: SCAN: {e}"))?;
+            let (next, mut keys) = scan_reply(&r).map_err(|e| format!("{m}: SCAN: {e}"))?;
+            // heatshield's own keys (a fleet's state, a copy's versions) are not data
+            keys.retain(|k| !crate::command::reserved(k));
             let outcomes = sides.compare_batch(&m, &keys).await?;
             for (key, out) in keys.into_iter().zip(outcomes) {
                 report.source_keys += 1;
@@ -268,7 +223,8 @@ pub async fn run(
         loop {
             let count = CHUNK.to_string();
             let r = sides.dst.ask(&m, vec![b"SCAN", &cursor, b"COUNT", count.as_bytes()]).await?;
-            let (next, keys) = scan_reply(&r).map_err(|e| format!("{m}: SCAN: {e}"))?;
+            let (next, mut keys) = scan_reply(&r).map_err(|e| format!("{m}: SCAN: {e}"))?;
+            keys.retain(|k| !crate::command::reserved(k));
             report.target_keys += keys.len() as u64;
             let mut by_owner: HashMap<Arc<str>, Vec<Vec<u8>>> = HashMap::new();
             for k in keys {
@@ -590,25 +546,6 @@ fn same_reply(a: &[u8], b: &[u8], what: &str) -> Outcome {
         return Outcome::Differs(Kind::Unreadable, String::from_utf8_lossy(e).into_owned());
     }
     Outcome::Differs(Kind::Value, format!("{what} differs"))
-}
-
-fn int(r: &[u8]) -> Option<i64> {
-    Value::parse(r).ok().and_then(|(v, _)| v.as_int())
-}
-
-/// A `SCAN`-family reply: the next cursor and the items.
-fn scan_reply(r: &[u8]) -> Result<(Vec<u8>, Vec<Vec<u8>>), String> {
-    if let Some(e) = error_text(r) {
-        return Err(String::from_utf8_lossy(e).into_owned());
-    }
-    let (v, _) = Value::parse(r).map_err(|e| e.0.to_string())?;
-    let Value::Array(parts) = v else { return Err(format!("unexpected reply {v:?}")) };
-    match (parts.first().and_then(Value::as_bytes), parts.get(1)) {
-        (Some(c), Some(Value::Array(items))) => {
-            Ok((c.to_vec(), items.iter().filter_map(Value::as_bytes).map(<[u8]>::to_vec).collect()))
-        }
-        _ => Err(format!("unexpected reply {parts:?}")),
-    }
 }
 
 #[cfg(test)]
