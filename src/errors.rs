@@ -3,6 +3,9 @@
 //! error reply. Errors from a backend are not here: they pass through as Redis sent them.
 //! A leaf module: it imports nothing of heatshield.
 
+/// `PROXY MIGRATION DUAL-WRITE` without a target.
+pub const NO_MIGRATION_TARGET: &str = "ERR no [migration] target is configured (docs/migration.md)";
+
 pub const NOAUTH: &str = "NOAUTH Authentication required.";
 pub const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";
 /// A transaction's command in another slot than the transaction's earlier keys.

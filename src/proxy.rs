@@ -109,6 +109,9 @@ pub struct Proxy {
     pub hotkeys: crate::services::stats::Hotkeys,
     /// The audit log (`[audit]`).
     pub audit: crate::services::audit::Audit,
+    // -- After the answer: a move to another cluster.
+    /// Dual-write to the migration target (`[migration]`, `PROXY MIGRATION`).
+    pub migration: Arc<crate::services::migration::dual::DualWrite>,
 }
 
 /// What statistics need of a reply once it has been written (the reply itself is gone).
@@ -284,6 +287,11 @@ impl Proxy {
                 let l = &config.server.listen;
                 if l == "off" { config.tls.listen.clone().unwrap_or_default() } else { l.clone() }
             }),
+            migration: Arc::new(crate::services::migration::dual::DualWrite::new(
+                config.migration.configured(),
+                config.migration.phase == "dual-write",
+                config.migration.max_pending,
+            )),
             workers,
             config,
             commands,

@@ -274,3 +274,118 @@ fn backfill_copies_every_key_resumes_after_a_sigkill_and_never_replaces_a_newer_
     assert!(out.contains("difference: value \"s:1\""), "{out}");
     assert!(out.contains(": 1 differences"), "{out}");
 }
+
+/// `PROXY MIGRATION STATUS` as a map.
+fn status(c: &mut Conn) -> std::collections::HashMap<String, String> {
+    c.cmd(&["PROXY", "MIGRATION", "STATUS"]).pairs().into_iter().map(|(k, v)| (k.text(), v.text())).collect()
+}
+
+#[test]
+fn dual_write_copies_every_paths_writes_and_with_a_backfill_beside_the_target_ends_equal() {
+    let env = start();
+    fill(env.src.port());
+    let (_dir, conf) = config_file(&format!(
+        "[migration]\ntarget = [\"{}\"]\n[transactions]\ncross_slot = \"per-node\"\n",
+        env.target.nodes()[0].addr()
+    ));
+    let mig = Proxy::start_cluster(&env.source, &["--config", &conf, "--metrics", "off"]);
+    let mut admin = Conn::connect(mig.port());
+    assert_eq!(status(&mut admin)["phase"], "off");
+    // off: nothing is noted
+    assert!(admin.cmd(&["SET", "before:1", "x"]).is_ok());
+    assert_eq!(status(&mut admin)["dual_write_noted"], "0");
+    assert!(admin.cmd(&["PROXY", "MIGRATION", "DUAL-WRITE"]).is_ok());
+    assert_eq!(status(&mut admin)["phase"], "dual-write");
+
+    // every path's writes, from several clients, for two seconds; the backfill runs beside
+    let port = mig.port();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for t in 0..3 {
+        let stop = stop.clone();
+        load.push(thread::spawn(move || {
+            let mut c = Conn::connect(port);
+            let mut acked = std::collections::HashMap::<String, i64>::new();
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                // single command
+                let k = format!("cnt:{t}:{}", i % 20);
+                assert!(!c.cmd(&["INCR", &k]).is_err());
+                *acked.entry(k).or_default() += 1;
+                // pipeline
+                for j in 0..5 {
+                    c.send(&["RPUSH", &format!("lst:{t}:{}", (i + j) % 7), "x"]);
+                }
+                for _ in 0..5 {
+                    assert!(!c.read_reply().is_err());
+                }
+                // split across slots
+                assert!(
+                    c.cmd(&["MSET", &format!("ms:{t}:a"), &i.to_string(), &format!("ms:{t}:b"), &i.to_string()])
+                        .is_ok()
+                );
+                // transaction (one slot) and WATCH
+                c.cmd(&["WATCH", &format!("{{tx{t}}}w")]);
+                c.cmd(&["MULTI"]);
+                c.cmd(&["HSET", &format!("{{tx{t}}}h"), &format!("f{}", i % 50), &i.to_string()]);
+                c.cmd(&["INCR", &format!("{{tx{t}}}c")]);
+                c.cmd(&["SET", &format!("{{tx{t}}}w"), &i.to_string()]);
+                assert!(!c.cmd(&["EXEC"]).is_err());
+                // a script's declared key
+                let r = c.cmd(&["EVAL", "return redis.call('INCRBY', KEYS[1], 2)", "1", &format!("sc:{t}")]);
+                assert!(!r.is_err(), "{r:?}");
+                // blocking: an element moved
+                c.cmd(&["RPUSH", &format!("{{q{t}}}src"), &i.to_string()]);
+                let r = c.cmd(&["BLMOVE", &format!("{{q{t}}}src"), &format!("{{q{t}}}dst"), "LEFT", "RIGHT", "1"]);
+                assert!(!r.is_err(), "{r:?}");
+                // a time to live, and a key deleted again
+                c.cmd(&["SET", &format!("ttl:{t}:{}", i % 10), "v", "EX", "100"]);
+                c.cmd(&["SET", &format!("gone:{t}"), "v"]);
+                c.cmd(&["DEL", &format!("gone:{t}")]);
+                // a lock taken and released
+                let r = c.cmd(&["LOCK.ACQUIRE", &format!("lk:{t}"), "me", "5000"]);
+                assert!(!r.is_err(), "{r:?}");
+                c.cmd(&["LOCK.RELEASE", &format!("lk:{t}"), "me"]);
+            }
+            acked
+        }));
+    }
+    thread::sleep(Duration::from_millis(300));
+    let (code, out) = backfill(&env, &[]);
+    assert_eq!(code, 0, "{out}");
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acked: Vec<_> = load.into_iter().map(|h| h.join().unwrap()).collect();
+    // the copies land
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = status(&mut admin);
+        if s["dual_write_pending"] == "0" {
+            assert_eq!(s["dual_write_failed"], "0", "{s:?}");
+            assert!(s["dual_write_applied"].parse::<u64>().unwrap() > 100, "{s:?}");
+            break;
+        }
+        assert!(Instant::now() < until, "copies still pending: {s:?}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    // the two clusters hold the same data, and every acknowledged INCR is on the target
+    let (code, out) = verify(&env, "", "20");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(": 0 differences"), "{out}");
+    let mut dst = Conn::connect(env.dst.port());
+    let mut total = 0;
+    for a in &acked {
+        for (k, n) in a {
+            assert_eq!(dst.cmd(&["GET", k]).text(), n.to_string(), "{k}");
+            total += n;
+        }
+    }
+    assert!(total > 50, "the load ran: {total} INCRs");
+    assert!(dst.cmd(&["EXISTS", "gone:0"]).int() == 0);
+    // off again: writes are no longer noted
+    assert!(admin.cmd(&["PROXY", "MIGRATION", "OFF"]).is_ok());
+    let noted = status(&mut admin)["dual_write_noted"].clone();
+    assert!(admin.cmd(&["SET", "after:1", "x"]).is_ok());
+    assert_eq!(status(&mut admin)["dual_write_noted"], noted);
+}

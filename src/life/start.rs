@@ -97,6 +97,19 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overri
     crate::services::cache::tracking::start(proxy.cache.clone(), proxy.client_side.clone(), proxy.cluster.clone());
     crate::services::locks::start(proxy.locks.clone(), proxy.cluster.clone());
     crate::services::pubsub::start(proxy.pubsub.clone());
+    if proxy.config.migration.configured() {
+        match proxy.config.migration.options(&opts) {
+            Ok(topts) => {
+                let m = &proxy.config.migration;
+                let target = Cluster::new(m.backing(), topts.clone(), 1, 1);
+                tokio::spawn(proxy.migration.clone().run(cluster.clone(), opts.clone(), target, topts));
+            }
+            Err(e) => {
+                error!("{e}");
+                return 1;
+            }
+        }
+    }
     spawn_reloader(proxy.clone(), config_path, overrides);
     // (what the fleet compares: looked at anew at each sync, so a reload shows at the
     // next, and made anew only when what they depend on changed)

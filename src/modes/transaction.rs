@@ -328,6 +328,10 @@ fn exec(proxy: &Proxy, ctx: &mut Ctx, q: Queued) -> Outcome {
             }
         }
     }
+    // (and the copy of its writes' keys, as for the same writes sent alone)
+    if !q.write_keys.is_empty() && proxy.migration.on() {
+        ctx.migrate = true;
+    }
     start_transaction(proxy, ctx, parts, total, q.write_keys, q.splits, pinned)
 }
 

@@ -134,6 +134,10 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
             }
         }
     }
+    // 5. a move to another cluster: the write's keys are copied once it has run
+    if cmd.is_write() && proxy.migration.on() {
+        ctx.migrate = true;
+    }
     if route == Route::FanOut(FanOut::Flush) {
         if !proxy.live.allow_flush.load(Ordering::Relaxed) {
             return ctx.error(&errors::flush_disabled(&cmd.name));

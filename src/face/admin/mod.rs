@@ -1,8 +1,9 @@
 //! The operator's view of heatshield itself: `PROXY INFO | NODES | CONFIG | SLOWLOG |
-//! BIGKEYS | HOTKEYS | CACHE | RATELIMIT | COLOCATE | FLEET | AUTH | HELP` (docs/admin.md).
-//! This file parses the subcommands; `config` lists and changes settings, `ratelimit`
-//! edits the rate-limit rules, `colocate` the key colocation rules, `fleet` shows the
-//! fleet, `views` renders what the other subcommands show.
+//! BIGKEYS | HOTKEYS | CACHE | RATELIMIT | COLOCATE | FLEET | MIGRATION | AUTH | HELP`
+//! (docs/admin.md). This file parses the subcommands; `config` lists and changes
+//! settings, `ratelimit` edits the rate-limit rules, `colocate` the key colocation rules,
+//! `fleet` shows the fleet, `migration` the move to another cluster, `views` renders what
+//! the other subcommands show.
 //!
 //! It only reads the rest of the proxy (topology, counters, configuration); what it
 //! changes is the live settings ([`crate::config::Live`]), the rate-limit and colocation
@@ -11,6 +12,7 @@
 mod colocate;
 mod config;
 mod fleet;
+mod migration;
 mod ratelimit;
 mod views;
 
@@ -141,12 +143,14 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 "COLOCATE LIST | SET <name> <tag> <pattern> [<pattern> ...] | DEL <name> -- key colocation rules: keys matching a pattern get the hash tag (plain text, $1 for what the first * matched).",
                 "HOTKEYS [COUNT <n>] -- keys read hot enough to cache: estimated reads/s, and whether a reply is cached.",
                 "CACHE STATS | FLUSH -- hot-key cache counters, or drop every cached reply.",
+                "MIGRATION STATUS | DUAL-WRITE | OFF -- the move to the [migration] target: its phase, and what dual-write's copies did.",
                 "FLEET -- the fleet: members, their versions and digests of colocation rules, users and rate rules, what differs, this instance's part of each rule.",
             ];
             w.lines(&lines);
         }),
         "RATELIMIT" if argc >= 3 => ratelimit::ratelimit_command(proxy, ctx, req),
         "FLEET" if argc == 2 => fleet::fleet_command(proxy, ctx),
+        "MIGRATION" if argc >= 3 => migration::migration_command(proxy, ctx, req),
         "COLOCATE" if argc >= 3 => colocate::colocate_command(proxy, ctx, req),
         "HOTKEYS" => {
             let n = match argc {
@@ -192,7 +196,7 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 _ => ctx.error(&errors::unknown_subcommand(&format!("CACHE {op}"), "PROXY")),
             }
         }
-        "CONFIG" | "SLOWLOG" | "RATELIMIT" | "COLOCATE" | "CACHE" => arity_err(ctx, &sub),
+        "CONFIG" | "SLOWLOG" | "RATELIMIT" | "COLOCATE" | "CACHE" | "MIGRATION" => arity_err(ctx, &sub),
         _ => ctx.error(&errors::unknown_subcommand(&String::from_utf8_lossy(req.arg(1)), "PROXY")),
     }
 }

@@ -23,6 +23,9 @@ pub(super) fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize
     for k in p.invalidate.drain(..) {
         proxy.cache.invalidate(&k, crate::services::cache::Cause::Write);
     }
+    if p.migrate {
+        migrated(proxy, ctx, p);
+    }
     match p.flush {
         Drops::Nothing => {}
         Drops::Everything => proxy.cache.flush(crate::services::cache::Cause::Flush),
@@ -92,6 +95,30 @@ pub(super) fn invalidate_keys(proxy: &Proxy, req: &Request) {
         let key = req.arg(k as usize);
         if proxy.cache.tracked(key) {
             proxy.cache.invalidate(key, crate::services::cache::Cause::Write);
+        }
+    }
+}
+
+/// A write while dual-write is on has run: its keys (in the cluster's names) are noted for
+/// their copy to the target (crate::services::migration::dual).
+fn migrated(proxy: &Proxy, ctx: &Ctx, p: &Pending) {
+    if p.flush == Drops::Everything {
+        proxy.migration.flushed();
+    }
+    match &p.finish {
+        Finish::Transaction(tx) => proxy.migration.wrote(tx.write_keys.iter().cloned()),
+        _ => {
+            if let Ok(cmd) = proxy.commands.lookup(ctx.req)
+                && let Ok(keys) = keys_of(cmd, ctx.req)
+            {
+                proxy.migration.wrote(keys.iter().map(|&k| ctx.req.arg_bytes(k as usize)));
+                // a lock's fencing counter lives beside its key
+                if cmd.lower.starts_with("lock.")
+                    && let Some(&k) = keys.first()
+                {
+                    proxy.migration.wrote([Bytes::from(crate::services::locks::fence_key(ctx.req.arg(k as usize)))]);
+                }
+            }
         }
     }
 }

@@ -94,6 +94,8 @@ pub struct Ctx<'a> {
     /// Set by dispatch: a write by a client with CLIENT TRACKING on, which is told of its
     /// keys once Redis answered.
     pub tracked_write: bool,
+    /// Set by admission: a write while dual-write is on (see [`Pending`]).
+    pub migrate: bool,
     /// Set by the subscription commands: their confirmations are written even under
     /// CLIENT REPLY OFF / SKIP, as Redis writes pub/sub pushes.
     pub pushing: bool,
@@ -146,6 +148,7 @@ impl<'a> Ctx<'a> {
             write_hot_generation: None,
             wait_ms: 0,
             tracked_write: false,
+            migrate: false,
             pushing: false,
             behind_retry: false,
             lane: crate::conn::order::Lane::Local,
@@ -371,6 +374,8 @@ pub struct Pending {
     dedicated: Option<Box<Dedicated>>,
     /// Its client is told of its keys once it has run (see [`Ctx::tracked_write`]).
     tracked_write: bool,
+    /// A write while dual-write is on: its keys are noted for their copy once it has run.
+    migrate: bool,
 }
 
 impl Pending {
@@ -387,6 +392,7 @@ impl Pending {
             write_hot_generation: ctx.write_hot_generation.take(),
             dedicated: None,
             tracked_write: ctx.tracked_write,
+            migrate: std::mem::take(&mut ctx.migrate),
         }
     }
 
@@ -402,6 +408,7 @@ impl Pending {
             && self.invalidate.is_empty()
             && self.flush == Drops::Nothing
             && !self.tracked_write
+            && !self.migrate
             && self.write_hot_generation.is_none_or(|g| g == proxy.cache.hot_generation())
     }
 

@@ -1,10 +1,12 @@
 //! Moving a live dataset from the cluster heatshield serves (the source, `[backend]`) to
 //! another (the target, `[migration]`): the target's configuration and connection
-//! options, and the phases (docs/migration.md). Built so far: [`verify`], every key
-//! compared between the two.
+//! options, and the phases (docs/migration.md). Built so far: [`copy`], a key copied with
+//! a version; [`backfill`], every key copied; [`dual`], the keys clients write copied
+//! after the source's reply; [`verify`], every key compared between the two.
 
 pub mod backfill;
 pub mod copy;
+pub mod dual;
 pub mod verify;
 
 use std::collections::HashMap;
@@ -43,6 +45,11 @@ pub struct MigrationConfig {
     /// is reported (a key written while it was compared settles).
     pub verify_rechecks: u32,
     pub verify_recheck_delay_ms: u64,
+    /// The phase at start: "off", or "dual-write" (every key a client writes is copied to
+    /// the target after the source's reply). `PROXY MIGRATION` changes it while running.
+    pub phase: String,
+    /// Keys written and waiting for their copy at most; more are dropped and counted.
+    pub max_pending: usize,
 }
 
 impl Default for MigrationConfig {
@@ -60,6 +67,8 @@ impl Default for MigrationConfig {
             ttl_tolerance_ms: 1_000,
             verify_rechecks: 3,
             verify_recheck_delay_ms: 500,
+            phase: "off".into(),
+            max_pending: 1_000_000,
         }
     }
 }
@@ -75,6 +84,15 @@ impl MigrationConfig {
     /// it back onto itself.
     pub fn problems(&self, source: &[String]) -> Vec<String> {
         let mut p = Vec::new();
+        match self.phase.as_str() {
+            "off" => {}
+            "dual-write" if self.configured() => {}
+            "dual-write" => p.push("migration.phase: \"dual-write\" needs migration.target".into()),
+            ph => p.push(format!("migration.phase: {ph:?} is neither \"off\" nor \"dual-write\"")),
+        }
+        if self.max_pending == 0 {
+            p.push("migration.max_pending: must be at least 1".into());
+        }
         if !self.configured() {
             return p;
         }

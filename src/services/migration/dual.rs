@@ -1,0 +1,229 @@
+//! `dual-write`: while it is on, every key a client's write names is copied to the target
+//! after the source's reply ([`super::copy`]: versioned, so copies applied in any order,
+//! by any heatshield of a fleet or by a backfill running beside, leave the target with
+//! the source's latest value, never an older one).
+//!
+//! - The request path only notes the keys ([`DualWrite::wrote`]: one relaxed load when
+//!   it is off); the copier ([`DualWrite::run`], one task) takes them in batches, each key
+//!   once per batch however often it was written, and copies them with one pipelined
+//!   read per source master and one pipelined write per target master.
+//! - What is noted: the keys of every write, on every path that sends one (single
+//!   commands, pipelines, the parts of a split command, the writes queued in a
+//!   transaction, a script's declared keys, blocking commands that move elements, lock
+//!   commands). A `FLUSHALL` / `FLUSHDB` is counted (`flushes`), not copied: the target
+//!   then needs `backfill --restart` and `verify`.
+//! - Bounded: at most `max_pending` keys wait; past it keys are dropped and counted
+//!   (`overflowed`), and the target needs a `backfill` (run with `--restart`) to catch up.
+//! - A copy that fails (the target refused it, or could not be reached) is counted and its
+//!   key noted again after a pause, so it is retried; the target is never ahead of the
+//!   source, only behind until its copies land.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tracing::warn;
+
+use super::Nodes;
+use super::copy::{Copied, copy_batch};
+use crate::upstream::backend::BackendOptions;
+use crate::upstream::cluster::Cluster;
+
+/// Keys copied per read and write round trip.
+const BATCH: usize = 500;
+
+/// The dual-write phase: its switch, the keys waiting, what the copies did.
+pub struct DualWrite {
+    on: AtomicBool,
+    /// A target is configured (dual-write can be turned on).
+    configured: bool,
+    queue: Mutex<Vec<Bytes>>,
+    wake: tokio::sync::Notify,
+    max_pending: usize,
+    /// Keys taken by the copier and not yet copied.
+    in_flight: AtomicU64,
+    pub noted: AtomicU64,
+    pub applied: AtomicU64,
+    pub kept: AtomicU64,
+    pub gone: AtomicU64,
+    pub failed: AtomicU64,
+    pub overflowed: AtomicU64,
+    pub flushes: AtomicU64,
+}
+
+impl DualWrite {
+    pub fn new(configured: bool, on: bool, max_pending: usize) -> DualWrite {
+        DualWrite {
+            on: AtomicBool::new(configured && on),
+            configured,
+            queue: Mutex::new(Vec::new()),
+            wake: tokio::sync::Notify::new(),
+            max_pending,
+            in_flight: AtomicU64::new(0),
+            noted: AtomicU64::new(0),
+            applied: AtomicU64::new(0),
+            kept: AtomicU64::new(0),
+            gone: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            overflowed: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether writes are copied to the target now.
+    #[inline]
+    pub fn on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Turns dual-write on or off; refused without a target.
+    pub fn set(&self, on: bool) -> Result<(), &'static str> {
+        if on && !self.configured {
+            return Err(crate::errors::NO_MIGRATION_TARGET);
+        }
+        self.on.store(on, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Notes the keys a write named (in the cluster's names), to be copied.
+    pub fn wrote(&self, keys: impl IntoIterator<Item = Bytes>) {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let before = q.len();
+        for k in keys {
+            if crate::command::reserved(&k) {
+                continue;
+            }
+            if q.len() >= self.max_pending {
+                self.overflowed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            q.push(k);
+        }
+        let added = q.len() - before;
+        drop(q);
+        if added > 0 {
+            self.noted.fetch_add(added as u64, Ordering::Relaxed);
+            self.wake.notify_one();
+        }
+    }
+
+    /// A FLUSHALL or FLUSHDB reached the source while dual-write was on.
+    pub fn flushed(&self) {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Keys noted and not yet copied.
+    pub fn pending(&self) -> u64 {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).len() as u64 + self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// `PROXY MIGRATION STATUS`'s fields of this phase.
+    pub fn status(&self) -> Vec<(&'static str, String)> {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
+        vec![
+            ("dual_write", if self.on() { "on" } else { "off" }.into()),
+            ("dual_write_pending", self.pending().to_string()),
+            ("dual_write_noted", n(&self.noted)),
+            ("dual_write_applied", n(&self.applied)),
+            ("dual_write_kept", n(&self.kept)),
+            ("dual_write_gone", n(&self.gone)),
+            ("dual_write_failed", n(&self.failed)),
+            ("dual_write_overflowed", n(&self.overflowed)),
+            ("dual_write_flushes", n(&self.flushes)),
+        ]
+    }
+
+    /// The copier: takes the noted keys and copies them, for as long as the process runs.
+    pub async fn run(
+        self: Arc<Self>,
+        source: Arc<Cluster>,
+        source_opts: BackendOptions,
+        target: Arc<Cluster>,
+        target_opts: BackendOptions,
+    ) {
+        if target.is_cluster() {
+            target.spawn_refresher(Duration::from_secs(5));
+            let _ = target.refresh().await;
+        }
+        let mut src = Nodes::new(source, source_opts, "dual-write");
+        let mut dst = Nodes::new(target, target_opts, "dual-write");
+        loop {
+            let batch = std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()));
+            if batch.is_empty() {
+                self.wake.notified().await;
+                continue;
+            }
+            // each key once, in the order first noted
+            let mut seen = HashSet::with_capacity(batch.len());
+            let keys: Vec<Bytes> = batch.into_iter().filter(|k| seen.insert(k.clone())).collect();
+            self.in_flight.store(keys.len() as u64, Ordering::Relaxed);
+            let mut by_master: Vec<(Arc<str>, Vec<Vec<u8>>)> = Vec::new();
+            let mut failed = Vec::new();
+            for k in &keys {
+                match src.owner(k) {
+                    Ok(m) => match by_master.iter_mut().find(|(a, _)| *a == m) {
+                        Some((_, v)) => v.push(k.to_vec()),
+                        None => by_master.push((m, vec![k.to_vec()])),
+                    },
+                    Err(_) => failed.push(k.clone()),
+                }
+            }
+            for (m, keys) in &by_master {
+                for chunk in keys.chunks(BATCH) {
+                    let mut c = Copied::default();
+                    match copy_batch(&mut src, &mut dst, m, chunk, &mut c).await {
+                        Ok(()) => {
+                            self.applied.fetch_add(c.applied, Ordering::Relaxed);
+                            self.kept.fetch_add(c.kept, Ordering::Relaxed);
+                            self.gone.fetch_add(c.gone, Ordering::Relaxed);
+                            self.failed.fetch_add(c.failed, Ordering::Relaxed);
+                            failed.extend(c.first_failures.iter().map(|(k, _)| Bytes::copy_from_slice(k)));
+                            if let Some((k, why)) = c.first_failures.first() {
+                                warn!(key = %crate::protocol::reply::quoted(k), error = %why, failed = c.failed, "dual-write: copies refused by the target; retried");
+                            }
+                        }
+                        Err(e) => {
+                            warn!(error = %e, keys = chunk.len(), "dual-write: copies failed; retried");
+                            self.failed.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                            failed.extend(chunk.iter().map(|k| Bytes::copy_from_slice(k)));
+                        }
+                    }
+                    self.in_flight.fetch_sub(chunk.len() as u64, Ordering::Relaxed);
+                }
+            }
+            self.in_flight.store(0, Ordering::Relaxed);
+            if !failed.is_empty() {
+                // again after a pause (a node restarting, a slot moving)
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                for c in [&src.cluster, &dst.cluster] {
+                    if c.is_cluster() {
+                        c.request_refresh();
+                    }
+                }
+                self.wrote(failed);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_noted_only_within_the_bound_and_never_heatshields_own() {
+        let d = DualWrite::new(true, false, 3);
+        assert!(!d.on());
+        d.set(true).unwrap();
+        d.wrote([Bytes::from_static(b"a"), Bytes::from_static(b"{heatshield:fleet}x"), Bytes::from_static(b"b")]);
+        assert_eq!(d.pending(), 2);
+        d.wrote([Bytes::from_static(b"c"), Bytes::from_static(b"d")]);
+        assert_eq!(d.pending(), 3);
+        assert_eq!(d.overflowed.load(Ordering::Relaxed), 1);
+        let none = DualWrite::new(false, true, 3);
+        assert!(!none.on(), "without a target it cannot be on");
+        assert!(none.set(true).is_err());
+    }
+}
