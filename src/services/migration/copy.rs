@@ -1,6 +1,9 @@
 //! The copy of a key from the source to the target, with a version, so that a copy never
 //! replaces a newer one (whoever makes them: this run, another heatshield, a later phase).
 //!
+//! Both scripts are sent as `EVALSHA` (a node that does not know them is taught them with
+//! `SCRIPT LOAD` and asked again), so a copy carries its key and value, not the script.
+//!
 //! - **Read** (one script on the source, [`READ`]): the source master's clock (`TIME`, in
 //!   microseconds: the copy's version), the key's type, its expiry time (`PEXPIRETIME`),
 //!   and its `DUMP`, all at one instant. A collection of more than [`BIG`] elements is not
@@ -69,6 +72,38 @@ else redis.call('DEL', KEYS[1]) end \
 redis.call('HSET', KEYS[2], KEYS[1], ARGV[1]) \
 return 1";
 
+/// A script and its SHA1, as `EVALSHA` names it.
+struct Script {
+    text: &'static str,
+    sha: std::sync::OnceLock<String>,
+}
+
+impl Script {
+    fn sha(&self) -> &[u8] {
+        self.sha.get_or_init(|| sha1_smol::Sha1::from(self.text).digest().to_string()).as_bytes()
+    }
+}
+
+static READ_SCRIPT: Script = Script { text: READ, sha: std::sync::OnceLock::new() };
+static WRITE_SCRIPT: Script = Script { text: WRITE, sha: std::sync::OnceLock::new() };
+
+/// Sends `cmds` (`EVALSHA`s of `script`) to `addr` pipelined. A node that does not know
+/// the script (it restarted, or a failover) is taught it (`SCRIPT LOAD`) and the commands
+/// it refused are sent again; the others' replies stand.
+async fn scripted(n: &mut Nodes, addr: &Arc<str>, script: &Script, cmds: &[Vec<&[u8]>]) -> Result<Vec<Bytes>, String> {
+    let mut replies = n.pipe(addr, cmds).await?;
+    let again: Vec<usize> = (0..replies.len()).filter(|&i| replies[i].starts_with(b"-NOSCRIPT")).collect();
+    if again.is_empty() {
+        return Ok(replies);
+    }
+    n.ask(addr, vec![b"SCRIPT", b"LOAD", script.text.as_bytes()]).await?;
+    let redo: Vec<Vec<&[u8]>> = again.iter().map(|&i| cmds[i].clone()).collect();
+    for (i, r) in again.into_iter().zip(n.pipe(addr, &redo).await?) {
+        replies[i] = r;
+    }
+    Ok(replies)
+}
+
 /// How long a big key's copy in progress lives on the target if it is never finished.
 const PIECES_TTL_MS: &str = "3600000";
 
@@ -126,8 +161,16 @@ fn parse_read(r: &[u8]) -> Result<Read, String> {
 
 /// The version hash and the big-copy key of `key`, on the target.
 fn beside(key: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    let tag = slot_tag(slot(key));
-    (format!("{{{tag}}}v").into_bytes(), [format!("{{{tag}}}t:").as_bytes(), key].concat())
+    let tag = slot_tag(slot(key)).as_bytes();
+    let mut v = Vec::with_capacity(tag.len() + 3);
+    v.extend_from_slice(b"{");
+    v.extend_from_slice(tag);
+    v.extend_from_slice(b"}v");
+    let mut t = Vec::with_capacity(tag.len() + 4 + key.len());
+    t.extend_from_slice(&v[..v.len() - 1]);
+    t.extend_from_slice(b"t:");
+    t.extend_from_slice(key);
+    (v, t)
 }
 
 /// Copies `keys` (from a `SCAN` of source master `m`): one pipelined read on `m`, one
@@ -143,19 +186,16 @@ pub async fn copy_batch(
         return Ok(());
     }
     let big = BIG.to_string();
-    let read = |k: &[u8]| -> Vec<Vec<u8>> {
-        vec![b"EVAL".to_vec(), READ.as_bytes().to_vec(), b"1".to_vec(), k.to_vec(), big.as_bytes().to_vec()]
-    };
-    let cmds: Vec<Vec<Vec<u8>>> = keys.iter().map(|k| read(k)).collect();
-    let refs: Vec<Vec<&[u8]>> = cmds.iter().map(|c| c.iter().map(Vec::as_slice).collect()).collect();
-    let replies = src.pipe(m, &refs).await?;
+    let refs: Vec<Vec<&[u8]>> =
+        keys.iter().map(|k| vec![&b"EVALSHA"[..], READ_SCRIPT.sha(), b"1", k.as_slice(), big.as_bytes()]).collect();
+    let replies = scripted(src, m, &READ_SCRIPT, &refs).await?;
     let mut reads = Vec::with_capacity(keys.len());
-    for (k, r) in keys.iter().zip(replies) {
+    for ((k, r), cmd) in keys.iter().zip(replies).zip(&refs) {
         let r = match parse_read(&r) {
             // (a slot moved since the scan: read where it is now)
             Err(_) => {
-                let c = read(k);
-                parse_read(&src.ask_for(k, c.iter().map(Vec::as_slice).collect()).await?)
+                let owner = src.owner(k)?;
+                parse_read(&scripted(src, &owner, &READ_SCRIPT, std::slice::from_ref(cmd)).await?.pop().unwrap_or_default())
             }
             ok => ok,
         };
@@ -187,7 +227,7 @@ pub async fn copy_batch(
     }
     for (addr, writes) in by_owner {
         let refs: Vec<Vec<&[u8]>> = writes.iter().map(|(_, c)| c.iter().map(Vec::as_slice).collect()).collect();
-        let replies = dst.pipe(&addr, &refs).await?;
+        let replies = scripted(dst, &addr, &WRITE_SCRIPT, &refs).await?;
         for ((i, _), r) in writes.iter().zip(replies) {
             count_write(&keys[*i], &r, out);
         }
@@ -204,8 +244,8 @@ type Command = Vec<Vec<u8>>;
 fn write_cmd(key: &[u8], version: u64, mode: &[u8], at: i64, dump: &[u8]) -> Command {
     let (v, t) = beside(key);
     vec![
-        b"EVAL".to_vec(),
-        WRITE.as_bytes().to_vec(),
+        b"EVALSHA".to_vec(),
+        WRITE_SCRIPT.sha().to_vec(),
         b"3".to_vec(),
         key.to_vec(),
         v,
@@ -302,7 +342,7 @@ async fn copy_big(
     }
     out.big += 1;
     let w = write_cmd(key, version, b"rename", at, b"");
-    let r = dst.ask(&to, w.iter().map(Vec::as_slice).collect()).await?;
+    let r = scripted(dst, &to, &WRITE_SCRIPT, &[w.iter().map(Vec::as_slice).collect()]).await?.pop().unwrap_or_default();
     count_write(key, &r, out);
     Ok(())
 }

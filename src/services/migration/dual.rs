@@ -156,14 +156,14 @@ impl DualWrite {
                 continue;
             }
             // each key once, in the order first noted
-            let mut seen = HashSet::with_capacity(batch.len());
+            let mut seen: HashSet<Bytes, ahash::RandomState> = HashSet::with_capacity_and_hasher(batch.len(), Default::default());
             let keys: Vec<Bytes> = batch.into_iter().filter(|k| seen.insert(k.clone())).collect();
             self.in_flight.store(keys.len() as u64, Ordering::Relaxed);
             let mut by_master: Vec<(Arc<str>, Vec<Vec<u8>>)> = Vec::new();
             let mut failed = Vec::new();
             for k in &keys {
                 match src.owner(k) {
-                    Ok(m) => match by_master.iter_mut().find(|(a, _)| *a == m) {
+                    Ok(m) => match by_master.iter_mut().find(|(a, _)| Arc::ptr_eq(a, &m)) {
                         Some((_, v)) => v.push(k.to_vec()),
                         None => by_master.push((m, vec![k.to_vec()])),
                     },
@@ -194,6 +194,11 @@ impl DualWrite {
                 }
             }
             self.in_flight.store(0, Ordering::Relaxed);
+            if keys.len() < BATCH {
+                // a short batch: let the next gather for a moment (fewer wake-ups and
+                // round trips a key, the target a millisecond further behind)
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             if !failed.is_empty() {
                 // again after a pause (a node restarting, a slot moving)
                 tokio::time::sleep(Duration::from_millis(200)).await;
