@@ -195,7 +195,9 @@ pub async fn copy_batch(
             // (a slot moved since the scan: read where it is now)
             Err(_) => {
                 let owner = src.owner(k)?;
-                parse_read(&scripted(src, &owner, &READ_SCRIPT, std::slice::from_ref(cmd)).await?.pop().unwrap_or_default())
+                parse_read(
+                    &scripted(src, &owner, &READ_SCRIPT, std::slice::from_ref(cmd)).await?.pop().unwrap_or_default(),
+                )
             }
             ok => ok,
         };
@@ -342,7 +344,8 @@ async fn copy_big(
     }
     out.big += 1;
     let w = write_cmd(key, version, b"rename", at, b"");
-    let r = scripted(dst, &to, &WRITE_SCRIPT, &[w.iter().map(Vec::as_slice).collect()]).await?.pop().unwrap_or_default();
+    let r =
+        scripted(dst, &to, &WRITE_SCRIPT, &[w.iter().map(Vec::as_slice).collect()]).await?.pop().unwrap_or_default();
     count_write(key, &r, out);
     Ok(())
 }

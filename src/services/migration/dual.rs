@@ -156,7 +156,8 @@ impl DualWrite {
                 continue;
             }
             // each key once, in the order first noted
-            let mut seen: HashSet<Bytes, ahash::RandomState> = HashSet::with_capacity_and_hasher(batch.len(), Default::default());
+            let mut seen: HashSet<Bytes, ahash::RandomState> =
+                HashSet::with_capacity_and_hasher(batch.len(), Default::default());
             let keys: Vec<Bytes> = batch.into_iter().filter(|k| seen.insert(k.clone())).collect();
             self.in_flight.store(keys.len() as u64, Ordering::Relaxed);
             let mut by_master: Vec<(Arc<str>, Vec<Vec<u8>>)> = Vec::new();
