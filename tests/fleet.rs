@@ -854,7 +854,8 @@ fn a_thousand_keys_budgets_follow_their_clients_between_instances() {
     // nine clients of 900 INCRs a second over the keys: 4 times the rule. (A burst of a
     // request or two would not do: with requests coming at random, one bucket of burst 1
     // admits 0.8 of its rate, alone or in a fleet.)
-    follow("mvk", 1000, 45, 2.0, 4, &MOVES);
+    // (the first six moves of the hot key's plan: every instance gains and loses clients)
+    follow("mvk", 1000, 45, 2.0, 4, &MOVES[..6]);
 }
 
 /// Issue 49: a colocation rule added to a fleet of three, instance by instance

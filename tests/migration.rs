@@ -16,7 +16,7 @@ mod common;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::client::{Conn, cmd_text};
+use common::client::{Conn, V, cmd_text};
 use common::redis::{redis_server_bin, valkey_server_required};
 use common::{Proxy, RedisCluster, config_file};
 
@@ -280,6 +280,19 @@ fn status(c: &mut Conn) -> std::collections::HashMap<String, String> {
     c.cmd(&["PROXY", "MIGRATION", "STATUS"]).pairs().into_iter().map(|(k, v)| (k.text(), v.text())).collect()
 }
 
+/// `PROXY MIGRATION STATUS` once the backfill or verify run inside heatshield ended.
+fn job_end(c: &mut Conn) -> std::collections::HashMap<String, String> {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = status(c);
+        if s["job_state"] != "running" {
+            return s;
+        }
+        assert!(Instant::now() < until, "the run never ended: {s:?}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn dual_write_copies_every_paths_writes_and_with_a_backfill_beside_the_target_ends_equal() {
     let env = start();
@@ -351,10 +364,22 @@ fn dual_write_copies_every_paths_writes_and_with_a_backfill_beside_the_target_en
             acked
         }));
     }
+    // the backfill, run inside heatshield this time, beside the load
     thread::sleep(Duration::from_millis(300));
-    let (code, out) = backfill(&env, &[]);
-    assert_eq!(code, 0, "{out}");
-    thread::sleep(Duration::from_millis(1500));
+    let r = admin.cmd(&["PROXY", "MIGRATION", "BACKFILL"]);
+    assert!(r.is_ok(), "{r:?}");
+    let err = admin.cmd(&["PROXY", "MIGRATION", "VERIFY"]);
+    assert!(
+        err == V::Err("ERR a backfill is running (PROXY MIGRATION STATUS)".into())
+            || status(&mut admin)["job_state"] == "done",
+        "{err:?}"
+    );
+    let s = job_end(&mut admin);
+    assert_eq!(s["job"], "backfill");
+    assert_eq!(s["job_state"], "done", "{s:?}");
+    assert!(s["job_result"].starts_with("backfill: complete"), "{s:?}");
+    assert!(s["job_keys_done"].parse::<u64>().unwrap() >= 2205, "{s:?}");
+    thread::sleep(Duration::from_millis(1000));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let acked: Vec<_> = load.into_iter().map(|h| h.join().unwrap()).collect();
     // the copies land
@@ -369,7 +394,12 @@ fn dual_write_copies_every_paths_writes_and_with_a_backfill_beside_the_target_en
         assert!(Instant::now() < until, "copies still pending: {s:?}");
         thread::sleep(Duration::from_millis(50));
     }
-    // the two clusters hold the same data, and every acknowledged INCR is on the target
+    // the two clusters hold the same data (verify inside heatshield, then from the
+    // command line), and every acknowledged INCR is on the target
+    assert!(admin.cmd(&["PROXY", "MIGRATION", "VERIFY"]).is_ok());
+    let s = job_end(&mut admin);
+    assert_eq!((s["job"].as_str(), s["job_state"].as_str()), ("verify", "done"), "{s:?}");
+    assert!(s["job_result"].contains(": 0 differences"), "{s:?}");
     let (code, out) = verify(&env, "", "20");
     assert_eq!(code, 0, "{out}");
     assert!(out.contains(": 0 differences"), "{out}");

@@ -1,6 +1,6 @@
-//! `PROXY MIGRATION STATUS | DUAL-WRITE | OFF`: the move to another cluster as this
-//! instance runs it (docs/migration.md): the target, the phase, and what dual-write's
-//! copies did.
+//! `PROXY MIGRATION STATUS | DUAL-WRITE | OFF | BACKFILL [RESTART] [RATE n] | VERIFY`:
+//! the move to another cluster as this instance runs it (docs/migration.md): the target,
+//! the phase, what dual-write's copies did, and a backfill or verify run here.
 
 use crate::errors;
 use crate::path::pending::{Ctx, Outcome};
@@ -33,7 +33,41 @@ pub(super) fn migration_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
             }
             Err(e) => ctx.error(e),
         },
-        ("STATUS" | "DUAL-WRITE" | "OFF", _) => {
+        ("BACKFILL", n) => {
+            let (mut restart, mut rate) = (false, 0u64);
+            let mut i = 3;
+            while i < n {
+                match req.arg(i).to_ascii_uppercase().as_slice() {
+                    b"RESTART" => restart = true,
+                    b"RATE" if i + 1 < n => {
+                        let Some(r) = crate::protocol::request::parse_i64(req.arg(i + 1)).filter(|&r| r >= 0) else {
+                            return ctx.error(errors::SYNTAX);
+                        };
+                        rate = r as u64;
+                        i += 1;
+                    }
+                    _ => return ctx.error(errors::SYNTAX),
+                }
+                i += 1;
+            }
+            match proxy.migration.start_backfill(restart, rate) {
+                Ok(()) => ctx.reply(|w| w.ok()),
+                Err(e) => ctx.error(&e),
+            }
+        }
+        ("VERIFY", 3) => {
+            let m = &proxy.config.migration;
+            let v = crate::services::migration::dual::VerifyOptions {
+                ttl_tolerance: std::time::Duration::from_millis(m.ttl_tolerance_ms),
+                rechecks: m.verify_rechecks,
+                recheck_delay: std::time::Duration::from_millis(m.verify_recheck_delay_ms),
+            };
+            match proxy.migration.start_verify(v) {
+                Ok(()) => ctx.reply(|w| w.ok()),
+                Err(e) => ctx.error(&e),
+            }
+        }
+        ("STATUS" | "DUAL-WRITE" | "OFF" | "VERIFY", _) => {
             ctx.error(&errors::wrong_arity(&format!("proxy|migration|{}", op.to_ascii_lowercase())))
         }
         _ => ctx.error(&errors::unknown_subcommand(&format!("MIGRATION {op}"), "PROXY")),

@@ -143,7 +143,7 @@ pub fn proxy_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> Outcome {
                 "COLOCATE LIST | SET <name> <tag> <pattern> [<pattern> ...] | DEL <name> -- key colocation rules: keys matching a pattern get the hash tag (plain text, $1 for what the first * matched).",
                 "HOTKEYS [COUNT <n>] -- keys read hot enough to cache: estimated reads/s, and whether a reply is cached.",
                 "CACHE STATS | FLUSH -- hot-key cache counters, or drop every cached reply.",
-                "MIGRATION STATUS | DUAL-WRITE | OFF -- the move to the [migration] target: its phase, and what dual-write's copies did.",
+                "MIGRATION STATUS | DUAL-WRITE | OFF | BACKFILL [RESTART] [RATE <keys/s>] | VERIFY -- the move to the [migration] target: its phase, dual-write's copies, a backfill or verify run here and its progress.",
                 "FLEET -- the fleet: members, their versions and digests of colocation rules, users and rate rules, what differs, this instance's part of each rule.",
             ];
             w.lines(&lines);

@@ -17,11 +17,13 @@
 //! - A copy that fails (the target refused it, or could not be reached) is counted and its
 //!   key noted again after a pause, so it is retried; the target is never ahead of the
 //!   source, only behind until its copies land.
+//! - It also runs a backfill or a verify inside heatshield (`PROXY MIGRATION BACKFILL |
+//!   VERIFY`), one at a time, and shows its progress in `PROXY MIGRATION STATUS`.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tracing::warn;
@@ -51,6 +53,42 @@ pub struct DualWrite {
     pub failed: AtomicU64,
     pub overflowed: AtomicU64,
     pub flushes: AtomicU64,
+    /// The source and the target with their connection options, once the copier started.
+    sides: OnceLock<Sides>,
+    /// The backfill or verify run from `PROXY MIGRATION BACKFILL | VERIFY`, the last one.
+    job: Arc<Mutex<Job>>,
+}
+
+/// The two clusters and how to reach them.
+#[derive(Clone)]
+struct Sides {
+    source: Arc<Cluster>,
+    source_opts: BackendOptions,
+    target: Arc<Cluster>,
+    target_opts: BackendOptions,
+}
+
+/// A backfill or verify run inside heatshield, as `PROXY MIGRATION STATUS` shows it.
+#[derive(Debug, Default, Clone)]
+struct Job {
+    /// "backfill" or "verify"; empty: none run yet.
+    kind: &'static str,
+    running: bool,
+    started: Option<Instant>,
+    done: u64,
+    total: u64,
+    bytes: u64,
+    /// The run's report when it ended (its first line), or its error.
+    result: String,
+    /// Whether it ended with every key copied, or no difference.
+    ok: bool,
+}
+
+/// The options of a verify run inside heatshield.
+pub struct VerifyOptions {
+    pub ttl_tolerance: Duration,
+    pub rechecks: u32,
+    pub recheck_delay: Duration,
 }
 
 impl DualWrite {
@@ -69,7 +107,69 @@ impl DualWrite {
             failed: AtomicU64::new(0),
             overflowed: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            sides: OnceLock::new(),
+            job: Arc::new(Mutex::new(Job::default())),
         }
+    }
+
+    /// Starts a backfill (`PROXY MIGRATION BACKFILL`) as a task of the calling runtime;
+    /// refused while one runs, or before the copier knows the two sides.
+    pub fn start_backfill(&self, restart: bool, rate: u64) -> Result<(), String> {
+        let (sides, job) = self.claim("backfill")?;
+        let shown = job.clone();
+        let progress = Box::new(move |done: u64, of: u64, bytes: u64| {
+            let mut j = shown.lock().unwrap_or_else(|e| e.into_inner());
+            (j.done, j.total, j.bytes) = (done, of, bytes);
+        });
+        let o = super::backfill::Options { restart, rate, max_keys: 0, progress };
+        tokio::spawn(async move {
+            let r = super::backfill::run(sides.source, sides.source_opts, sides.target, sides.target_opts, o).await;
+            let mut j = job.lock().unwrap_or_else(|e| e.into_inner());
+            j.running = false;
+            (j.result, j.ok) = match r {
+                Ok(r) => (first_line(r.render()), r.complete && r.copied.failed == 0),
+                Err(e) => (e, false),
+            };
+        });
+        Ok(())
+    }
+
+    /// Starts a verify (`PROXY MIGRATION VERIFY`), as [`DualWrite::start_backfill`].
+    pub fn start_verify(&self, v: VerifyOptions) -> Result<(), String> {
+        let (sides, job) = self.claim("verify")?;
+        let shown = job.clone();
+        let progress = Box::new(move |done: u64, of: u64| {
+            let mut j = shown.lock().unwrap_or_else(|e| e.into_inner());
+            (j.done, j.total) = (done, of);
+        });
+        let o = super::verify::Options {
+            ttl_tolerance: v.ttl_tolerance,
+            rechecks: v.rechecks,
+            recheck_delay: v.recheck_delay,
+            first: 5,
+            progress,
+        };
+        tokio::spawn(async move {
+            let r = super::verify::run(sides.source, sides.source_opts, sides.target, sides.target_opts, o).await;
+            let mut j = job.lock().unwrap_or_else(|e| e.into_inner());
+            j.running = false;
+            (j.result, j.ok) = match r {
+                Ok(r) => (r.render().trim_end().replace('\n', "; "), r.differences() == 0),
+                Err(e) => (e, false),
+            };
+        });
+        Ok(())
+    }
+
+    /// Marks a run of `kind` as started, if none is running.
+    fn claim(&self, kind: &'static str) -> Result<(Sides, Arc<Mutex<Job>>), String> {
+        let Some(sides) = self.sides.get().cloned() else { return Err(crate::errors::NO_MIGRATION_TARGET.into()) };
+        let mut j = self.job.lock().unwrap_or_else(|e| e.into_inner());
+        if j.running {
+            return Err(format!("ERR a {} is running (PROXY MIGRATION STATUS)", j.kind));
+        }
+        *j = Job { kind, running: true, started: Some(Instant::now()), ..Job::default() };
+        Ok((sides, self.job.clone()))
     }
 
     /// Whether writes are copied to the target now.
@@ -133,6 +233,34 @@ impl DualWrite {
             ("dual_write_overflowed", n(&self.overflowed)),
             ("dual_write_flushes", n(&self.flushes)),
         ]
+        .into_iter()
+        .chain(self.job_status())
+        .collect()
+    }
+
+    /// The last backfill or verify run inside heatshield: what, its state, keys done out
+    /// of the source's, bytes, rate, the time left, and its result.
+    fn job_status(&self) -> Vec<(&'static str, String)> {
+        let j = self.job.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let secs = j.started.map_or(0.0, |t| t.elapsed().as_secs_f64()).max(1e-3);
+        let rate = j.done as f64 / secs;
+        let left = if rate > 0.0 { j.total.saturating_sub(j.done) as f64 / rate } else { 0.0 };
+        let state = match (j.kind, j.running, j.ok) {
+            ("", ..) => "none",
+            (_, true, _) => "running",
+            (_, false, true) => "done",
+            (_, false, false) => "failed",
+        };
+        vec![
+            ("job", j.kind.to_string()),
+            ("job_state", state.into()),
+            ("job_keys_done", j.done.to_string()),
+            ("job_keys_total", j.total.to_string()),
+            ("job_bytes", j.bytes.to_string()),
+            ("job_keys_per_sec", format!("{rate:.0}")),
+            ("job_seconds_left", if j.running { format!("{left:.0}") } else { "0".into() }),
+            ("job_result", j.result),
+        ]
     }
 
     /// The copier: takes the noted keys and copies them, for as long as the process runs.
@@ -143,6 +271,12 @@ impl DualWrite {
         target: Arc<Cluster>,
         target_opts: BackendOptions,
     ) {
+        let _ = self.sides.set(Sides {
+            source: source.clone(),
+            source_opts: source_opts.clone(),
+            target: target.clone(),
+            target_opts: target_opts.clone(),
+        });
         if target.is_cluster() {
             target.spawn_refresher(Duration::from_secs(5));
             let _ = target.refresh().await;
@@ -212,6 +346,11 @@ impl DualWrite {
             }
         }
     }
+}
+
+/// The first line of a report.
+fn first_line(s: String) -> String {
+    s.lines().next().unwrap_or_default().to_string()
 }
 
 #[cfg(test)]
