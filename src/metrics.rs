@@ -190,6 +190,22 @@ fn describe() {
     );
     describe_gauge!("heatshield_cache_hot_keys", "Keys currently detected as hot.");
     describe_gauge!("heatshield_lock_waiters", "LOCK.ACQUIRE ... WAIT requests parked now.");
+    describe_gauge!("heatshield_migration_dual_write", "1 while dual-write to the migration target is on, else 0.");
+    describe_gauge!(
+        "heatshield_migration_pending_keys",
+        "Keys written under dual-write and not yet copied to the target."
+    );
+    describe_counter!(
+        "heatshield_migration_copies_total",
+        "Dual-write's copies by outcome (applied, kept, gone, failed, overflowed)."
+    );
+    describe_gauge!("heatshield_migration_job_running", "1 while a backfill or verify runs inside this heatshield.");
+    describe_gauge!("heatshield_migration_job_keys_done", "Keys the last backfill or verify run here has done.");
+    describe_gauge!(
+        "heatshield_migration_job_source_keys",
+        "Keys of the source when the last backfill or verify began."
+    );
+    describe_gauge!("heatshield_migration_job_bytes", Unit::Bytes, "Bytes the last backfill run here has copied.");
     describe_gauge!("heatshield_lock_keepalive_locks", "KEEPALIVE locks heatshield is renewing now.");
     describe_counter!("heatshield_lock_waits_total", "Parked LOCK.ACQUIRE requests by result (acquired, timeout).");
     describe_gauge!("heatshield_cache_entries", "Keys with cached replies.");

@@ -301,7 +301,7 @@ fn dual_write_copies_every_paths_writes_and_with_a_backfill_beside_the_target_en
         "[migration]\ntarget = [\"{}\"]\n[transactions]\ncross_slot = \"per-node\"\n",
         env.target.nodes()[0].addr()
     ));
-    let mig = Proxy::start_cluster(&env.source, &["--config", &conf, "--metrics", "off"]);
+    let mig = Proxy::start_cluster(&env.source, &["--config", &conf]);
     let mut admin = Conn::connect(mig.port());
     assert_eq!(status(&mut admin)["phase"], "off");
     // off: nothing is noted
@@ -413,6 +413,18 @@ fn dual_write_copies_every_paths_writes_and_with_a_backfill_beside_the_target_en
     }
     assert!(total > 50, "the load ran: {total} INCRs");
     assert!(dst.cmd(&["EXISTS", "gone:0"]).int() == 0);
+    // and the metrics say so (sampled every second)
+    let addr = mig.metrics_addr().unwrap();
+    common::wait_until(Duration::from_secs(5), "the migration's metrics", || {
+        let (_, body) = common::http_get(&addr, "/metrics");
+        let v = |series: &str| {
+            body.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        v("heatshield_migration_dual_write ") == Some(1.0)
+            && v("heatshield_migration_pending_keys ") == Some(0.0)
+            && v("heatshield_migration_copies_total{outcome=\"applied\"}").is_some_and(|n| n > 100.0)
+            && v("heatshield_migration_job_keys_done ").is_some_and(|n| n >= 2205.0)
+    });
     // off again: writes are no longer noted
     assert!(admin.cmd(&["PROXY", "MIGRATION", "OFF"]).is_ok());
     let noted = status(&mut admin)["dual_write_noted"].clone();

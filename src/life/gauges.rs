@@ -35,6 +35,7 @@ pub fn sample(proxy: &Proxy) {
     g.ratelimit_keys.set(proxy.ratelimit.tracked_keys() as f64);
     proxy.cache.publish_metrics();
     proxy.locks.publish_metrics();
+    proxy.migration.publish_metrics();
     for node in proxy.cluster.pools() {
         let (mut up, mut connecting, mut down) = (0, 0, 0);
         for (_, b) in node.connections() {

@@ -238,6 +238,27 @@ impl DualWrite {
         .collect()
     }
 
+    /// Publishes the `heatshield_migration_*` metrics (docs/metrics.md), once a second.
+    pub fn publish_metrics(&self) {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        metrics::gauge!("heatshield_migration_dual_write").set(if self.on() { 1.0 } else { 0.0 });
+        metrics::gauge!("heatshield_migration_pending_keys").set(self.pending() as f64);
+        for (outcome, v) in [
+            ("applied", n(&self.applied)),
+            ("kept", n(&self.kept)),
+            ("gone", n(&self.gone)),
+            ("failed", n(&self.failed)),
+            ("overflowed", n(&self.overflowed)),
+        ] {
+            metrics::counter!("heatshield_migration_copies_total", "outcome" => outcome).absolute(v);
+        }
+        let j = self.job.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        metrics::gauge!("heatshield_migration_job_running").set(if j.running { 1.0 } else { 0.0 });
+        metrics::gauge!("heatshield_migration_job_keys_done").set(j.done as f64);
+        metrics::gauge!("heatshield_migration_job_source_keys").set(j.total as f64);
+        metrics::gauge!("heatshield_migration_job_bytes").set(j.bytes as f64);
+    }
+
     /// The last backfill or verify run inside heatshield: what, its state, keys done out
     /// of the source's, bytes, rate, the time left, and its result.
     fn job_status(&self) -> Vec<(&'static str, String)> {
