@@ -317,7 +317,7 @@ fn exec(proxy: &Proxy, ctx: &mut Ctx, q: Queued) -> Outcome {
     };
     // the cache plan of the writes, as for the same writes sent alone
     let cache = &proxy.cache;
-    if cache.enabled && !q.write_keys.is_empty() {
+    if (cache.enabled || proxy.migration.on()) && !q.write_keys.is_empty() {
         ctx.write_hot_generation = Some(cache.hot_generation());
         if cache.active() {
             for k in &q.write_keys {
@@ -327,10 +327,6 @@ fn exec(proxy: &Proxy, ctx: &mut Ctx, q: Queued) -> Outcome {
                 }
             }
         }
-    }
-    // (and the copy of its writes' keys, as for the same writes sent alone)
-    if !q.write_keys.is_empty() && proxy.migration.on() {
-        ctx.migrate = true;
     }
     start_transaction(proxy, ctx, parts, total, q.write_keys, q.splits, pinned)
 }

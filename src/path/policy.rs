@@ -121,7 +121,9 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
     if cache.enabled && cmd.is_write() && cmd.flags & crate::command::flags::MODULE != 0 {
         ctx.flush = crate::path::pending::Drops::ItsNodes;
     }
-    if cache.enabled && cmd.is_write() && !keys.is_empty() {
+    // (and, while dual-write is on, what has the write's keys noted for their copy once
+    // it has run: crate::path::pending::finish)
+    if (cache.enabled || proxy.migration.on()) && cmd.is_write() && !keys.is_empty() {
         ctx.write_hot_generation = Some(cache.hot_generation());
         if cache.active() {
             // dropped now, so no fill started from here on is kept, and again when the
@@ -133,10 +135,6 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
                 }
             }
         }
-    }
-    // 5. a move to another cluster: the write's keys are copied once it has run
-    if cmd.is_write() && proxy.migration.on() {
-        ctx.migrate = true;
     }
     if route == Route::FanOut(FanOut::Flush) {
         if !proxy.live.allow_flush.load(Ordering::Relaxed) {

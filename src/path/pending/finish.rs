@@ -23,7 +23,7 @@ pub(super) fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize
     for k in p.invalidate.drain(..) {
         proxy.cache.invalidate(&k, crate::services::cache::Cause::Write);
     }
-    if p.migrate {
+    if (p.write_hot_generation.is_some() || p.flush == Drops::Everything) && proxy.migration.on() {
         migrated(proxy, ctx, p);
     }
     match p.flush {

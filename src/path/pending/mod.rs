@@ -94,8 +94,6 @@ pub struct Ctx<'a> {
     /// Set by dispatch: a write by a client with CLIENT TRACKING on, which is told of its
     /// keys once Redis answered.
     pub tracked_write: bool,
-    /// Set by admission: a write while dual-write is on (see [`Pending`]).
-    pub migrate: bool,
     /// Set by the subscription commands: their confirmations are written even under
     /// CLIENT REPLY OFF / SKIP, as Redis writes pub/sub pushes.
     pub pushing: bool,
@@ -148,7 +146,6 @@ impl<'a> Ctx<'a> {
             write_hot_generation: None,
             wait_ms: 0,
             tracked_write: false,
-            migrate: false,
             pushing: false,
             behind_retry: false,
             lane: crate::conn::order::Lane::Local,
@@ -368,14 +365,15 @@ pub struct Pending {
     /// FLUSHALL / FLUSHDB, a module's write: what of the cache is dropped before the
     /// reply is passed on.
     flush: Drops,
-    /// A write: the cache's hot generation when it was sent (see [`crate::services::cache::HotCache::hot_generation`]).
+    /// A write: the cache's hot generation when it was sent (see
+    /// [`crate::services::cache::HotCache::hot_generation`]). Set for every write with
+    /// keys while the cache is on or dual-write is (its keys are then noted for their
+    /// copy once it has run: crate::services::migration::dual).
     write_hot_generation: Option<u64>,
     /// `None`: its parts travel on the node's shared connections.
     dedicated: Option<Box<Dedicated>>,
     /// Its client is told of its keys once it has run (see [`Ctx::tracked_write`]).
     tracked_write: bool,
-    /// A write while dual-write is on: its keys are noted for their copy once it has run.
-    migrate: bool,
 }
 
 impl Pending {
@@ -392,7 +390,6 @@ impl Pending {
             write_hot_generation: ctx.write_hot_generation.take(),
             dedicated: None,
             tracked_write: ctx.tracked_write,
-            migrate: std::mem::take(&mut ctx.migrate),
         }
     }
 
@@ -408,8 +405,7 @@ impl Pending {
             && self.invalidate.is_empty()
             && self.flush == Drops::Nothing
             && !self.tracked_write
-            && !self.migrate
-            && self.write_hot_generation.is_none_or(|g| g == proxy.cache.hot_generation())
+            && self.write_hot_generation.is_none_or(|g| g == proxy.cache.hot_generation() && !proxy.migration.on())
     }
 
     /// A write of a client with CLIENT TRACKING on (see [`Ctx::tracked_write`]).
