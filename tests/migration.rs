@@ -302,19 +302,26 @@ fn dual_write_copies_every_paths_writes_and_with_a_backfill_beside_the_target_en
         env.target.nodes()[0].addr()
     ));
     let mig = Proxy::start_cluster(&env.source, &["--config", &conf]);
+    // a second heatshield with the same target follows the switch made at the first
+    let mig2 = Proxy::start_cluster(&env.source, &["--config", &conf, "--metrics", "off"]);
     let mut admin = Conn::connect(mig.port());
+    let mut admin2 = Conn::connect(mig2.port());
     assert_eq!(status(&mut admin)["phase"], "off");
     // off: nothing is noted
     assert!(admin.cmd(&["SET", "before:1", "x"]).is_ok());
     assert_eq!(status(&mut admin)["dual_write_noted"], "0");
     assert!(admin.cmd(&["PROXY", "MIGRATION", "DUAL-WRITE"]).is_ok());
     assert_eq!(status(&mut admin)["phase"], "dual-write");
+    common::wait_until(Duration::from_secs(3), "the second heatshield to follow", || {
+        status(&mut admin2)["phase"] == "dual-write"
+    });
 
-    // every path's writes, from several clients, for two seconds; the backfill runs beside
-    let port = mig.port();
+    // every path's writes, from several clients (the last one's through the second
+    // heatshield), for two seconds; the backfill runs beside
+    let ports = [mig.port(), mig.port(), mig2.port()];
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut load = Vec::new();
-    for t in 0..3 {
+    for (t, port) in ports.into_iter().enumerate() {
         let stop = stop.clone();
         load.push(thread::spawn(move || {
             let mut c = Conn::connect(port);
@@ -384,15 +391,17 @@ fn dual_write_copies_every_paths_writes_and_with_a_backfill_beside_the_target_en
     let acked: Vec<_> = load.into_iter().map(|h| h.join().unwrap()).collect();
     // the copies land
     let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        let s = status(&mut admin);
-        if s["dual_write_pending"] == "0" {
-            assert_eq!(s["dual_write_failed"], "0", "{s:?}");
-            assert!(s["dual_write_applied"].parse::<u64>().unwrap() > 100, "{s:?}");
-            break;
+    for a in [&mut admin, &mut admin2] {
+        loop {
+            let s = status(a);
+            if s["dual_write_pending"] == "0" {
+                assert_eq!(s["dual_write_failed"], "0", "{s:?}");
+                assert!(s["dual_write_applied"].parse::<u64>().unwrap() > 100, "{s:?}");
+                break;
+            }
+            assert!(Instant::now() < until, "copies still pending: {s:?}");
+            thread::sleep(Duration::from_millis(50));
         }
-        assert!(Instant::now() < until, "copies still pending: {s:?}");
-        thread::sleep(Duration::from_millis(50));
     }
     // the two clusters hold the same data (verify inside heatshield, then from the
     // command line), and every acknowledged INCR is on the target
@@ -425,8 +434,12 @@ fn dual_write_copies_every_paths_writes_and_with_a_backfill_beside_the_target_en
             && v("heatshield_migration_copies_total{outcome=\"applied\"}").is_some_and(|n| n > 100.0)
             && v("heatshield_migration_job_keys_done ").is_some_and(|n| n >= 2205.0)
     });
-    // off again: writes are no longer noted
-    assert!(admin.cmd(&["PROXY", "MIGRATION", "OFF"]).is_ok());
+    // off again, at the second heatshield this time: the first follows, and writes are
+    // no longer noted
+    assert!(admin2.cmd(&["PROXY", "MIGRATION", "OFF"]).is_ok());
+    common::wait_until(Duration::from_secs(3), "the first heatshield to follow", || {
+        status(&mut admin)["phase"] == "off"
+    });
     let noted = status(&mut admin)["dual_write_noted"].clone();
     assert!(admin.cmd(&["SET", "after:1", "x"]).is_ok());
     assert_eq!(status(&mut admin)["dual_write_noted"], noted);

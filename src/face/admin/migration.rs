@@ -26,7 +26,7 @@ pub(super) fn migration_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
                 }
             })
         }
-        ("DUAL-WRITE" | "OFF", 3) => match proxy.migration.set(op == "DUAL-WRITE") {
+        ("DUAL-WRITE" | "OFF", 3) => match proxy.migration.switch(op == "DUAL-WRITE") {
             Ok(()) => {
                 tracing::info!(phase = %op.to_ascii_lowercase(), "migration phase changed");
                 ctx.reply(|w| w.ok())

@@ -17,6 +17,10 @@
 //! - A copy that fails (the target refused it, or could not be reached) is counted and its
 //!   key noted again after a pause, so it is retried; the target is never ahead of the
 //!   source, only behind until its copies land.
+//! - **Every heatshield with this target follows one switch**: `PROXY MIGRATION
+//!   DUAL-WRITE | OFF` at any of them writes the phase, with its time, to a key of the
+//!   source cluster ([`PHASE_KEY`]), which each reads every [`PHASE_POLL`] and follows
+//!   when it is newer than its own last change.
 //! - It also runs a backfill or a verify inside heatshield (`PROXY MIGRATION BACKFILL |
 //!   VERIFY`), one at a time, and shows its progress in `PROXY MIGRATION STATUS`.
 
@@ -57,6 +61,19 @@ pub struct DualWrite {
     sides: OnceLock<Sides>,
     /// The backfill or verify run from `PROXY MIGRATION BACKFILL | VERIFY`, the last one.
     job: Arc<Mutex<Job>>,
+    /// When the phase last changed (ms since the epoch), here or at another heatshield.
+    phase_at: AtomicU64,
+}
+
+/// The source cluster's key that holds the phase the heatshields with this target follow:
+/// `"dual-write <ms>"` or `"off <ms>"`.
+pub const PHASE_KEY: &[u8] = b"{heatshield:migration}phase";
+
+/// How often each heatshield reads [`PHASE_KEY`].
+pub const PHASE_POLL: Duration = Duration::from_millis(500);
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The two clusters and how to reach them.
@@ -109,6 +126,7 @@ impl DualWrite {
             flushes: AtomicU64::new(0),
             sides: OnceLock::new(),
             job: Arc::new(Mutex::new(Job::default())),
+            phase_at: AtomicU64::new(0),
         }
     }
 
@@ -185,6 +203,42 @@ impl DualWrite {
         }
         self.on.store(on, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Turns dual-write on or off here and, through the source cluster
+    /// ([`PHASE_KEY`]), at every heatshield with this target (each follows within
+    /// [`PHASE_POLL`]).
+    pub fn switch(&self, on: bool) -> Result<(), &'static str> {
+        self.set(on)?;
+        let at = now_ms();
+        self.phase_at.store(at, Ordering::Relaxed);
+        if let Some(sides) = self.sides.get().cloned() {
+            tokio::spawn(async move {
+                let mut src = Nodes::new(sides.source, sides.source_opts, "migration-phase");
+                let value = format!("{} {at}", if on { "dual-write" } else { "off" });
+                if let Err(e) = src.ask_for(PHASE_KEY, vec![b"SET", PHASE_KEY, value.as_bytes()]).await {
+                    warn!(error = %e, "migration: the phase could not be told to the other heatshields");
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Follows the phase the other heatshields set ([`PHASE_KEY`]), if newer than the
+    /// last change made here.
+    async fn follow(&self, src: &mut Nodes) {
+        let Ok(r) = src.ask_for(PHASE_KEY, vec![b"GET", PHASE_KEY]).await else { return };
+        let Ok((crate::protocol::reply::Value::Bulk(v), _)) = crate::protocol::reply::Value::parse(&r) else { return };
+        let text = String::from_utf8_lossy(v);
+        let Some((phase, at)) = text.split_once(' ') else { return };
+        let Ok(at) = at.parse::<u64>() else { return };
+        if at > self.phase_at.load(Ordering::Relaxed) {
+            self.phase_at.store(at, Ordering::Relaxed);
+            let on = phase == "dual-write";
+            if self.set(on).is_ok() {
+                tracing::info!(phase, "migration phase changed by another heatshield");
+            }
+        }
     }
 
     /// Notes the keys a write named (in the cluster's names), to be copied.
@@ -301,6 +355,17 @@ impl DualWrite {
         if target.is_cluster() {
             target.spawn_refresher(Duration::from_secs(5));
             let _ = target.refresh().await;
+        }
+        {
+            // the phase the other heatshields set, followed
+            let me = self.clone();
+            let mut src = Nodes::new(source.clone(), source_opts.clone(), "migration-phase");
+            tokio::spawn(async move {
+                loop {
+                    me.follow(&mut src).await;
+                    tokio::time::sleep(PHASE_POLL).await;
+                }
+            });
         }
         let mut src = Nodes::new(source, source_opts, "dual-write");
         let mut dst = Nodes::new(target, target_opts, "dual-write");
