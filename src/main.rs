@@ -184,8 +184,12 @@ fn migrate(config: Config, phase: Phase) -> i32 {
             return 2;
         }
     };
-    let source = Cluster::new(config.backing(), sopts.clone(), 1, 1);
-    let target = Cluster::new(m.backing(), topts.clone(), 1, 1);
+    let clusters = heatshield::services::migration::Clusters {
+        source: Cluster::new(config.backing(), sopts.clone(), 1, 1),
+        source_opts: sopts,
+        target: Cluster::new(m.backing(), topts.clone(), 1, 1),
+        target_opts: topts,
+    };
     let (bar, mut progress) = progress_bar("keys");
     let result = match phase {
         Phase::Verify { first } => {
@@ -196,7 +200,7 @@ fn migrate(config: Config, phase: Phase) -> i32 {
                 first,
                 progress,
             };
-            rt.block_on(verify::run(source, sopts, target, topts, o)).map(|r| (r.render(), r.differences() > 0))
+            rt.block_on(verify::run(clusters, o)).map(|r| (r.render(), r.differences() > 0))
         }
         Phase::Backfill { restart, rate, max_keys } => {
             let shown = bar.clone();
@@ -205,8 +209,7 @@ fn migrate(config: Config, phase: Phase) -> i32 {
                 shown.set_message(format!("{:.1} MB", bytes as f64 / 1e6));
             });
             let o = backfill::Options { restart, rate, max_keys, progress };
-            rt.block_on(backfill::run(source, sopts, target, topts, o))
-                .map(|r| (r.render(), !r.complete || r.copied.failed > 0))
+            rt.block_on(backfill::run(clusters, o)).map(|r| (r.render(), !r.complete || r.copied.failed > 0))
         }
     };
     bar.finish_and_clear();

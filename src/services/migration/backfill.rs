@@ -15,14 +15,11 @@
 //!   source's clients keep their latency.
 //! - heatshield's own keys (`{heatshield:...`) are not copied.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::copy::{Copied, copy_batch};
-use super::{Nodes, int, scan_reply};
+use super::{Clusters, int, scan_reply};
 use crate::protocol::reply::Value;
-use crate::upstream::backend::BackendOptions;
-use crate::upstream::cluster::Cluster;
 
 /// Keys per `SCAN` batch.
 pub const BATCH: usize = 500;
@@ -92,21 +89,9 @@ impl Report {
 }
 
 /// Runs `backfill` from `source` to `target`.
-pub async fn run(
-    source: Arc<Cluster>,
-    source_opts: BackendOptions,
-    target: Arc<Cluster>,
-    target_opts: BackendOptions,
-    mut o: Options,
-) -> Result<Report, String> {
+pub async fn run(clusters: Clusters, mut o: Options) -> Result<Report, String> {
     let started = Instant::now();
-    for c in [&source, &target] {
-        if c.is_cluster() {
-            c.refresh().await?;
-        }
-    }
-    let mut src = Nodes::new(source, source_opts, "backfill");
-    let mut dst = Nodes::new(target, target_opts, "backfill");
+    let (mut src, mut dst) = clusters.open("backfill").await?;
     if o.restart {
         dst.ask_for(PROGRESS_KEY, vec![b"DEL", PROGRESS_KEY]).await?;
     }

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tracing::warn;
 
-use super::Nodes;
 use super::copy::{Copied, copy_batch};
+use super::{Clusters, Nodes};
 use crate::upstream::backend::BackendOptions;
 use crate::upstream::cluster::Cluster;
 
@@ -58,7 +58,7 @@ pub struct DualWrite {
     pub overflowed: AtomicU64,
     pub flushes: AtomicU64,
     /// The source and the target with their connection options, once the copier started.
-    sides: OnceLock<Sides>,
+    sides: OnceLock<Clusters>,
     /// The backfill or verify run from `PROXY MIGRATION BACKFILL | VERIFY`, the last one.
     job: Arc<Mutex<Job>>,
     /// When the phase last changed (ms since the epoch), here or at another heatshield.
@@ -74,15 +74,6 @@ pub const PHASE_POLL: Duration = Duration::from_millis(500);
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-/// The two clusters and how to reach them.
-#[derive(Clone)]
-struct Sides {
-    source: Arc<Cluster>,
-    source_opts: BackendOptions,
-    target: Arc<Cluster>,
-    target_opts: BackendOptions,
 }
 
 /// A backfill or verify run inside heatshield, as `PROXY MIGRATION STATUS` shows it.
@@ -141,7 +132,7 @@ impl DualWrite {
         });
         let o = super::backfill::Options { restart, rate, max_keys: 0, progress };
         tokio::spawn(async move {
-            let r = super::backfill::run(sides.source, sides.source_opts, sides.target, sides.target_opts, o).await;
+            let r = super::backfill::run(sides, o).await;
             let mut j = job.lock().unwrap_or_else(|e| e.into_inner());
             j.running = false;
             (j.result, j.ok) = match r {
@@ -168,7 +159,7 @@ impl DualWrite {
             progress,
         };
         tokio::spawn(async move {
-            let r = super::verify::run(sides.source, sides.source_opts, sides.target, sides.target_opts, o).await;
+            let r = super::verify::run(sides, o).await;
             let mut j = job.lock().unwrap_or_else(|e| e.into_inner());
             j.running = false;
             (j.result, j.ok) = match r {
@@ -180,7 +171,7 @@ impl DualWrite {
     }
 
     /// Marks a run of `kind` as started, if none is running.
-    fn claim(&self, kind: &'static str) -> Result<(Sides, Arc<Mutex<Job>>), String> {
+    fn claim(&self, kind: &'static str) -> Result<(Clusters, Arc<Mutex<Job>>), String> {
         let Some(sides) = self.sides.get().cloned() else { return Err(crate::errors::NO_MIGRATION_TARGET.into()) };
         let mut j = self.job.lock().unwrap_or_else(|e| e.into_inner());
         if j.running {
@@ -346,7 +337,7 @@ impl DualWrite {
         target: Arc<Cluster>,
         target_opts: BackendOptions,
     ) {
-        let _ = self.sides.set(Sides {
+        let _ = self.sides.set(Clusters {
             source: source.clone(),
             source_opts: source_opts.clone(),
             target: target.clone(),

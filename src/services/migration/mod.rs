@@ -218,6 +218,28 @@ pub fn scan_reply(r: &[u8]) -> Result<(Vec<u8>, Vec<Vec<u8>>), String> {
     }
 }
 
+/// The two clusters of a move and how to reach them.
+#[derive(Clone)]
+pub struct Clusters {
+    pub source: Arc<Cluster>,
+    pub source_opts: BackendOptions,
+    pub target: Arc<Cluster>,
+    pub target_opts: BackendOptions,
+}
+
+impl Clusters {
+    /// Both sides' slot maps read now, and a connection set for each, named
+    /// `heatshield-<purpose>`.
+    pub async fn open(self, purpose: &'static str) -> Result<(Nodes, Nodes), String> {
+        for c in [&self.source, &self.target] {
+            if c.is_cluster() {
+                c.refresh().await?;
+            }
+        }
+        Ok((Nodes::new(self.source, self.source_opts, purpose), Nodes::new(self.target, self.target_opts, purpose)))
+    }
+}
+
 /// The reserved prefix of heatshield's own keys on the target: `{heatshield:mv:N}`, where
 /// `N` is chosen so the key falls in a given slot ([`slot_tag`]).
 pub const TAG_PREFIX: &str = "heatshield:mv:";

@@ -25,10 +25,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{Nodes, int, scan_reply};
+use super::{Clusters, Nodes, int, scan_reply};
 use crate::protocol::reply::{Value, error_text};
-use crate::upstream::backend::BackendOptions;
-use crate::upstream::cluster::{Cluster, slot};
+use crate::upstream::cluster::slot;
 
 /// Elements read per piece of a collection, and keys per `SCAN` batch.
 pub const CHUNK: usize = 1000;
@@ -166,24 +165,10 @@ struct Sides {
 }
 
 /// Runs `verify` of `source` against `target`.
-pub async fn run(
-    source: Arc<Cluster>,
-    source_opts: BackendOptions,
-    target: Arc<Cluster>,
-    target_opts: BackendOptions,
-    mut o: Options,
-) -> Result<Report, String> {
+pub async fn run(clusters: Clusters, mut o: Options) -> Result<Report, String> {
     let started = std::time::Instant::now();
-    for c in [&source, &target] {
-        if c.is_cluster() {
-            c.refresh().await?;
-        }
-    }
-    let mut sides = Sides {
-        src: Nodes::new(source, source_opts, "verify"),
-        dst: Nodes::new(target, target_opts, "verify"),
-        tolerance_ms: o.ttl_tolerance.as_millis().min(i64::MAX as u128) as i64,
-    };
+    let (src, dst) = clusters.open("verify").await?;
+    let mut sides = Sides { src, dst, tolerance_ms: o.ttl_tolerance.as_millis().min(i64::MAX as u128) as i64 };
     let mut report = Report::default();
     let mut suspects: Vec<(Vec<u8>, Outcome)> = Vec::new();
 
