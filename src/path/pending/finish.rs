@@ -106,17 +106,17 @@ fn migrated(proxy: &Proxy, ctx: &Ctx, p: &Pending) {
         proxy.migration.flushed();
     }
     match &p.finish {
-        Finish::Transaction(tx) => proxy.migration.wrote(tx.write_keys.iter().cloned()),
+        Finish::Transaction(tx) => proxy.migration.wrote(tx.write_keys.iter()),
         _ => {
             if let Ok(cmd) = proxy.commands.lookup(ctx.req)
                 && let Ok(keys) = keys_of(cmd, ctx.req)
             {
-                proxy.migration.wrote(keys.iter().map(|&k| ctx.req.arg_bytes(k as usize)));
+                proxy.migration.wrote(keys.iter().map(|&k| ctx.req.arg(k as usize)));
                 // a lock's fencing counter lives beside its key
                 if cmd.lower.starts_with("lock.")
                     && let Some(&k) = keys.first()
                 {
-                    proxy.migration.wrote([Bytes::from(crate::services::locks::fence_key(ctx.req.arg(k as usize)))]);
+                    proxy.migration.wrote([crate::services::locks::fence_key(ctx.req.arg(k as usize))]);
                 }
             }
         }

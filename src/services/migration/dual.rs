@@ -12,7 +12,8 @@
 //!   transaction, a script's declared keys, blocking commands that move elements, lock
 //!   commands). A `FLUSHALL` / `FLUSHDB` is counted (`flushes`), not copied: the target
 //!   then needs `backfill --restart` and `verify`.
-//! - Bounded: at most `max_pending` keys wait; past it keys are dropped and counted
+//! - Bounded: at most `max_pending` keys and [`PENDING_BYTES`] of names wait, copied out of
+//!   the requests; past either, keys are dropped and counted
 //!   (`overflowed`), and the target needs a `backfill` (run with `--restart`) to catch up.
 //! - A copy that fails (the target refused it, or could not be reached) is counted and its
 //!   key noted again after a pause, so it is retried; the target is never ahead of the
@@ -45,7 +46,7 @@ pub struct DualWrite {
     on: AtomicBool,
     /// A target is configured (dual-write can be turned on).
     configured: bool,
-    queue: Mutex<Vec<Bytes>>,
+    queue: Mutex<Queue>,
     wake: tokio::sync::Notify,
     max_pending: usize,
     /// Keys taken by the copier and not yet copied.
@@ -64,6 +65,18 @@ pub struct DualWrite {
     /// When the phase last changed (ms since the epoch), here or at another heatshield.
     phase_at: AtomicU64,
 }
+
+/// Keys noted and not yet taken by the copier.
+#[derive(Default)]
+struct Queue {
+    keys: Vec<Bytes>,
+    /// Their bytes.
+    bytes: usize,
+}
+
+/// The bytes of key names that may wait for the copier (beside `max_pending` keys); the
+/// copier's batch in hand is at most as much again.
+pub const PENDING_BYTES: usize = 256 << 20;
 
 /// The source cluster's key that holds the phase the heatshields with this target follow:
 /// `"dual-write <ms>"` or `"off <ms>"`.
@@ -104,7 +117,7 @@ impl DualWrite {
         DualWrite {
             on: AtomicBool::new(configured && on),
             configured,
-            queue: Mutex::new(Vec::new()),
+            queue: Mutex::new(Queue::default()),
             wake: tokio::sync::Notify::new(),
             max_pending,
             in_flight: AtomicU64::new(0),
@@ -233,20 +246,23 @@ impl DualWrite {
     }
 
     /// Notes the keys a write named (in the cluster's names), to be copied.
-    pub fn wrote(&self, keys: impl IntoIterator<Item = Bytes>) {
+    /// (Copied: a slice of a request would keep its whole read buffer alive.)
+    pub fn wrote<K: AsRef<[u8]>>(&self, keys: impl IntoIterator<Item = K>) {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        let before = q.len();
+        let before = q.keys.len();
         for k in keys {
-            if crate::command::reserved(&k) {
+            let k = k.as_ref();
+            if crate::command::reserved(k) {
                 continue;
             }
-            if q.len() >= self.max_pending {
+            if q.keys.len() >= self.max_pending || q.bytes + k.len() > PENDING_BYTES {
                 self.overflowed.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            q.push(k);
+            q.bytes += k.len();
+            q.keys.push(Bytes::copy_from_slice(k));
         }
-        let added = q.len() - before;
+        let added = q.keys.len() - before;
         drop(q);
         if added > 0 {
             self.noted.fetch_add(added as u64, Ordering::Relaxed);
@@ -261,7 +277,7 @@ impl DualWrite {
 
     /// Keys noted and not yet copied.
     pub fn pending(&self) -> u64 {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).len() as u64 + self.in_flight.load(Ordering::Relaxed)
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).keys.len() as u64 + self.in_flight.load(Ordering::Relaxed)
     }
 
     /// `PROXY MIGRATION STATUS`'s fields of this phase.
@@ -361,7 +377,7 @@ impl DualWrite {
         let mut src = Nodes::new(source, source_opts, "dual-write");
         let mut dst = Nodes::new(target, target_opts, "dual-write");
         loop {
-            let batch = std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()));
+            let batch = std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner())).keys;
             if batch.is_empty() {
                 self.wake.notified().await;
                 continue;
@@ -444,6 +460,10 @@ mod tests {
         d.wrote([Bytes::from_static(b"c"), Bytes::from_static(b"d")]);
         assert_eq!(d.pending(), 3);
         assert_eq!(d.overflowed.load(Ordering::Relaxed), 1);
+        // names are bounded by bytes too
+        let d = DualWrite::new(true, true, 10);
+        d.wrote([vec![b'k'; PENDING_BYTES / 2], vec![b'l'; PENDING_BYTES / 2 + 1]]);
+        assert_eq!((d.pending(), d.overflowed.load(Ordering::Relaxed)), (1, 1));
         let none = DualWrite::new(false, true, 3);
         assert!(!none.on(), "without a target it cannot be on");
         assert!(none.set(true).is_err());
