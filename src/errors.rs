@@ -5,6 +5,10 @@
 
 /// `PROXY MIGRATION DUAL-WRITE` without a target.
 pub const NO_MIGRATION_TARGET: &str = "ERR no [migration] target is configured (docs/migration.md)";
+pub const MIGRATION_CUT_OVER: &str =
+    "ERR migration: cut over, the source is kept up to date by copies back to it: PROXY MIGRATION ROLLBACK first";
+pub const MIGRATION_NOT_DUAL: &str =
+    "ERR migration: turn dual-write on (and backfill and verify) before the target serves";
 
 pub const NOAUTH: &str = "NOAUTH Authentication required.";
 pub const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";

@@ -106,6 +106,8 @@ pub enum Control {
     UnblockError,
     /// The proxy shuts down: read no more requests, finish the replies in flight.
     Shutdown,
+    /// A migration's cutover held requests and lets them go on: dispatch what is read.
+    Resume,
 }
 
 #[cfg(test)]

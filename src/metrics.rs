@@ -191,6 +191,7 @@ fn describe() {
     describe_gauge!("heatshield_cache_hot_keys", "Keys currently detected as hot.");
     describe_gauge!("heatshield_lock_waiters", "LOCK.ACQUIRE ... WAIT requests parked now.");
     describe_gauge!("heatshield_migration_dual_write", "1 while dual-write to the migration target is on, else 0.");
+    describe_gauge!("heatshield_migration_cut_over", "1 while the migration target serves (cut over), else 0.");
     describe_gauge!(
         "heatshield_migration_pending_keys",
         "Keys written under dual-write and not yet copied to the target."

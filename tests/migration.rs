@@ -444,3 +444,180 @@ fn dual_write_copies_every_paths_writes_and_with_a_backfill_beside_the_target_en
     assert!(admin.cmd(&["SET", "after:1", "x"]).is_ok());
     assert_eq!(status(&mut admin)["dual_write_noted"], noted);
 }
+
+/// `PROXY MIGRATION STATUS` once the cutover or rollback asked ended.
+fn switched(c: &mut Conn, serving: &str) -> std::collections::HashMap<String, String> {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = status(c);
+        if s["switch_result"] != "running" && !s["switch_result"].is_empty() {
+            assert_eq!(s["serving"], serving, "{s:?}");
+            return s;
+        }
+        assert!(Instant::now() < until, "the change never ended: {s:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The members `PROXY FLEET` lists.
+fn members(c: &mut Conn) -> usize {
+    let fleet = c.cmd(&["PROXY", "FLEET"]).pairs();
+    match fleet.into_iter().find(|(k, _)| k.text() == "members") {
+        Some((_, V::Arr(m))) => m.len(),
+        _ => 0,
+    }
+}
+
+#[test]
+fn cutover_and_rollback_under_load_of_a_fleet_lose_no_acknowledged_write() {
+    let env = start();
+    fill(env.src.port());
+    let (_dir, conf) = config_file(&format!(
+        "[migration]\ntarget = [\"{}\"]\n[fleet]\nname = \"mv\"\nsync_interval_ms = 100\n",
+        env.target.nodes()[0].addr()
+    ));
+    let a = Proxy::start_cluster(&env.source, &["--config", &conf, "--metrics", "off"]);
+    let b = Proxy::start_cluster(&env.source, &["--config", &conf, "--metrics", "off"]);
+    let mut admin = Conn::connect(a.port());
+    let mut admin_b = Conn::connect(b.port());
+    // a cutover before dual-write is refused
+    let r = admin.cmd(&["PROXY", "MIGRATION", "CUTOVER"]);
+    assert!(r.is_err(), "{r:?}");
+    assert!(admin.cmd(&["PROXY", "MIGRATION", "DUAL-WRITE"]).is_ok());
+    common::wait_until(Duration::from_secs(3), "the second heatshield to follow", || {
+        status(&mut admin_b)["phase"] == "dual-write"
+    });
+    common::wait_until(Duration::from_secs(5), "both members in the fleet", || members(&mut admin) == 2);
+    assert!(admin.cmd(&["PROXY", "MIGRATION", "BACKFILL"]).is_ok());
+    assert_eq!(job_end(&mut admin)["job_state"], "done");
+
+    // clients of both instances: counters, appends, keys with a time to live, a consumer
+    // blocked in BLPOP; each remembers what was acknowledged
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut load = Vec::new();
+    for (t, port) in [a.port(), b.port(), a.port(), b.port()].into_iter().enumerate() {
+        let stop = stop.clone();
+        load.push(thread::spawn(move || {
+            let mut c = Conn::connect(port);
+            let (mut incrs, mut appends, mut errors) = (0i64, 0i64, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match c.cmd(&["INCR", &format!("cnt:{t}")]) {
+                    V::Int(n) if n == incrs + 1 => incrs = n,
+                    r => errors.push(format!("INCR after {incrs}: {r:?}")),
+                }
+                match c.cmd(&["RPUSH", &format!("log:{t}"), &appends.to_string()]) {
+                    V::Int(n) if n == appends + 1 => appends = n,
+                    r => errors.push(format!("RPUSH after {appends}: {r:?}")),
+                }
+                if !c.cmd(&["SET", &format!("ttl:{t}"), &incrs.to_string(), "EX", "300"]).is_ok() {
+                    errors.push("SET EX".into());
+                }
+                // read your writes, whichever cluster serves
+                let r = c.cmd(&["GET", &format!("cnt:{t}")]);
+                if r.text() != incrs.to_string() {
+                    errors.push(format!("GET cnt:{t} {r:?} after {incrs}"));
+                }
+            }
+            (incrs, appends, errors)
+        }));
+    }
+    let consumer = {
+        let port = a.port();
+        thread::spawn(move || {
+            let mut c = Conn::connect(port);
+            let (mut got, mut nils) = (Vec::new(), 0);
+            let until = Instant::now() + Duration::from_secs(8);
+            while Instant::now() < until {
+                match c.cmd(&["BLPOP", "jobs", "1"]) {
+                    V::Arr(v) => got.push(v[1].text()),
+                    V::Nil => nils += 1,
+                    r => panic!("BLPOP: {r:?}"),
+                }
+            }
+            (got, nils)
+        })
+    };
+    let mut producer = Conn::connect(b.port());
+    let mut pushed = 0;
+    let mut push = |n: usize| {
+        for _ in 0..n {
+            assert!(producer.cmd(&["RPUSH", "jobs", &pushed.to_string()]).int() > 0);
+            pushed += 1;
+        }
+    };
+    thread::sleep(Duration::from_millis(500));
+    push(10);
+
+    // cut over: both instances serve the target, and their writes are copied back
+    assert!(admin.cmd(&["PROXY", "MIGRATION", "CUTOVER"]).is_ok());
+    let s = switched(&mut admin, "target");
+    assert!(s["switch_result"].starts_with("cutover done"), "{s:?}");
+    common::wait_until(Duration::from_secs(3), "the second heatshield to serve the target", || {
+        status(&mut admin_b)["serving"] == "target"
+    });
+    assert_eq!(status(&mut admin)["phase"], "cutover");
+    push(10);
+    thread::sleep(Duration::from_millis(700));
+    // written through heatshield now: on the target, and copied back to the source
+    assert!(admin.cmd(&["SET", "after-cutover", "1"]).is_ok());
+    let t = env.target.master_for_key(b"after-cutover");
+    assert_eq!(cmd_text(t, &["GET", "after-cutover"]).trim(), "1");
+    common::wait_until(Duration::from_secs(3), "the write copied back to the source", || {
+        cmd_text(env.source.master_for_key(b"after-cutover"), &["GET", "after-cutover"]).trim() == "1"
+    });
+    // dual-write cannot be turned off while the target serves
+    assert!(admin.cmd(&["PROXY", "MIGRATION", "OFF"]).is_err());
+
+    // roll back, from the second instance this time (once the fleet, which syncs
+    // through the serving cluster, has both members again)
+    common::wait_until(Duration::from_secs(5), "both members in the fleet", || members(&mut admin_b) == 2);
+    assert!(admin_b.cmd(&["PROXY", "MIGRATION", "ROLLBACK"]).is_ok());
+    let s = switched(&mut admin_b, "source");
+    assert!(s["switch_result"].starts_with("rollback done"), "{s:?}");
+    let ms: u64 = s["switch_result"].split(" in ").nth(1).unwrap().trim_end_matches(" ms").parse().unwrap();
+    assert!(ms < 1000, "a rollback of {ms} ms");
+    common::wait_until(Duration::from_secs(3), "the first heatshield to serve the source", || {
+        status(&mut admin)["serving"] == "source"
+    });
+    push(10);
+    thread::sleep(Duration::from_millis(700));
+    // and over again
+    assert!(admin.cmd(&["PROXY", "MIGRATION", "CUTOVER"]).is_ok());
+    switched(&mut admin, "target");
+    push(10);
+    thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let done: Vec<_> = load.into_iter().map(|h| h.join().unwrap()).collect();
+    let (got, _nils) = consumer.join().unwrap();
+
+    // every acknowledged write is on both clusters once the copies back have landed
+    for c in [&mut admin, &mut admin_b] {
+        common::wait_until(Duration::from_secs(10), "the copies to land", || status(c)["dual_write_pending"] == "0");
+    }
+    let side = |cluster: &RedisCluster, key: &str, cmd: &[&str]| cmd_text(cluster.master_for_key(key.as_bytes()), cmd);
+    for (t, (incrs, appends, errors)) in done.iter().enumerate() {
+        assert!(errors.is_empty(), "client {t}: {errors:?}");
+        assert!(*incrs > 20, "client {t} ran {incrs} INCRs");
+        let k = format!("cnt:{t}");
+        let l = format!("log:{t}");
+        for cluster in [&env.source, &env.target] {
+            assert_eq!(side(cluster, &k, &["GET", &k]).trim(), incrs.to_string(), "{k}");
+            let list = side(cluster, &l, &["LRANGE", &l, "0", "-1"]);
+            let want: Vec<String> = (0..*appends).map(|i| i.to_string()).collect();
+            assert_eq!(list.split_whitespace().collect::<Vec<_>>(), want, "{l}: every append once, in order");
+            let ttl: i64 = side(cluster, &format!("ttl:{t}"), &["TTL", &format!("ttl:{t}")]).trim().parse().unwrap();
+            assert!((290..=300).contains(&ttl), "ttl:{t} {ttl}");
+        }
+    }
+    // every job pushed was taken once (a BLPOP waiting at a change returns nil and asks again)
+    let mut rest = Conn::connect(a.port());
+    let mut all: Vec<i64> = got.iter().map(|s| s.parse().unwrap()).collect();
+    while let V::Str(v) = rest.cmd(&["LPOP", "jobs"]) {
+        all.push(String::from_utf8_lossy(&v).parse().unwrap());
+    }
+    all.sort();
+    assert_eq!(all, (0..pushed as i64).collect::<Vec<_>>(), "every job once");
+    // and the two clusters are equal
+    let (code, out) = verify(&env, "", "20");
+    assert_eq!(code, 0, "{out}");
+}

@@ -86,6 +86,7 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_lock_waiters", "gauge", &[]),
     ("heatshield_lock_keepalive_locks", "gauge", &[]),
     ("heatshield_lock_waits_total", "counter", &["result"]),
+    ("heatshield_migration_cut_over", "gauge", &[]),
     ("heatshield_migration_dual_write", "gauge", &[]),
     ("heatshield_migration_pending_keys", "gauge", &[]),
     ("heatshield_migration_copies_total", "counter", &["outcome"]),

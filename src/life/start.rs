@@ -102,7 +102,11 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overri
             Ok(topts) => {
                 let m = &proxy.config.migration;
                 let target = Cluster::new(m.backing(), topts.clone(), 1, 1);
-                tokio::spawn(proxy.migration.clone().run(cluster.clone(), opts.clone(), target, topts));
+                // (the copier's own view of the source: the one requests use may serve the
+                // target after a cutover)
+                let source = Cluster::new(proxy.config.backing(), opts.clone(), 1, 1);
+                proxy.migration.set_hooks(Box::new(CutoverHooks(Arc::downgrade(&proxy))), cluster.clone());
+                tokio::spawn(proxy.migration.clone().run(source, opts.clone(), target, topts));
             }
             Err(e) => {
                 error!("{e}");
@@ -196,6 +200,44 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, overrides: Overri
     })
     .await;
     0
+}
+
+/// What a migration's cutover asks of the sessions, the cache and the fleet
+/// (crate::services::migration::dual::Hooks).
+struct CutoverHooks(std::sync::Weak<Proxy>);
+
+impl crate::services::migration::dual::Hooks for CutoverHooks {
+    fn unblock_all(&self) {
+        let Some(p) = self.0.upgrade() else { return };
+        for c in p.clients.all() {
+            if c.has(crate::conn::info::flag::BLOCKED) {
+                c.send(crate::mailbox::Control::UnblockTimeout);
+            }
+        }
+    }
+
+    fn resume_all(&self) {
+        let Some(p) = self.0.upgrade() else { return };
+        for c in p.clients.all() {
+            c.send(crate::mailbox::Control::Resume);
+        }
+    }
+
+    fn forget_cache(&self) {
+        if let Some(p) = self.0.upgrade() {
+            p.cache.flush(crate::services::cache::Cause::Flush);
+        }
+    }
+
+    fn peers(&self) -> (String, Vec<String>) {
+        let Some(p) = self.0.upgrade() else { return Default::default() };
+        if !p.fleet.enabled() {
+            return (String::new(), Vec::new());
+        }
+        let me = p.fleet.id.clone();
+        let others = p.fleet.view().list.into_iter().map(|m| m.id).filter(|id| *id != me).collect();
+        (me, others)
+    }
 }
 
 #[cfg(test)]

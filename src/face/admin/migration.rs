@@ -1,4 +1,5 @@
-//! `PROXY MIGRATION STATUS | DUAL-WRITE | OFF | BACKFILL [RESTART] [RATE n] | VERIFY`:
+//! `PROXY MIGRATION STATUS | DUAL-WRITE | OFF | CUTOVER | ROLLBACK | BACKFILL [RESTART]
+//! [RATE n] | VERIFY`:
 //! the move to another cluster as this instance runs it (docs/migration.md): the target,
 //! the phase, what dual-write's copies did, and a backfill or verify run here.
 
@@ -13,10 +14,8 @@ pub(super) fn migration_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
     match (op.as_str(), req.argc()) {
         ("STATUS", 3) => {
             let m = &proxy.config.migration;
-            let mut fields: Vec<(&str, String)> = vec![
-                ("target", m.target.join(",")),
-                ("phase", if proxy.migration.on() { "dual-write" } else { "off" }.into()),
-            ];
+            let mut fields: Vec<(&str, String)> =
+                vec![("target", m.target.join(",")), ("phase", proxy.migration.phase().into())];
             fields.extend(proxy.migration.status());
             ctx.reply(|w| {
                 w.map(fields.len());
@@ -32,6 +31,10 @@ pub(super) fn migration_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
                 ctx.reply(|w| w.ok())
             }
             Err(e) => ctx.error(e),
+        },
+        ("CUTOVER" | "ROLLBACK", 3) => match proxy.migration.start_cut(op == "CUTOVER") {
+            Ok(()) => ctx.reply(|w| w.ok()),
+            Err(e) => ctx.error(&e),
         },
         ("BACKFILL", n) => {
             let (mut restart, mut rate) = (false, 0u64);
@@ -67,7 +70,7 @@ pub(super) fn migration_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
                 Err(e) => ctx.error(&e),
             }
         }
-        ("STATUS" | "DUAL-WRITE" | "OFF" | "VERIFY", _) => {
+        ("STATUS" | "DUAL-WRITE" | "OFF" | "VERIFY" | "CUTOVER" | "ROLLBACK", _) => {
             ctx.error(&errors::wrong_arity(&format!("proxy|migration|{}", op.to_ascii_lowercase())))
         }
         _ => ctx.error(&errors::unknown_subcommand(&format!("MIGRATION {op}"), "PROXY")),

@@ -358,8 +358,23 @@ async fn serve(
             break None;
         }
     };
+    if s.client.inflight > 0 {
+        // (gone with requests in flight: a cutover does not wait for their replies)
+        s.client.inflight = 0;
+        landed(&s.proxy, 0);
+    }
     s.end(cut);
     cut
+}
+
+/// A request was answered (`inflight`: the session's requests in flight now): when it was
+/// the last, a migration's cutover waiting for every session's requests to land is told
+/// (crate::services::migration::gate).
+#[inline]
+fn landed(proxy: &Proxy, inflight: u32) {
+    if inflight == 0 && proxy.migration.configured() {
+        proxy.migration.gate.busy(-1);
+    }
 }
 
 /// Request `seq` as the client sent it, if colocation renamed it.
@@ -647,6 +662,7 @@ impl Session {
             };
             if let Some(reply) = reply {
                 self.client.inflight -= 1;
+                landed(&self.proxy, self.client.inflight);
                 let m = &mut e.meta;
                 let clock = now.get_or_insert_with(|| ReplyClock::new(&self.proxy));
                 m.ready_at = clock.now;
@@ -710,7 +726,9 @@ impl Session {
         let mut parsed = 0;
         // what the request still incomplete needs, once one is (see `run`'s read)
         self.read_hint = 0;
-        while self.reading && self.room() && !rbuf.is_empty() {
+        // (while a migration's cutover holds requests, crate::services::migration::gate,
+        // none is dispatched; the session is told when they may go on)
+        while self.reading && self.room() && !rbuf.is_empty() && !self.proxy.migration.held() {
             // Parse what a pipelining client sent as one batch (up to BATCH), let the rate
             // limiter bring the batch's budgets into the cache together, then dispatch the
             // requests in order, each one's check reusing the key hash the prefetch
@@ -920,6 +938,9 @@ impl Session {
                 Reply::Ready(b)
             }
             Outcome::Waiting(p) => {
+                if self.client.inflight == 0 && self.proxy.migration.configured() {
+                    self.proxy.migration.gate.busy(1);
+                }
                 self.client.inflight += 1;
                 self.client.lane = lane;
                 if p.blocking() {
@@ -1001,7 +1022,7 @@ impl Session {
     }
 
     /// A request from another connection (CLIENT KILL, CLIENT UNBLOCK) or from the server
-    /// (shutdown).
+    /// (shutdown, a migration's cutover letting held requests go on).
     fn control(&mut self, c: Control) {
         if c == Control::Kill {
             self.killed = true;
@@ -1009,6 +1030,10 @@ impl Session {
         }
         if c == Control::Shutdown {
             self.stop();
+            return;
+        }
+        if c == Control::Resume {
+            // (woken to dispatch what it holds: the run loop does)
             return;
         }
         let Some(seq) = self.blocking.take() else { return };
@@ -1025,6 +1050,7 @@ impl Session {
         let b = self.scratch.split().freeze();
         self.held.reply_ready(b.len(), self.soft, self.max_pipeline);
         self.client.inflight -= 1;
+        landed(&self.proxy, self.client.inflight);
         e.meta.ready_at = Instant::now();
         // its Pending goes, and with it the dedicated connection (closed: Redis forgets
         // the blocked command)
@@ -1075,6 +1101,7 @@ impl Session {
                 crate::metrics::global().expired.increment(1);
                 self.held.reply_ready(b.len(), self.soft, self.max_pipeline);
                 self.client.inflight -= 1;
+                landed(&self.proxy, self.client.inflight);
                 if e.meta.writes {
                     // it may still run: its reads wait for the replicas to pass this moment
                     self.client.last_write_ms = crate::upstream::backend::clock_ms(now);

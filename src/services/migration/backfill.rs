@@ -132,7 +132,7 @@ pub async fn run(clusters: Clusters, mut o: Options) -> Result<Report, String> {
             let (next, mut keys) = scan_reply(&r).map_err(|e| format!("{m}: SCAN: {e}"))?;
             keys.retain(|k| !crate::command::reserved(k));
             let bytes_before = report.copied.bytes;
-            copy_batch(&mut src, &mut dst, m, &keys, &mut report.copied).await?;
+            copy_batch(&mut src, &mut dst, m, &keys, false, &mut report.copied).await?;
             report.keys += keys.len() as u64;
             done_keys += keys.len() as u64;
             // the batch is in the target: its cursor is saved after it, never before

@@ -37,12 +37,19 @@ use crate::upstream::cluster::slot;
 /// Collections with more elements than this are copied in pieces.
 pub const BIG: usize = 10_000;
 
-/// KEYS[1]: the key; ARGV[1]: [`BIG`]. Returns {seconds, microseconds} for a key that does
-/// not exist, {.., type, expiry time} for a big collection, {.., type, expiry time, dump}
-/// otherwise.
+/// KEYS[1]: the key; ARGV[1]: [`BIG`]; ARGV[2]: `dump`, or `logical` (the other side
+/// cannot restore this one's dumps: a string's value is read, every other type in pieces).
+/// Returns {seconds, microseconds} for a key that does not exist, {.., type, expiry time}
+/// for a collection copied in pieces, {.., type, expiry time, value, 'value'} for a string
+/// read by value, {.., type, expiry time, dump} otherwise.
 pub const READ: &str = "local t = redis.call('TIME') \
 local ty = redis.call('TYPE', KEYS[1])['ok'] \
 if ty == 'none' then return {t[1], t[2]} end \
+if ARGV[2] == 'logical' then \
+  local at = redis.call('PEXPIRETIME', KEYS[1]) \
+  if ty == 'string' then return {t[1], t[2], ty, at, redis.call('GET', KEYS[1]), 'value'} end \
+  return {t[1], t[2], ty, at} \
+end \
 local n = 0 \
 if ty == 'hash' then n = redis.call('HLEN', KEYS[1]) \
 elseif ty == 'set' then n = redis.call('SCARD', KEYS[1]) \
@@ -53,7 +60,8 @@ if n > tonumber(ARGV[1]) then return {t[1], t[2], ty, at} end \
 return {t[1], t[2], ty, at, redis.call('DUMP', KEYS[1])}";
 
 /// KEYS: the key, its slot's version hash, its big-copy key. ARGV: the version, the
-/// mode (`dump`, `del` or `rename`), the expiry time in ms (-1: none), the dump. Returns
+/// mode (`dump`, `set`, `del` or `rename`), the expiry time in ms (-1: none), the dump
+/// (or, for `set`, the string's value). Returns
 /// 1 when applied, 0 when the target had a copy as new or newer.
 pub const WRITE: &str = "local cur = tonumber(redis.call('HGET', KEYS[2], KEYS[1]) or '0') \
 if tonumber(ARGV[1]) <= cur then \
@@ -62,6 +70,9 @@ if tonumber(ARGV[1]) <= cur then \
 end \
 local at = tonumber(ARGV[3]) \
 if ARGV[2] == 'del' then redis.call('DEL', KEYS[1]) \
+elseif ARGV[2] == 'set' then \
+  redis.call('SET', KEYS[1], ARGV[4]) \
+  if at > 0 then redis.call('PEXPIREAT', KEYS[1], at) end \
 elseif ARGV[2] == 'dump' then \
   if at > 0 then redis.call('RESTORE', KEYS[1], at, ARGV[4], 'REPLACE', 'ABSTTL') \
   else redis.call('RESTORE', KEYS[1], 0, ARGV[4], 'REPLACE') end \
@@ -123,11 +134,25 @@ pub struct Copied {
     /// Keys that could not be copied, with the reason (all counted, the first 20 kept).
     pub failed: u64,
     pub first_failures: Vec<(Vec<u8>, String)>,
+    /// Keys that could not be copied, to try again (at most [`RETRY_MAX`]).
+    pub retry: Vec<Vec<u8>>,
+    /// The target refused a dump as of another server's version (Redis 7.0 cannot
+    /// restore Valkey 9's): copy by value.
+    pub incompatible: bool,
 }
+
+/// Failed keys a [`Copied`] keeps to be tried again.
+pub const RETRY_MAX: usize = 10_000;
 
 impl Copied {
     fn fail(&mut self, key: &[u8], why: String) {
         self.failed += 1;
+        if why.contains("DUMP payload version") || why.contains("Bad data format") {
+            self.incompatible = true;
+        }
+        if self.retry.len() < RETRY_MAX {
+            self.retry.push(key.to_vec());
+        }
         if self.first_failures.len() < 20 {
             self.first_failures.push((key.to_vec(), why));
         }
@@ -136,9 +161,25 @@ impl Copied {
 
 /// One key as read on the source.
 enum Read {
-    Gone { version: u64 },
-    Dump { version: u64, at: i64, dump: Bytes },
-    Big { version: u64, at: i64, ty: Vec<u8> },
+    Gone {
+        version: u64,
+    },
+    Dump {
+        version: u64,
+        at: i64,
+        dump: Bytes,
+    },
+    /// A string read by value.
+    Value {
+        version: u64,
+        at: i64,
+        value: Bytes,
+    },
+    Big {
+        version: u64,
+        at: i64,
+        ty: Vec<u8>,
+    },
 }
 
 fn parse_read(r: &[u8]) -> Result<Read, String> {
@@ -152,6 +193,9 @@ fn parse_read(r: &[u8]) -> Result<Read, String> {
     match (v.get(2).and_then(Value::as_bytes), n(3), v.get(4)) {
         (None, ..) => Ok(Read::Gone { version }),
         (Some(ty), Some(at), None) => Ok(Read::Big { version, at, ty: ty.to_vec() }),
+        (Some(_), Some(at), Some(Value::Bulk(d))) if v.len() == 6 => {
+            Ok(Read::Value { version, at, value: Bytes::copy_from_slice(d) })
+        }
         (Some(_), Some(at), Some(Value::Bulk(d))) => Ok(Read::Dump { version, at, dump: Bytes::copy_from_slice(d) }),
         // (a key that expired between TYPE and DUMP)
         (Some(_), Some(_), Some(_)) => Ok(Read::Gone { version }),
@@ -180,14 +224,18 @@ pub async fn copy_batch(
     dst: &mut Nodes,
     m: &Arc<str>,
     keys: &[Vec<u8>],
+    logical: bool,
     out: &mut Copied,
 ) -> Result<(), String> {
     if keys.is_empty() {
         return Ok(());
     }
     let big = BIG.to_string();
-    let refs: Vec<Vec<&[u8]>> =
-        keys.iter().map(|k| vec![&b"EVALSHA"[..], READ_SCRIPT.sha(), b"1", k.as_slice(), big.as_bytes()]).collect();
+    let how: &[u8] = if logical { b"logical" } else { b"dump" };
+    let refs: Vec<Vec<&[u8]>> = keys
+        .iter()
+        .map(|k| vec![&b"EVALSHA"[..], READ_SCRIPT.sha(), b"1", k.as_slice(), big.as_bytes(), how])
+        .collect();
     let replies = scripted(src, m, &READ_SCRIPT, &refs).await?;
     let mut reads = Vec::with_capacity(keys.len());
     for ((k, r), cmd) in keys.iter().zip(replies).zip(&refs) {
@@ -223,6 +271,10 @@ pub async fn copy_batch(
             Ok(Read::Dump { version, at, dump }) => {
                 out.bytes += dump.len() as u64;
                 (version, &b"dump"[..], at, dump)
+            }
+            Ok(Read::Value { version, at, value }) => {
+                out.bytes += value.len() as u64;
+                (version, &b"set"[..], at, value)
             }
         };
         by_owner.entry(dst.owner(k)?).or_default().push((i, write_cmd(k, version, mode, at, &dump)));
@@ -283,34 +335,72 @@ async fn copy_big(
 ) -> Result<(), String> {
     let (_, tmp) = beside(key);
     let chunk = super::verify::CHUNK.to_string();
-    let from = src.owner(key)?;
+    let from_node = src.owner(key)?;
     let to = dst.owner(key)?;
     dst.ask(&to, vec![b"DEL", &tmp]).await?;
     let mut cursor = b"0".to_vec();
     let mut index = 0i64;
+    let mut from = b"-".to_vec();
     loop {
         let (items, done) = match ty {
-            b"list" => {
-                let (a, b) = (index.to_string(), (index + super::verify::CHUNK as i64 - 1).to_string());
-                let r = src.ask(&from, vec![b"LRANGE", key, a.as_bytes(), b.as_bytes()]).await?;
+            b"stream" => {
+                // entries from `from` on: id, then its fields and values
+                let r = src.ask(&from_node, vec![b"XRANGE", key, &from, b"+", b"COUNT", chunk.as_bytes()]).await?;
                 let Ok((Value::Array(v), _)) = Value::parse(&r) else {
-                    return Err(format!("LRANGE of a big key: {r:?}"));
+                    return Err(format!("XRANGE of a stream: {r:?}"));
                 };
-                let items: Vec<Vec<u8>> = v.iter().filter_map(Value::as_bytes).map(<[u8]>::to_vec).collect();
-                index += items.len() as i64;
-                let done = items.len() < super::verify::CHUNK;
-                (items, done)
+                let mut entries = Vec::new();
+                for e in &v {
+                    if let Value::Array(e) = e
+                        && let [Value::Bulk(id), Value::Array(fv)] = &e[..]
+                    {
+                        let mut cmd = vec![b"XADD".to_vec(), tmp.clone(), id.to_vec()];
+                        cmd.extend(fv.iter().filter_map(Value::as_bytes).map(<[u8]>::to_vec));
+                        from = [b"(", *id].concat();
+                        entries.push(cmd);
+                    }
+                }
+                let done = entries.len() < super::verify::CHUNK;
+                if !entries.is_empty() {
+                    let mut cmds: Vec<Vec<&[u8]>> =
+                        entries.iter().map(|c| c.iter().map(Vec::as_slice).collect()).collect();
+                    cmds.push(vec![b"PEXPIRE", &tmp, PIECES_TTL_MS.as_bytes()]);
+                    out.bytes += entries.iter().flatten().map(|a| a.len() as u64).sum::<u64>();
+                    let replies = dst.pipe(&to, &cmds).await?;
+                    if let Some(e) = replies.iter().find_map(|r| error_text(r)) {
+                        out.fail(key, String::from_utf8_lossy(e).into_owned());
+                        return Ok(());
+                    }
+                }
+                (Vec::new(), done)
             }
+            b"hash" | b"set" | b"zset" | b"list" => match ty {
+                b"list" => {
+                    let (a, b) = (index.to_string(), (index + super::verify::CHUNK as i64 - 1).to_string());
+                    let r = src.ask(&from_node, vec![b"LRANGE", key, a.as_bytes(), b.as_bytes()]).await?;
+                    let Ok((Value::Array(v), _)) = Value::parse(&r) else {
+                        return Err(format!("LRANGE of a big key: {r:?}"));
+                    };
+                    let items: Vec<Vec<u8>> = v.iter().filter_map(Value::as_bytes).map(<[u8]>::to_vec).collect();
+                    index += items.len() as i64;
+                    let done = items.len() < super::verify::CHUNK;
+                    (items, done)
+                }
+                _ => {
+                    let scan = match ty {
+                        b"hash" => &b"HSCAN"[..],
+                        b"set" => b"SSCAN",
+                        _ => b"ZSCAN",
+                    };
+                    let r = src.ask(&from_node, vec![scan, key, &cursor, b"COUNT", chunk.as_bytes()]).await?;
+                    let (next, items) = scan_reply(&r)?;
+                    cursor = next;
+                    (items, cursor == b"0")
+                }
+            },
             _ => {
-                let scan = match ty {
-                    b"hash" => &b"HSCAN"[..],
-                    b"set" => b"SSCAN",
-                    _ => b"ZSCAN",
-                };
-                let r = src.ask(&from, vec![scan, key, &cursor, b"COUNT", chunk.as_bytes()]).await?;
-                let (next, items) = scan_reply(&r)?;
-                cursor = next;
-                (items, cursor == b"0")
+                out.fail(key, format!("a {} cannot be copied by value", String::from_utf8_lossy(ty)));
+                return Ok(());
             }
         };
         if !items.is_empty() {

@@ -44,6 +44,19 @@ const BATCH: usize = 500;
 /// The dual-write phase: its switch, the keys waiting, what the copies did.
 pub struct DualWrite {
     on: AtomicBool,
+    /// Cut over: the target serves, and writes are copied back to the source.
+    reversed: AtomicBool,
+    /// Holds requests while the serving cluster changes ([`super::gate`]).
+    pub gate: super::gate::Gate,
+    /// What a cutover needs of the rest of heatshield, and the cluster requests go to.
+    hooks: OnceLock<(Box<dyn Hooks>, Arc<Cluster>)>,
+    /// One cutover or rollback at a time.
+    switching: tokio::sync::Mutex<()>,
+    /// How the last cutover or rollback asked here ended (`PROXY MIGRATION STATUS`).
+    last_switch: Mutex<String>,
+    /// A copy of a dump was refused as of another server's version: in that direction
+    /// (false: to the target; true: back to the source) keys are copied by their values.
+    logical: [AtomicBool; 2],
     /// A target is configured (dual-write can be turned on).
     configured: bool,
     queue: Mutex<Queue>,
@@ -79,11 +92,45 @@ struct Queue {
 pub const PENDING_BYTES: usize = 256 << 20;
 
 /// The source cluster's key that holds the phase the heatshields with this target follow:
-/// `"dual-write <ms>"` or `"off <ms>"`.
+/// `"<phase> <ms>"`, the phase `off`, `dual-write`, `cutover`, or `hold` (a cutover or
+/// rollback is being made: hold requests, and say so in [`HELD_KEY`]).
 pub const PHASE_KEY: &[u8] = b"{heatshield:migration}phase";
 
-/// How often each heatshield reads [`PHASE_KEY`].
-pub const PHASE_POLL: Duration = Duration::from_millis(500);
+/// Where each instance of the fleet says it holds its requests: fleet id → the `hold`'s ms.
+pub const HELD_KEY: &[u8] = b"{heatshield:migration}held";
+
+/// How often each heatshield reads [`PHASE_KEY`] (and while it holds requests for
+/// another's cutover, every [`HELD_POLL`]).
+pub const PHASE_POLL: Duration = Duration::from_millis(100);
+pub const HELD_POLL: Duration = Duration::from_millis(5);
+
+/// What a cutover needs of the rest of heatshield (crate::life::start provides it).
+pub trait Hooks: Send + Sync {
+    /// Ends every blocked client's command as if it timed out.
+    fn unblock_all(&self);
+    /// Wakes every session, to dispatch what it holds.
+    fn resume_all(&self);
+    /// Drops what the hot-key cache holds (it was read from the other cluster).
+    fn forget_cache(&self);
+    /// This instance's fleet id and the other members' (none without a fleet).
+    fn peers(&self) -> (String, Vec<String>);
+}
+
+/// Writes the phase to [`PHASE_KEY`].
+async fn tell(src: &mut Nodes, phase: &str, at: u64) -> Result<(), String> {
+    let value = format!("{phase} {at}");
+    src.ask_for(PHASE_KEY, vec![b"SET", PHASE_KEY, value.as_bytes()]).await.map(|_| ())
+}
+
+/// The phase in [`PHASE_KEY`] and its time.
+async fn read_phase(src: &mut Nodes) -> Option<(&'static str, u64)> {
+    let r = src.ask_for(PHASE_KEY, vec![b"GET", PHASE_KEY]).await.ok()?;
+    let Ok((crate::protocol::reply::Value::Bulk(v), _)) = crate::protocol::reply::Value::parse(&r) else { return None };
+    let text = String::from_utf8_lossy(v);
+    let (phase, at) = text.split_once(' ')?;
+    let phase = ["off", "dual-write", "cutover", "hold"].into_iter().find(|p| *p == phase)?;
+    Some((phase, at.parse().ok()?))
+}
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -96,6 +143,8 @@ struct Job {
     kind: &'static str,
     running: bool,
     started: Option<Instant>,
+    /// How long it ran, once it ended.
+    took: Option<Duration>,
     done: u64,
     total: u64,
     bytes: u64,
@@ -116,6 +165,12 @@ impl DualWrite {
     pub fn new(configured: bool, on: bool, max_pending: usize) -> DualWrite {
         DualWrite {
             on: AtomicBool::new(configured && on),
+            reversed: AtomicBool::new(false),
+            gate: super::gate::Gate::default(),
+            hooks: OnceLock::new(),
+            switching: tokio::sync::Mutex::new(()),
+            last_switch: Mutex::new(String::new()),
+            logical: [AtomicBool::new(false), AtomicBool::new(false)],
             configured,
             queue: Mutex::new(Queue::default()),
             wake: tokio::sync::Notify::new(),
@@ -148,6 +203,7 @@ impl DualWrite {
             let r = super::backfill::run(sides, o).await;
             let mut j = job.lock().unwrap_or_else(|e| e.into_inner());
             j.running = false;
+            j.took = j.started.map(|t| t.elapsed());
             (j.result, j.ok) = match r {
                 Ok(r) => (first_line(r.render()), r.complete && r.copied.failed == 0),
                 Err(e) => (e, false),
@@ -175,6 +231,7 @@ impl DualWrite {
             let r = super::verify::run(sides, o).await;
             let mut j = job.lock().unwrap_or_else(|e| e.into_inner());
             j.running = false;
+            j.took = j.started.map(|t| t.elapsed());
             (j.result, j.ok) = match r {
                 Ok(r) => (r.render().trim_end().replace('\n', "; "), r.differences() == 0),
                 Err(e) => (e, false),
@@ -194,16 +251,52 @@ impl DualWrite {
         Ok((sides, self.job.clone()))
     }
 
-    /// Whether writes are copied to the target now.
+    /// Whether writes are copied to the other cluster now (to the target, or back to the
+    /// source once cut over).
     #[inline]
     pub fn on(&self) -> bool {
         self.on.load(Ordering::Relaxed)
     }
 
-    /// Turns dual-write on or off; refused without a target.
+    /// A migration target is configured.
+    #[inline]
+    pub fn configured(&self) -> bool {
+        self.configured
+    }
+
+    /// Requests are held while the serving cluster changes ([`super::gate`]).
+    #[inline]
+    pub fn held(&self) -> bool {
+        self.gate.held()
+    }
+
+    /// Whether the target serves (cut over).
+    pub fn cut_over(&self) -> bool {
+        self.reversed.load(Ordering::Relaxed)
+    }
+
+    /// The phase: `off`, `dual-write` or `cutover`.
+    pub fn phase(&self) -> &'static str {
+        match (self.cut_over(), self.on()) {
+            (true, _) => "cutover",
+            (false, true) => "dual-write",
+            (false, false) => "off",
+        }
+    }
+
+    /// Sets what crate::life::start provides: the hooks, and the cluster requests go to.
+    pub fn set_hooks(&self, hooks: Box<dyn Hooks>, serving: Arc<Cluster>) {
+        let _ = self.hooks.set((hooks, serving));
+    }
+
+    /// Turns dual-write on or off; refused without a target, and off once cut over (the
+    /// source would fall behind: roll back first).
     pub fn set(&self, on: bool) -> Result<(), &'static str> {
         if on && !self.configured {
             return Err(crate::errors::NO_MIGRATION_TARGET);
+        }
+        if !on && self.cut_over() {
+            return Err(crate::errors::MIGRATION_CUT_OVER);
         }
         self.on.store(on, Ordering::Relaxed);
         Ok(())
@@ -213,14 +306,16 @@ impl DualWrite {
     /// ([`PHASE_KEY`]), at every heatshield with this target (each follows within
     /// [`PHASE_POLL`]).
     pub fn switch(&self, on: bool) -> Result<(), &'static str> {
+        if self.cut_over() {
+            return Err(crate::errors::MIGRATION_CUT_OVER);
+        }
         self.set(on)?;
         let at = now_ms();
         self.phase_at.store(at, Ordering::Relaxed);
         if let Some(sides) = self.sides.get().cloned() {
             tokio::spawn(async move {
                 let mut src = Nodes::new(sides.source, sides.source_opts, "migration-phase");
-                let value = format!("{} {at}", if on { "dual-write" } else { "off" });
-                if let Err(e) = src.ask_for(PHASE_KEY, vec![b"SET", PHASE_KEY, value.as_bytes()]).await {
+                if let Err(e) = tell(&mut src, if on { "dual-write" } else { "off" }, at).await {
                     warn!(error = %e, "migration: the phase could not be told to the other heatshields");
                 }
             });
@@ -228,20 +323,221 @@ impl DualWrite {
         Ok(())
     }
 
-    /// Follows the phase the other heatshields set ([`PHASE_KEY`]), if newer than the
-    /// last change made here.
-    async fn follow(&self, src: &mut Nodes) {
-        let Ok(r) = src.ask_for(PHASE_KEY, vec![b"GET", PHASE_KEY]).await else { return };
-        let Ok((crate::protocol::reply::Value::Bulk(v), _)) = crate::protocol::reply::Value::parse(&r) else { return };
-        let text = String::from_utf8_lossy(v);
-        let Some((phase, at)) = text.split_once(' ') else { return };
-        let Ok(at) = at.parse::<u64>() else { return };
-        if at > self.phase_at.load(Ordering::Relaxed) {
+    /// Starts [`DualWrite::cut`] as a task (its requests are held meanwhile, the asking
+    /// client's too, so it cannot wait for the end): `PROXY MIGRATION STATUS` shows how it
+    /// ended (`switch_result`).
+    pub fn start_cut(self: &Arc<Self>, to_target: bool) -> Result<(), String> {
+        if !self.configured || self.sides.get().is_none() {
+            return Err(crate::errors::NO_MIGRATION_TARGET.into());
+        }
+        if to_target && !self.on() {
+            return Err(crate::errors::MIGRATION_NOT_DUAL.into());
+        }
+        if !to_target && !self.cut_over() {
+            return Err("ERR migration: not cut over; nothing to roll back".into());
+        }
+        let me = self.clone();
+        *self.last_switch.lock().unwrap_or_else(|e| e.into_inner()) = "running".into();
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let what = if to_target { "cutover" } else { "rollback" };
+            let r = match me.cut(to_target).await {
+                Ok(()) => format!("{what} done in {} ms", t.elapsed().as_millis()),
+                Err(e) => format!("{what} failed: {e}"),
+            };
+            *me.last_switch.lock().unwrap_or_else(|e| e.into_inner()) = r;
+        });
+        Ok(())
+    }
+
+    /// Cuts over (`to_target`: the target serves, and writes are copied back to the
+    /// source) or rolls back (the source serves again, writes copied to the target), here
+    /// and at every member of the fleet, together: every instance first holds its
+    /// requests until those in flight are answered and their copies landed, then all
+    /// change, so that no two instances ever write to different clusters.
+    pub async fn cut(&self, to_target: bool) -> Result<(), String> {
+        let _one = self.switching.lock().await;
+        let sides = self.sides.get().cloned().ok_or(crate::errors::NO_MIGRATION_TARGET)?;
+        if to_target == self.cut_over() {
+            return Ok(());
+        }
+        if to_target && !self.on() {
+            return Err(crate::errors::MIGRATION_NOT_DUAL.into());
+        }
+        let Some((hooks, _)) = self.hooks.get() else { return Err(crate::errors::NO_MIGRATION_TARGET.into()) };
+        let (me, peers) = hooks.peers();
+        let mut src = Nodes::new(sides.source.clone(), sides.source_opts.clone(), "migration-phase");
+        let before = self.phase();
+        let at = now_ms();
+        self.phase_at.store(at, Ordering::Relaxed);
+        if !peers.is_empty() {
+            tell(&mut src, "hold", at).await?;
+        }
+        let undo = async |src: &mut Nodes, why: String| {
+            let at = now_ms();
             self.phase_at.store(at, Ordering::Relaxed);
-            let on = phase == "dual-write";
-            if self.set(on).is_ok() {
+            if !peers.is_empty() {
+                let _ = tell(src, before, at).await;
+            }
+            self.release();
+            Err(why)
+        };
+        if let Err(e) = self.hold().await {
+            return undo(&mut src, e).await;
+        }
+        if !peers.is_empty() {
+            let _ = src.ask_for(HELD_KEY, vec![b"HSET", HELD_KEY, me.as_bytes(), at.to_string().as_bytes()]).await;
+            let mut missing = peers.clone();
+            let end = Instant::now() + super::gate::SETTLE;
+            while !missing.is_empty() {
+                if Instant::now() >= end {
+                    let why = format!(
+                        "ERR migration: fleet members {} did not hold their requests; nothing changed",
+                        missing.join(", ")
+                    );
+                    return undo(&mut src, why).await;
+                }
+                let mut cmd: Vec<&[u8]> = vec![b"HMGET", HELD_KEY];
+                cmd.extend(missing.iter().map(|m| m.as_bytes()));
+                if let Ok(r) = src.ask_for(HELD_KEY, cmd).await
+                    && let Ok((crate::protocol::reply::Value::Array(v), _)) = crate::protocol::reply::Value::parse(&r)
+                {
+                    let held: Vec<bool> = v.iter().map(|x| x.as_bytes() == Some(at.to_string().as_bytes())).collect();
+                    let mut i = 0;
+                    missing.retain(|_| {
+                        i += 1;
+                        !held.get(i - 1).copied().unwrap_or(false)
+                    });
+                }
+                tokio::time::sleep(HELD_POLL).await;
+            }
+        }
+        if let Err(e) = self.retarget(to_target).await {
+            return undo(&mut src, e).await;
+        }
+        let at = now_ms();
+        self.phase_at.store(at, Ordering::Relaxed);
+        if let Err(e) = tell(&mut src, self.phase(), at).await {
+            warn!(error = %e, "migration: the phase could not be told to the other heatshields");
+        }
+        self.release();
+        tracing::info!(phase = self.phase(), "migration: the serving cluster changed");
+        Ok(())
+    }
+
+    /// Holds requests here until those in flight are answered and every copy landed;
+    /// gives up (and lets them go on) after [`super::gate::SETTLE`].
+    async fn hold(&self) -> Result<(), String> {
+        use super::gate::{Gate, SETTLE};
+        self.gate.close();
+        let unblock = || {
+            if let Some((hooks, _)) = self.hooks.get() {
+                hooks.unblock_all();
+            }
+        };
+        unblock();
+        // (again now and then: a blocking command dispatched as the hold began)
+        let mut looks = 0u32;
+        if !Gate::until(SETTLE, || {
+            looks += 1;
+            if looks.is_multiple_of(50) {
+                unblock();
+            }
+            self.gate.busy_sessions() <= 0
+        })
+        .await
+        {
+            self.release();
+            return Err("ERR migration: requests still in flight after 5 s; nothing changed".into());
+        }
+        if !Gate::until(SETTLE, || self.pending() == 0).await {
+            self.release();
+            return Err("ERR migration: copies still pending after 5 s; nothing changed".into());
+        }
+        Ok(())
+    }
+
+    /// Lets held requests go on.
+    fn release(&self) {
+        self.gate.open();
+        if let Some((hooks, _)) = self.hooks.get() {
+            hooks.resume_all();
+        }
+    }
+
+    /// Points the serving cluster at the target (or back at the source), with requests
+    /// held and nothing pending.
+    async fn retarget(&self, to_target: bool) -> Result<(), String> {
+        let sides = self.sides.get().ok_or(crate::errors::NO_MIGRATION_TARGET)?;
+        let Some((hooks, serving)) = self.hooks.get() else { return Err(crate::errors::NO_MIGRATION_TARGET.into()) };
+        let (to, opts) = match to_target {
+            true => (sides.target.backing(), sides.target_opts.clone()),
+            false => (sides.source.backing(), sides.source_opts.clone()),
+        };
+        let (back, back_opts) = (serving.backing(), serving.options());
+        if let Err(e) = serving.retarget(to, opts).await {
+            // (the slot map in force was not replaced: the old nodes' settings back)
+            let _ = serving.retarget(back, back_opts).await;
+            return Err(format!("ERR migration: the other cluster's slot map: {e}"));
+        }
+        self.on.store(true, Ordering::Relaxed);
+        self.reversed.store(to_target, Ordering::Relaxed);
+        hooks.forget_cache();
+        Ok(())
+    }
+
+    /// Follows the phase the other heatshields set ([`PHASE_KEY`]), if newer than the
+    /// last change made here. Told to hold, it holds its requests, says so
+    /// ([`HELD_KEY`]), and waits for the phase that follows.
+    async fn follow(&self, src: &mut Nodes) {
+        let Some((phase, at)) = read_phase(src).await else { return };
+        if at <= self.phase_at.load(Ordering::Relaxed) {
+            return;
+        }
+        let _one = self.switching.lock().await;
+        self.phase_at.store(at, Ordering::Relaxed);
+        let mut next = Some((phase, at));
+        if phase == "hold" {
+            if self.hold().await.is_err() {
+                return;
+            }
+            if let Some((hooks, _)) = self.hooks.get() {
+                let me = hooks.peers().0;
+                let _ = src.ask_for(HELD_KEY, vec![b"HSET", HELD_KEY, me.as_bytes(), at.to_string().as_bytes()]).await;
+            }
+            // the phase that follows (the one who holds gives up after twice the settle time)
+            next = None;
+            let end = Instant::now() + 2 * super::gate::SETTLE + Duration::from_secs(1);
+            while Instant::now() < end {
+                tokio::time::sleep(HELD_POLL).await;
+                if let Some((p, a)) = read_phase(src).await
+                    && a > at
+                {
+                    next = Some((p, a));
+                    break;
+                }
+            }
+        }
+        match next {
+            Some((phase, at)) => {
+                self.phase_at.store(at, Ordering::Relaxed);
+                let to_target = phase == "cutover";
+                if to_target != self.cut_over() {
+                    if !self.held() && self.hold().await.is_err() {
+                        return;
+                    }
+                    if let Err(e) = self.retarget(to_target).await {
+                        warn!(error = %e, "migration: could not follow the other heatshields' change of cluster");
+                    }
+                } else if self.set(phase != "off").is_err() {
+                    return;
+                }
                 tracing::info!(phase, "migration phase changed by another heatshield");
             }
+            None => warn!("migration: held requests for another heatshield's cutover that never came; going on"),
+        }
+        if self.held() {
+            self.release();
         }
     }
 
@@ -284,6 +580,9 @@ impl DualWrite {
     pub fn status(&self) -> Vec<(&'static str, String)> {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
         vec![
+            ("serving", if self.cut_over() { "target" } else { "source" }.into()),
+            ("held", if self.held() { "yes" } else { "no" }.into()),
+            ("switch_result", self.last_switch.lock().unwrap_or_else(|e| e.into_inner()).clone()),
             ("dual_write", if self.on() { "on" } else { "off" }.into()),
             ("dual_write_pending", self.pending().to_string()),
             ("dual_write_noted", n(&self.noted)),
@@ -303,6 +602,7 @@ impl DualWrite {
     pub fn publish_metrics(&self) {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         metrics::gauge!("heatshield_migration_dual_write").set(if self.on() { 1.0 } else { 0.0 });
+        metrics::gauge!("heatshield_migration_cut_over").set(if self.cut_over() { 1.0 } else { 0.0 });
         metrics::gauge!("heatshield_migration_pending_keys").set(self.pending() as f64);
         for (outcome, v) in [
             ("applied", n(&self.applied)),
@@ -324,7 +624,7 @@ impl DualWrite {
     /// of the source's, bytes, rate, the time left, and its result.
     fn job_status(&self) -> Vec<(&'static str, String)> {
         let j = self.job.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let secs = j.started.map_or(0.0, |t| t.elapsed().as_secs_f64()).max(1e-3);
+        let secs = j.took.or(j.started.map(|t| t.elapsed())).map_or(0.0, |d| d.as_secs_f64()).max(1e-3);
         let rate = j.done as f64 / secs;
         let left = if rate > 0.0 { j.total.saturating_sub(j.done) as f64 / rate } else { 0.0 };
         let state = match (j.kind, j.running, j.ok) {
@@ -359,9 +659,11 @@ impl DualWrite {
             target: target.clone(),
             target_opts: target_opts.clone(),
         });
-        if target.is_cluster() {
-            target.spawn_refresher(Duration::from_secs(5));
-            let _ = target.refresh().await;
+        for c in [&source, &target] {
+            if c.is_cluster() {
+                c.spawn_refresher(Duration::from_secs(5));
+                let _ = c.refresh().await;
+            }
         }
         {
             // the phase the other heatshields set, followed
@@ -374,14 +676,24 @@ impl DualWrite {
                 }
             });
         }
-        let mut src = Nodes::new(source, source_opts, "dual-write");
-        let mut dst = Nodes::new(target, target_opts, "dual-write");
+        let mut a = Nodes::new(source, source_opts, "dual-write");
+        let mut b = Nodes::new(target, target_opts, "dual-write");
         loop {
-            let batch = std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner())).keys;
+            let batch = {
+                // (counted in flight as it is taken: `pending` never sees it in neither)
+                let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                self.in_flight.store(q.keys.len() as u64, Ordering::Relaxed);
+                q.bytes = 0;
+                std::mem::take(&mut q.keys)
+            };
             if batch.is_empty() {
                 self.wake.notified().await;
                 continue;
             }
+            // (the direction changes only while nothing is pending: crate::services::migration::gate)
+            let back = self.cut_over();
+            let logical = &self.logical[back as usize];
+            let (src, dst) = if back { (&mut b, &mut a) } else { (&mut a, &mut b) };
             // each key once, in the order first noted
             let mut seen: HashSet<Bytes, ahash::RandomState> =
                 HashSet::with_capacity_and_hasher(batch.len(), Default::default());
@@ -401,13 +713,19 @@ impl DualWrite {
             for (m, keys) in &by_master {
                 for chunk in keys.chunks(BATCH) {
                     let mut c = Copied::default();
-                    match copy_batch(&mut src, &mut dst, m, chunk, &mut c).await {
+                    match copy_batch(src, dst, m, chunk, logical.load(Ordering::Relaxed), &mut c).await {
                         Ok(()) => {
                             self.applied.fetch_add(c.applied, Ordering::Relaxed);
                             self.kept.fetch_add(c.kept, Ordering::Relaxed);
                             self.gone.fetch_add(c.gone, Ordering::Relaxed);
                             self.failed.fetch_add(c.failed, Ordering::Relaxed);
-                            failed.extend(c.first_failures.iter().map(|(k, _)| Bytes::copy_from_slice(k)));
+                            failed.extend(c.retry.iter().map(|k| Bytes::copy_from_slice(k)));
+                            if c.incompatible && !logical.swap(true, Ordering::Relaxed) {
+                                warn!(
+                                    back,
+                                    "dual-write: the other cluster cannot restore this one's dumps; copying values from now on"
+                                );
+                            }
                             if let Some((k, why)) = c.first_failures.first() {
                                 warn!(key = %crate::protocol::reply::quoted(k), error = %why, failed = c.failed, "dual-write: copies refused by the target; retried");
                             }
@@ -421,7 +739,8 @@ impl DualWrite {
                     self.in_flight.fetch_sub(chunk.len() as u64, Ordering::Relaxed);
                 }
             }
-            self.in_flight.store(0, Ordering::Relaxed);
+            // (keys to try again stay pending until noted again)
+            self.in_flight.store(failed.len() as u64, Ordering::Relaxed);
             if keys.len() < BATCH {
                 // a short batch: let the next gather for a moment (fewer wake-ups and
                 // round trips a key, the target a millisecond further behind)
@@ -437,6 +756,7 @@ impl DualWrite {
                 }
                 self.wrote(failed);
             }
+            self.in_flight.store(0, Ordering::Relaxed);
         }
     }
 }

@@ -7,6 +7,7 @@
 pub mod backfill;
 pub mod copy;
 pub mod dual;
+pub mod gate;
 pub mod verify;
 
 use std::collections::HashMap;

@@ -365,7 +365,11 @@ pub enum Backing {
 
 /// The cluster as the proxy sees it.
 pub struct Cluster {
-    pub backing: Backing,
+    /// The nodes it starts from: the configured backend, or a migration's target after a
+    /// cutover ([`Cluster::retarget`]).
+    backing: parking_lot::RwLock<Backing>,
+    /// Cluster mode (`backing` is `Backing::Cluster`); never changes.
+    clustered: bool,
     topo: ArcSwap<Topology>,
     pools: Mutex<HashMap<String, Arc<NodePool>>>,
     /// Pools for reads from replicas, by address (apart from `pools`: their connections
@@ -373,7 +377,7 @@ pub struct Cluster {
     reader_pools: Mutex<HashMap<String, Arc<NodePool>>>,
     /// Replica reads are on: every slot map carries the replicas' pools.
     replica_reads: std::sync::atomic::AtomicBool,
-    opts: BackendOptions,
+    opts: parking_lot::RwLock<BackendOptions>,
     conns_per_node: usize,
     workers: usize,
     version: AtomicU64,
@@ -400,12 +404,13 @@ impl Cluster {
     /// topology is complete at once. No connection is made until a worker uses a node.
     pub fn new(backing: Backing, opts: BackendOptions, conns_per_node: usize, workers: usize) -> Arc<Cluster> {
         let c = Arc::new(Cluster {
-            backing: backing.clone(),
+            backing: parking_lot::RwLock::new(backing.clone()),
+            clustered: matches!(backing, Backing::Cluster { .. }),
             topo: ArcSwap::from_pointee(Topology::empty()),
             pools: Mutex::new(HashMap::new()),
             reader_pools: Mutex::new(HashMap::new()),
             replica_reads: std::sync::atomic::AtomicBool::new(false),
-            opts,
+            opts: parking_lot::RwLock::new(opts),
             conns_per_node: conns_per_node.max(1),
             workers: workers.max(1),
             version: AtomicU64::new(0),
@@ -429,7 +434,56 @@ impl Cluster {
     }
 
     pub fn is_cluster(&self) -> bool {
-        matches!(self.backing, Backing::Cluster { .. })
+        self.clustered
+    }
+
+    /// The nodes it starts from now.
+    pub fn backing(&self) -> Backing {
+        self.backing.read().clone()
+    }
+
+    /// The options of its connections now.
+    pub fn options(&self) -> BackendOptions {
+        self.opts.read().clone()
+    }
+
+    /// Serves another cluster from now on (a migration's cutover or rollback,
+    /// crate::services::migration): its slot map is fetched from `backing`'s seeds alone
+    /// and installed, and the pools of the nodes it does not announce are dropped (their
+    /// connections close once the requests on them are answered). Both must be clusters,
+    /// or both one server.
+    pub async fn retarget(&self, backing: Backing, opts: BackendOptions) -> Result<(), String> {
+        if matches!(backing, Backing::Cluster { .. }) != self.clustered {
+            return Err("the other side is not of the same mode (cluster or standalone)".into());
+        }
+        *self.opts.write() = opts;
+        *self.backing.write() = backing.clone();
+        match backing {
+            Backing::Cluster { seeds } => {
+                let mut last = String::from("no seed nodes");
+                let mut done = false;
+                for addr in &seeds {
+                    match self.fetch_slots(addr).await {
+                        Ok((map, nodes)) => {
+                            self.apply(map, nodes);
+                            done = true;
+                            break;
+                        }
+                        Err(e) => last = format!("{addr}: {e}"),
+                    }
+                }
+                if !done {
+                    return Err(last);
+                }
+            }
+            Backing::Standalone { addr } => {
+                let pool = self.pool(&addr);
+                self.install(HashSet::from([addr.clone()]), vec![0; SLOTS], vec![pool], vec![vec![]], vec![vec![]]);
+            }
+        }
+        let topo = self.topo.load_full();
+        self.pools.lock().retain(|a, _| topo.announces(a) || topo.masters.iter().any(|m| &*m.addr == a));
+        Ok(())
     }
 
     /// The current snapshot, as this thread last saw it if no newer one was published
@@ -472,7 +526,7 @@ impl Cluster {
         if let Some(p) = pools.get(addr) {
             return p.clone();
         }
-        let p = Arc::new(NodePool::new(addr, &self.opts, self.conns_per_node, self.workers, false));
+        let p = Arc::new(NodePool::new(addr, &self.opts.read(), self.conns_per_node, self.workers, false));
         pools.insert(addr.to_string(), p.clone());
         p
     }
@@ -502,7 +556,7 @@ impl Cluster {
                         pools
                             .entry(a.clone())
                             .or_insert_with(|| {
-                                Arc::new(NodePool::new(a, &self.opts, self.conns_per_node, self.workers, true))
+                                Arc::new(NodePool::new(a, &self.opts.read(), self.conns_per_node, self.workers, true))
                             })
                             .clone()
                     })
@@ -583,12 +637,12 @@ impl Cluster {
 
     /// Fetches the slot map from the first node that answers and installs it.
     pub async fn refresh(&self) -> Result<(), String> {
-        let Backing::Cluster { seeds } = &self.backing else {
+        let Backing::Cluster { seeds } = self.backing() else {
             return Ok(());
         };
         self.refreshes.fetch_add(1, Ordering::Relaxed);
         let number = self.started.fetch_add(1, Ordering::SeqCst) + 1;
-        let result = self.refresh_from(seeds).await;
+        let result = self.refresh_from(&seeds).await;
         *self.refresh_error.lock() = result.as_ref().err().cloned();
         self.refreshed.send_modify(|n| *n = (*n).max(number));
         result
@@ -627,7 +681,8 @@ impl Cluster {
     /// `CLUSTER SLOTS` and `CLUSTER NODES` of one node: the slot map, and every node
     /// address the cluster announces.
     async fn fetch_slots(&self, addr: &str) -> Result<(SlotMap, HashSet<String>), String> {
-        let mut side = Side::new(addr, &self.opts, "topology");
+        let opts = self.options();
+        let mut side = Side::new(addr, &opts, "topology");
         let mut ask = async |args: &[&str]| side.call(args).await.map_err(|e| e.to_string());
         let slots = ask(&["CLUSTER", "SLOTS"]).await?;
         let nodes = ask(&["CLUSTER", "NODES"]).await?;
