@@ -7,6 +7,8 @@
 pub const NO_MIGRATION_TARGET: &str = "ERR no [migration] target is configured (docs/migration.md)";
 pub const MIGRATION_CUT_OVER: &str =
     "ERR migration: cut over, the source is kept up to date by copies back to it: PROXY MIGRATION ROLLBACK first";
+pub const MIGRATION_FINISHED: &str =
+    "ERR migration: finished; the target serves for good (set [backend] to it and remove [migration])";
 pub const MIGRATION_NOT_DUAL: &str =
     "ERR migration: turn dual-write on (and backfill and verify) before the target serves";
 

@@ -108,6 +108,10 @@ pub enum Control {
     Shutdown,
     /// A migration's cutover held requests and lets them go on: dispatch what is read.
     Resume,
+    /// A migration's cutover: end the blocking command at its node (`CLIENT UNBLOCK`), so
+    /// what the node took for it still reaches the client; as `UnblockTimeout` when it
+    /// is not waiting at a node.
+    UnblockAtNode,
 }
 
 #[cfg(test)]

@@ -500,7 +500,52 @@ fn cutover_and_rollback_under_load_of_a_fleet_lose_no_acknowledged_write() {
         load.push(thread::spawn(move || {
             let mut c = Conn::connect(port);
             let (mut incrs, mut appends, mut errors) = (0i64, 0i64, Vec::new());
+            let (mut piped, mut txs, mut evals, mut watched, mut aborted) = (0i64, 0i64, 0i64, 0i64, 0i64);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // a pipeline
+                for j in 0..3 {
+                    c.send(&["RPUSH", &format!("plog:{t}"), &(piped + j).to_string()]);
+                }
+                for _ in 0..3 {
+                    match c.read_reply() {
+                        V::Int(n) if n == piped + 1 => piped = n,
+                        r => errors.push(format!("pipelined RPUSH after {piped}: {r:?}")),
+                    }
+                }
+                // a transaction, and one under WATCH (voided by a change: EXEC nil)
+                c.cmd(&["MULTI"]);
+                c.cmd(&["INCR", &format!("{{tx:{t}}}c")]);
+                c.cmd(&["HSET", &format!("{{tx:{t}}}h"), &format!("f{}", txs % 10), &txs.to_string()]);
+                match c.cmd(&["EXEC"]) {
+                    V::Arr(v) if v.first() == Some(&V::Int(txs + 1)) => txs += 1,
+                    r => errors.push(format!("EXEC after {txs}: {r:?}")),
+                }
+                c.cmd(&["WATCH", &format!("{{w:{t}}}k")]);
+                c.cmd(&["MULTI"]);
+                c.cmd(&["SET", &format!("{{w:{t}}}k"), &(watched + 1).to_string()]);
+                match c.cmd(&["EXEC"]) {
+                    V::Arr(_) => watched += 1,
+                    V::Nil => aborted += 1,
+                    r => errors.push(format!("EXEC under WATCH: {r:?}")),
+                }
+                // a command split across slots, and a lock taken and given back
+                let (ka, kb) = (format!("ms:{t}:a"), format!("ms:{t}:b"));
+                if !c.cmd(&["MSET", &ka, &evals.to_string(), &kb, &evals.to_string()]).is_ok() {
+                    errors.push("MSET".into());
+                }
+                match c.cmd(&["LOCK.ACQUIRE", &format!("lk:{t}"), "me", "5000"]) {
+                    V::Err(e) => errors.push(format!("LOCK.ACQUIRE: {e}")),
+                    _ => {
+                        if c.cmd(&["LOCK.RELEASE", &format!("lk:{t}"), "me"]).is_err() {
+                            errors.push("LOCK.RELEASE".into());
+                        }
+                    }
+                }
+                // a script
+                match c.cmd(&["EVAL", "return redis.call('INCRBY', KEYS[1], 2)", "1", &format!("sc:{t}")]) {
+                    V::Int(n) if n == 2 * (evals + 1) => evals += 1,
+                    r => errors.push(format!("EVAL after {evals}: {r:?}")),
+                }
                 match c.cmd(&["INCR", &format!("cnt:{t}")]) {
                     V::Int(n) if n == incrs + 1 => incrs = n,
                     r => errors.push(format!("INCR after {incrs}: {r:?}")),
@@ -518,7 +563,7 @@ fn cutover_and_rollback_under_load_of_a_fleet_lose_no_acknowledged_write() {
                     errors.push(format!("GET cnt:{t} {r:?} after {incrs}"));
                 }
             }
-            (incrs, appends, errors)
+            (incrs, appends, errors, [piped, txs, evals, watched, aborted])
         }));
     }
     let consumer = {
@@ -537,6 +582,32 @@ fn cutover_and_rollback_under_load_of_a_fleet_lose_no_acknowledged_write() {
             (got, nils)
         })
     };
+    // a subscriber (through the first instance), told by the second
+    let subscriber = {
+        let mut c = Conn::connect(a.port());
+        assert_eq!(
+            c.cmd(&["SUBSCRIBE", "news"]),
+            V::Arr(vec![V::Str(b"subscribe".to_vec()), V::Str(b"news".to_vec()), V::Int(1)])
+        );
+        thread::spawn(move || {
+            let mut got = Vec::new();
+            loop {
+                match c.read_reply() {
+                    V::Arr(m) if m.len() == 3 => {
+                        let text = m[2].text();
+                        if text == "stop" {
+                            return got;
+                        }
+                        got.push(text);
+                    }
+                    r => panic!("subscriber: {r:?}"),
+                }
+            }
+        })
+    };
+    let mut publisher = Conn::connect(b.port());
+    let mut publish = |what: &str| assert_eq!(publisher.cmd(&["PUBLISH", "news", what]).int(), 1, "{what}");
+    publish("before");
     let mut producer = Conn::connect(b.port());
     let mut pushed = 0;
     let mut push = |n: usize| {
@@ -557,6 +628,11 @@ fn cutover_and_rollback_under_load_of_a_fleet_lose_no_acknowledged_write() {
     });
     assert_eq!(status(&mut admin)["phase"], "cutover");
     push(10);
+    thread::sleep(Duration::from_millis(500));
+    publish("after cutover");
+    // a big hash changed: copied back to Redis 7.0 by value, in pieces
+    let r = admin.cmd(&["HSET", "h:big", "f0", "changed"]);
+    assert_eq!(r, V::Int(0), "{r:?}");
     thread::sleep(Duration::from_millis(700));
     // written through heatshield now: on the target, and copied back to the source
     assert!(admin.cmd(&["SET", "after-cutover", "1"]).is_ok());
@@ -580,13 +656,17 @@ fn cutover_and_rollback_under_load_of_a_fleet_lose_no_acknowledged_write() {
         status(&mut admin)["serving"] == "source"
     });
     push(10);
+    thread::sleep(Duration::from_millis(500));
+    publish("after rollback");
     thread::sleep(Duration::from_millis(700));
     // and over again
     assert!(admin.cmd(&["PROXY", "MIGRATION", "CUTOVER"]).is_ok());
     switched(&mut admin, "target");
     push(10);
     thread::sleep(Duration::from_millis(500));
+    publish("stop");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(subscriber.join().unwrap(), ["before", "after cutover", "after rollback"]);
     let done: Vec<_> = load.into_iter().map(|h| h.join().unwrap()).collect();
     let (got, _nils) = consumer.join().unwrap();
 
@@ -595,12 +675,23 @@ fn cutover_and_rollback_under_load_of_a_fleet_lose_no_acknowledged_write() {
         common::wait_until(Duration::from_secs(10), "the copies to land", || status(c)["dual_write_pending"] == "0");
     }
     let side = |cluster: &RedisCluster, key: &str, cmd: &[&str]| cmd_text(cluster.master_for_key(key.as_bytes()), cmd);
-    for (t, (incrs, appends, errors)) in done.iter().enumerate() {
+    for (t, (incrs, appends, errors, [piped, txs, evals, watched, _aborted])) in done.iter().enumerate() {
         assert!(errors.is_empty(), "client {t}: {errors:?}");
         assert!(*incrs > 20, "client {t} ran {incrs} INCRs");
         let k = format!("cnt:{t}");
         let l = format!("log:{t}");
         for cluster in [&env.source, &env.target] {
+            let get = |key: String| side(cluster, &key, &["GET", &key]).trim().to_string();
+            assert_eq!(get(format!("{{tx:{t}}}c")), txs.to_string(), "transactions of client {t}");
+            assert_eq!(get(format!("sc:{t}")), (2 * evals).to_string(), "scripts of client {t}");
+            // (the MSET before the last script's INCRBY wrote the count of scripts before it)
+            assert_eq!(get(format!("ms:{t}:a")), (evals - 1).to_string(), "MSET of client {t}");
+            assert_eq!(get(format!("ms:{t}:b")), (evals - 1).to_string(), "MSET of client {t}");
+            assert_eq!(get(format!("{{w:{t}}}k")), watched.to_string(), "WATCHed SETs of client {t}");
+            let pl = format!("plog:{t}");
+            let list = side(cluster, &pl, &["LRANGE", &pl, "0", "-1"]);
+            let want: Vec<String> = (0..*piped).map(|i| i.to_string()).collect();
+            assert_eq!(list.split_whitespace().collect::<Vec<_>>(), want, "{pl}: every pipelined append once");
             assert_eq!(side(cluster, &k, &["GET", &k]).trim(), incrs.to_string(), "{k}");
             let list = side(cluster, &l, &["LRANGE", &l, "0", "-1"]);
             let want: Vec<String> = (0..*appends).map(|i| i.to_string()).collect();
@@ -617,7 +708,38 @@ fn cutover_and_rollback_under_load_of_a_fleet_lose_no_acknowledged_write() {
     }
     all.sort();
     assert_eq!(all, (0..pushed as i64).collect::<Vec<_>>(), "every job once");
+    // the big hash's change reached the source whole
+    let h = env.source.master_for_key(b"h:big");
+    assert_eq!(cmd_text(h, &["HGET", "h:big", "f0"]), "changed");
+    assert_eq!(cmd_text(h, &["HLEN", "h:big"]), "20000");
     // and the two clusters are equal
     let (code, out) = verify(&env, "", "20");
     assert_eq!(code, 0, "{out}");
+
+    // finish: the source is released, heatshield's keys removed from both clusters
+    assert!(admin.cmd(&["PROXY", "MIGRATION", "FINISH"]).is_ok());
+    let s = switched(&mut admin, "target");
+    assert!(s["switch_result"].starts_with("finish done"), "{s:?}");
+    assert_eq!(s["phase"], "finished");
+    common::wait_until(Duration::from_secs(3), "the second heatshield to finish", || {
+        status(&mut admin_b)["phase"] == "finished"
+    });
+    for cluster in [&env.source, &env.target] {
+        for node in cluster.masters() {
+            let left = Conn::connect(node).cmd(&["SCAN", "0", "MATCH", "{heatshield:mv:*", "COUNT", "100000"]);
+            assert!(matches!(&left, V::Arr(v) if v[1] == V::Arr(vec![])), "heatshield's keys left on {node}: {left:?}");
+        }
+    }
+    let r = admin.cmd(&["PROXY", "MIGRATION", "ROLLBACK"]);
+    assert!(r.is_err(), "{r:?}");
+    // writes now reach the target alone
+    assert!(admin.cmd(&["SET", "after-finish", "1"]).is_ok());
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(cmd_text(env.source.master_for_key(b"after-finish"), &["EXISTS", "after-finish"]), "0");
+    // an instance started now with the same configuration serves the target from its
+    // first request
+    let c = Proxy::start_cluster(&env.source, &["--config", &conf, "--metrics", "off"]);
+    let mut cc = Conn::connect(c.port());
+    assert_eq!(cc.cmd(&["GET", "after-finish"]).text(), "1");
+    assert_eq!(status(&mut cc)["phase"], "finished");
 }

@@ -211,7 +211,7 @@ impl crate::services::migration::dual::Hooks for CutoverHooks {
         let Some(p) = self.0.upgrade() else { return };
         for c in p.clients.all() {
             if c.has(crate::conn::info::flag::BLOCKED) {
-                c.send(crate::mailbox::Control::UnblockTimeout);
+                c.send(crate::mailbox::Control::UnblockAtNode);
             }
         }
     }

@@ -144,7 +144,7 @@ impl Side {
     }
 
     async fn connect(&mut self) -> io::Result<()> {
-        let (link, _) = backend::connect(&self.addr, &self.opts).await?;
+        let (link, _, _) = backend::connect(&self.addr, &self.opts).await?;
         keepalive(&link);
         self.link = Some(link);
         self.buf = BytesMut::with_capacity(4096);

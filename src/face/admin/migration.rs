@@ -1,5 +1,5 @@
-//! `PROXY MIGRATION STATUS | DUAL-WRITE | OFF | CUTOVER | ROLLBACK | BACKFILL [RESTART]
-//! [RATE n] | VERIFY`:
+//! `PROXY MIGRATION STATUS | DUAL-WRITE | OFF | CUTOVER | ROLLBACK | FINISH | BACKFILL
+//! [RESTART] [RATE n] | VERIFY`:
 //! the move to another cluster as this instance runs it (docs/migration.md): the target,
 //! the phase, what dual-write's copies did, and a backfill or verify run here.
 
@@ -33,6 +33,10 @@ pub(super) fn migration_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
             Err(e) => ctx.error(e),
         },
         ("CUTOVER" | "ROLLBACK", 3) => match proxy.migration.start_cut(op == "CUTOVER") {
+            Ok(()) => ctx.reply(|w| w.ok()),
+            Err(e) => ctx.error(&e),
+        },
+        ("FINISH", 3) => match proxy.migration.start_finish() {
             Ok(()) => ctx.reply(|w| w.ok()),
             Err(e) => ctx.error(&e),
         },
@@ -70,7 +74,7 @@ pub(super) fn migration_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
                 Err(e) => ctx.error(&e),
             }
         }
-        ("STATUS" | "DUAL-WRITE" | "OFF" | "VERIFY" | "CUTOVER" | "ROLLBACK", _) => {
+        ("STATUS" | "DUAL-WRITE" | "OFF" | "VERIFY" | "CUTOVER" | "ROLLBACK" | "FINISH", _) => {
             ctx.error(&errors::wrong_arity(&format!("proxy|migration|{}", op.to_ascii_lowercase())))
         }
         _ => ctx.error(&errors::unknown_subcommand(&format!("MIGRATION {op}"), "PROXY")),

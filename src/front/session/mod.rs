@@ -1036,6 +1036,20 @@ impl Session {
             // (woken to dispatch what it holds: the run loop does)
             return;
         }
+        if c == Control::UnblockAtNode
+            && let Some(seq) = self.blocking
+            && let Some(Reply::Waiting(p)) = self.queue.get_mut(seq).map(|e| &e.reply)
+            && let Some((node, id)) = p.blocked_at()
+        {
+            // the node answers it: nil, or what it took just before
+            tokio::spawn(async move {
+                let mut side = crate::upstream::side::Side::new(node.addr.clone(), node.options(), "unblock");
+                if let Err(e) = side.call(&[b"CLIENT".as_slice(), b"UNBLOCK", id.to_string().as_bytes()]).await {
+                    warn!(node = %node.addr, error = %e, "CLIENT UNBLOCK for a cutover failed");
+                }
+            });
+            return;
+        }
         let Some(seq) = self.blocking.take() else { return };
         let Some(e) = self.queue.get_mut(seq) else { return };
         let Reply::Waiting(p) = &e.reply else { return };

@@ -34,7 +34,7 @@ use bytes::Bytes;
 use tracing::warn;
 
 use super::copy::{Copied, copy_batch};
-use super::{Clusters, Nodes};
+use super::{Clusters, Nodes, int, scan_reply};
 use crate::upstream::backend::BackendOptions;
 use crate::upstream::cluster::Cluster;
 
@@ -77,6 +77,8 @@ pub struct DualWrite {
     job: Arc<Mutex<Job>>,
     /// When the phase last changed (ms since the epoch), here or at another heatshield.
     phase_at: AtomicU64,
+    /// Finished: the target serves, nothing is copied, the source is left alone.
+    finished: AtomicBool,
 }
 
 /// Keys noted and not yet taken by the copier.
@@ -104,6 +106,10 @@ pub const HELD_KEY: &[u8] = b"{heatshield:migration}held";
 pub const PHASE_POLL: Duration = Duration::from_millis(100);
 pub const HELD_POLL: Duration = Duration::from_millis(5);
 
+/// How long an instance with a target holds requests at start while it cannot read the
+/// phase (then it serves the configured `[backend]`).
+pub const PHASE_AT_START: Duration = Duration::from_secs(5);
+
 /// What a cutover needs of the rest of heatshield (crate::life::start provides it).
 pub trait Hooks: Send + Sync {
     /// Ends every blocked client's command as if it timed out.
@@ -114,6 +120,28 @@ pub trait Hooks: Send + Sync {
     fn forget_cache(&self);
     /// This instance's fleet id and the other members' (none without a fleet).
     fn peers(&self) -> (String, Vec<String>);
+}
+
+/// Removes the keys copies keep beside the data (`{heatshield:mv:N}...`: versions, and
+/// big keys' pieces) from every master of `n`'s cluster; how many.
+async fn remove_own_keys(n: &mut Nodes) -> Result<u64, String> {
+    let mut removed = 0;
+    for m in n.masters() {
+        let mut cursor = b"0".to_vec();
+        loop {
+            let r = n.ask(&m, vec![b"SCAN", &cursor, b"MATCH", b"{heatshield:mv:*", b"COUNT", b"1000"]).await?;
+            let (next, keys) = scan_reply(&r)?;
+            if !keys.is_empty() {
+                let cmds: Vec<Vec<&[u8]>> = keys.iter().map(|k| vec![&b"UNLINK"[..], k.as_slice()]).collect();
+                removed += n.pipe(&m, &cmds).await?.iter().filter(|r| int(r) == Some(1)).count() as u64;
+            }
+            cursor = next;
+            if cursor == b"0" {
+                break;
+            }
+        }
+    }
+    Ok(removed)
 }
 
 /// Writes the phase to [`PHASE_KEY`].
@@ -128,7 +156,7 @@ async fn read_phase(src: &mut Nodes) -> Option<(&'static str, u64)> {
     let Ok((crate::protocol::reply::Value::Bulk(v), _)) = crate::protocol::reply::Value::parse(&r) else { return None };
     let text = String::from_utf8_lossy(v);
     let (phase, at) = text.split_once(' ')?;
-    let phase = ["off", "dual-write", "cutover", "hold"].into_iter().find(|p| *p == phase)?;
+    let phase = ["off", "dual-write", "cutover", "hold", "finished"].into_iter().find(|p| *p == phase)?;
     Some((phase, at.parse().ok()?))
 }
 
@@ -186,7 +214,19 @@ impl DualWrite {
             sides: OnceLock::new(),
             job: Arc::new(Mutex::new(Job::default())),
             phase_at: AtomicU64::new(0),
+            finished: AtomicBool::new(false),
         }
+        .held_until_phase_known()
+    }
+
+    /// With a target, requests are held from the start until the phase the fleet is in
+    /// has been read ([`DualWrite::run`]): an instance started (or restarted) after a
+    /// cutover serves the target from its first request, never the source.
+    fn held_until_phase_known(self) -> DualWrite {
+        if self.configured {
+            self.gate.close();
+        }
+        self
     }
 
     /// Starts a backfill (`PROXY MIGRATION BACKFILL`) as a task of the calling runtime;
@@ -270,6 +310,11 @@ impl DualWrite {
         self.gate.held()
     }
 
+    /// Finished: the target serves for good, nothing is copied.
+    pub fn finished(&self) -> bool {
+        self.finished.load(Ordering::Relaxed)
+    }
+
     /// Whether the target serves (cut over).
     pub fn cut_over(&self) -> bool {
         self.reversed.load(Ordering::Relaxed)
@@ -277,6 +322,9 @@ impl DualWrite {
 
     /// The phase: `off`, `dual-write` or `cutover`.
     pub fn phase(&self) -> &'static str {
+        if self.finished() {
+            return "finished";
+        }
         match (self.cut_over(), self.on()) {
             (true, _) => "cutover",
             (false, true) => "dual-write",
@@ -306,6 +354,9 @@ impl DualWrite {
     /// ([`PHASE_KEY`]), at every heatshield with this target (each follows within
     /// [`PHASE_POLL`]).
     pub fn switch(&self, on: bool) -> Result<(), &'static str> {
+        if self.finished() {
+            return Err(crate::errors::MIGRATION_FINISHED);
+        }
         if self.cut_over() {
             return Err(crate::errors::MIGRATION_CUT_OVER);
         }
@@ -323,12 +374,66 @@ impl DualWrite {
         Ok(())
     }
 
+    /// Finished here: the target serves for good, writes are no longer copied back.
+    fn finish_here(&self) {
+        self.on.store(false, Ordering::Relaxed);
+        self.finished.store(true, Ordering::Relaxed);
+    }
+
+    /// `PROXY MIGRATION FINISH`: once cut over, the source is released. The copies back
+    /// still pending land; every instance (told through [`PHASE_KEY`], which says
+    /// `finished` from then on) stops copying back; then heatshield's own keys are removed
+    /// from both clusters (the copies' versions and pieces, the backfill's progress), but
+    /// the phase and hold keys on the source. Runs as a task; `switch_result` tells the end.
+    pub fn start_finish(self: &Arc<Self>) -> Result<(), String> {
+        let Some(sides) = self.sides.get().cloned() else { return Err(crate::errors::NO_MIGRATION_TARGET.into()) };
+        if !self.cut_over() || self.finished() {
+            return Err("ERR migration: finish needs the target serving (PROXY MIGRATION CUTOVER first)".into());
+        }
+        let me = self.clone();
+        *self.last_switch.lock().unwrap_or_else(|e| e.into_inner()) = "running".into();
+        tokio::spawn(async move {
+            let r = me.finish(sides).await;
+            *me.last_switch.lock().unwrap_or_else(|e| e.into_inner()) =
+                r.unwrap_or_else(|e| format!("finish failed: {e}"));
+        });
+        Ok(())
+    }
+
+    async fn finish(&self, sides: Clusters) -> Result<String, String> {
+        let t = Instant::now();
+        {
+            let _one = self.switching.lock().await;
+            super::gate::Gate::until(super::gate::SETTLE, || self.pending() == 0).await;
+            self.finish_here();
+            let at = now_ms();
+            self.phase_at.store(at, Ordering::Relaxed);
+            let mut src = Nodes::new(sides.source.clone(), sides.source_opts.clone(), "migration-phase");
+            tell(&mut src, "finished", at).await?;
+        }
+        // (the other instances stop copying back within a poll)
+        tokio::time::sleep(PHASE_POLL * 5).await;
+        let mut dst = Nodes::new(sides.target.clone(), sides.target_opts.clone(), "migration-finish");
+        let on_target = remove_own_keys(&mut dst).await?;
+        let _ = dst.ask_for(super::backfill::PROGRESS_KEY, vec![b"DEL", super::backfill::PROGRESS_KEY]).await;
+        let mut src = Nodes::new(sides.source, sides.source_opts, "migration-finish");
+        let on_source = remove_own_keys(&mut src).await?;
+        tracing::info!(on_target, on_source, "migration finished: the target serves, the source is released");
+        Ok(format!(
+            "finish done in {} ms: {on_target} keys of heatshield removed from the target, {on_source} from the source",
+            t.elapsed().as_millis()
+        ))
+    }
+
     /// Starts [`DualWrite::cut`] as a task (its requests are held meanwhile, the asking
     /// client's too, so it cannot wait for the end): `PROXY MIGRATION STATUS` shows how it
     /// ended (`switch_result`).
     pub fn start_cut(self: &Arc<Self>, to_target: bool) -> Result<(), String> {
         if !self.configured || self.sides.get().is_none() {
             return Err(crate::errors::NO_MIGRATION_TARGET.into());
+        }
+        if self.finished() {
+            return Err(crate::errors::MIGRATION_FINISHED.into());
         }
         if to_target && !self.on() {
             return Err(crate::errors::MIGRATION_NOT_DUAL.into());
@@ -358,6 +463,9 @@ impl DualWrite {
     pub async fn cut(&self, to_target: bool) -> Result<(), String> {
         let _one = self.switching.lock().await;
         let sides = self.sides.get().cloned().ok_or(crate::errors::NO_MIGRATION_TARGET)?;
+        if self.finished() {
+            return Err(crate::errors::MIGRATION_FINISHED.into());
+        }
         if to_target == self.cut_over() {
             return Ok(());
         }
@@ -521,7 +629,7 @@ impl DualWrite {
         match next {
             Some((phase, at)) => {
                 self.phase_at.store(at, Ordering::Relaxed);
-                let to_target = phase == "cutover";
+                let to_target = matches!(phase, "cutover" | "finished");
                 if to_target != self.cut_over() {
                     if !self.held() && self.hold().await.is_err() {
                         return;
@@ -529,8 +637,11 @@ impl DualWrite {
                     if let Err(e) = self.retarget(to_target).await {
                         warn!(error = %e, "migration: could not follow the other heatshields' change of cluster");
                     }
-                } else if self.set(phase != "off").is_err() {
+                } else if phase != "finished" && self.set(phase != "off").is_err() {
                     return;
+                }
+                if phase == "finished" && self.cut_over() {
+                    self.finish_here();
                 }
                 tracing::info!(phase, "migration phase changed by another heatshield");
             }
@@ -659,22 +770,38 @@ impl DualWrite {
             target: target.clone(),
             target_opts: target_opts.clone(),
         });
-        for c in [&source, &target] {
-            if c.is_cluster() {
-                c.spawn_refresher(Duration::from_secs(5));
-                let _ = c.refresh().await;
-            }
+        if source.is_cluster() {
+            source.spawn_refresher(Duration::from_secs(5));
+            let _ = source.refresh().await;
         }
         {
-            // the phase the other heatshields set, followed
+            // the phase the other heatshields set, followed: first before any request is
+            // served (requests are held until then, at most PHASE_AT_START), then every
+            // PHASE_POLL until the migration is finished
             let me = self.clone();
             let mut src = Nodes::new(source.clone(), source_opts.clone(), "migration-phase");
+            let end = Instant::now() + PHASE_AT_START;
+            while read_phase(&mut src).await.is_none() && Instant::now() < end {
+                if src.ask_for(PHASE_KEY, vec![b"EXISTS", PHASE_KEY]).await.is_ok_and(|r| int(&r) == Some(0)) {
+                    break; // no phase set yet: the configured one
+                }
+                tokio::time::sleep(PHASE_POLL).await;
+            }
+            me.follow(&mut src).await;
+            // (nothing else can hold yet: every request, an admin's too, waits for this)
+            if me.held() {
+                me.release();
+            }
             tokio::spawn(async move {
-                loop {
-                    me.follow(&mut src).await;
+                while !me.finished() {
                     tokio::time::sleep(PHASE_POLL).await;
+                    me.follow(&mut src).await;
                 }
             });
+        }
+        if target.is_cluster() {
+            target.spawn_refresher(Duration::from_secs(5));
+            let _ = target.refresh().await;
         }
         let mut a = Nodes::new(source, source_opts, "dual-write");
         let mut b = Nodes::new(target, target_opts, "dual-write");
