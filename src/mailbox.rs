@@ -108,7 +108,8 @@ pub enum Control {
     Shutdown,
     /// A migration's cutover held requests and lets them go on: dispatch what is read.
     Resume,
-    /// A migration's cutover: end the blocking command at its node (`CLIENT UNBLOCK`), so
+    /// A migration's cutover: end the blocking command at its node (`CLIENT UNBLOCK`, its
+    /// id found in `CLIENT LIST` by the connection's address), so
     /// what the node took for it still reaches the client; as `UnblockTimeout` when it
     /// is not waiting at a node.
     UnblockAtNode,

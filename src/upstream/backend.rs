@@ -246,10 +246,10 @@ pub struct ConnStats {
     pub inflight: AtomicUsize,
     /// The invalidation connection this connection's tracked reads report to (0: none).
     pub tracking_id: AtomicU64,
-    /// The node's `CLIENT ID` of a dedicated connection (0: unknown, or not dedicated), so
-    /// a blocked command on it can be ended at the node (`CLIENT UNBLOCK`), which answers
-    /// it with what it took if it took something first.
-    pub node_id: AtomicU64,
+    /// The connection's own address (as the node's `CLIENT LIST` shows it: `addr=`), set
+    /// when it connects, so a blocked command on it can be ended at the node (`CLIENT
+    /// UNBLOCK`), which answers it with what it took if it took something first.
+    pub local_addr: parking_lot::Mutex<Option<std::net::SocketAddr>>,
     /// Scripts sent on this connection whose reply has not come (see [`ConnStats::held`]).
     scripts: AtomicUsize,
     /// While `scripts` > 0: when the connection last saw one sent first or answered, in
@@ -415,9 +415,9 @@ async fn run(
         }
         stats.set(ConnState::Connecting);
         match connect(&addr, &opts).await {
-            Ok((stream, tracking_id, node_id)) => {
+            Ok((stream, tracking_id, local)) => {
                 stats.tracking_id.store(tracking_id, Ordering::SeqCst);
-                stats.node_id.store(node_id, Ordering::SeqCst);
+                *stats.local_addr.lock() = local;
                 *stats.error.lock() = None;
                 info!(node = %addr, tls = opts.tls.is_some(), "backend connected");
                 stats.set(ConnState::Up);
@@ -515,12 +515,13 @@ fn fail_all(tag: Tag, count: u32, reply_to: &ReplyTx, e: &BackendError) {
 /// With `opts.tls`, the TLS handshake comes first; one that fails is an error naming
 /// TLS and the reason (an unverified certificate, a node that does not speak TLS), never
 /// a plain connection instead.
-pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<(Link, u64, u64)> {
+pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<(Link, u64, Option<std::net::SocketAddr>)> {
     // (the handshake's own timeout fires first, with its reason)
     let deadline = tokio::time::Instant::now() + opts.connect_timeout;
     let fut = async {
         let tcp = TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
+        let local = tcp.local_addr().ok();
         let mut s = match &opts.tls {
             Some(tls) => match tokio::time::timeout_at(deadline, tls.connect(tcp, addr)).await {
                 Ok(Ok(s)) => Link::Tls(Box::new(s)),
@@ -567,16 +568,6 @@ pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<(Link
                 return Err(std::io::Error::other(format!("handshake refused: {}", String::from_utf8_lossy(e))));
             }
         }
-        // (a dedicated connection's id at the node: crate::services::migration's cutover
-        // ends a blocked command there)
-        let mut node_id = 0;
-        if opts.dedicated {
-            let reply = roundtrip(&mut s, Request::from_args(&["CLIENT", "ID"]).raw()).await?;
-            node_id = crate::protocol::reply::Value::parse(&reply)
-                .ok()
-                .and_then(|(v, _)| v.as_int())
-                .map_or(0, |i| i.max(0) as u64);
-        }
         let mut redirect = opts.tracking.as_ref().map(|t| t.redirect.load(Ordering::SeqCst)).unwrap_or(0);
         if redirect != 0 {
             let id = redirect.to_string();
@@ -588,7 +579,7 @@ pub async fn connect(addr: &str, opts: &BackendOptions) -> std::io::Result<(Link
                 redirect = 0;
             }
         }
-        Ok((s, redirect, node_id))
+        Ok((s, redirect, local))
     };
     match tokio::time::timeout_at(deadline + Duration::from_millis(50), fut).await {
         Ok(r) => r,

@@ -1039,12 +1039,29 @@ impl Session {
         if c == Control::UnblockAtNode
             && let Some(seq) = self.blocking
             && let Some(Reply::Waiting(p)) = self.queue.get_mut(seq).map(|e| &e.reply)
-            && let Some((node, id)) = p.blocked_at()
+            && let Some((node, local)) = p.blocked_at()
         {
-            // the node answers it: nil, or what it took just before
+            // the node answers it: nil, or what it took just before (its id there found
+            // by the connection's address in CLIENT LIST: asking it at connect time would
+            // delay every blocking command's first send)
             tokio::spawn(async move {
                 let mut side = crate::upstream::side::Side::new(node.addr.clone(), node.options(), "unblock");
-                if let Err(e) = side.call(&[b"CLIENT".as_slice(), b"UNBLOCK", id.to_string().as_bytes()]).await {
+                let addr = format!("addr={local} ");
+                let r = match side.call(&["CLIENT", "LIST", "TYPE", "normal"]).await {
+                    Ok(list) => {
+                        let list = String::from_utf8_lossy(&list).into_owned();
+                        let id = list
+                            .lines()
+                            .find(|l| l.contains(&addr))
+                            .and_then(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")).map(str::to_string));
+                        match id {
+                            Some(id) => side.call(&["CLIENT", "UNBLOCK", &id]).await.map(|_| ()),
+                            None => Ok(()), // gone already: its reply is on its way
+                        }
+                    }
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = r {
                     warn!(node = %node.addr, error = %e, "CLIENT UNBLOCK for a cutover failed");
                 }
             });

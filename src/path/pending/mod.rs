@@ -418,13 +418,13 @@ impl Pending {
         self.dedicated.as_ref().is_some_and(|d| d.block.is_some())
     }
 
-    /// Where a blocking command waits: its node and the node's id of its connection
-    /// (None: not sent on a connection of its own yet, or the id is unknown).
-    pub fn blocked_at(&self) -> Option<(Arc<crate::upstream::cluster::NodePool>, u64)> {
+    /// Where a blocking command waits: its node and its connection's own address (None:
+    /// not sent on a connection of its own yet, or it is not connected).
+    pub fn blocked_at(&self) -> Option<(Arc<crate::upstream::cluster::NodePool>, std::net::SocketAddr)> {
         let d = self.dedicated.as_ref().filter(|d| d.block.is_some())?;
         let Via::Own(Some(lease)) = &d.via else { return None };
-        let id = lease.conn().stats.node_id.load(std::sync::atomic::Ordering::SeqCst);
-        (id != 0 && !lease.broken()).then(|| (lease.node().clone(), id))
+        let local = (*lease.conn().stats.local_addr.lock())?;
+        (!lease.broken()).then(|| (lease.node().clone(), local))
     }
 
     /// A blocking command whose timeout reply is a nil string (BRPOPLPUSH, BLMOVE), not
