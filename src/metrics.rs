@@ -192,6 +192,11 @@ fn describe() {
     describe_gauge!("heatshield_lock_waiters", "LOCK.ACQUIRE ... WAIT requests parked now.");
     describe_gauge!("heatshield_migration_dual_write", "1 while dual-write to the migration target is on, else 0.");
     describe_gauge!("heatshield_migration_cut_over", "1 while the migration target serves (cut over), else 0.");
+    describe_gauge!("heatshield_migration_shadow", "1 while requests are shadowed to the migration target, else 0.");
+    describe_counter!(
+        "heatshield_migration_shadow_total",
+        "Requests shadowed to the migration target, by outcome (matched, differed, failed, dropped, skipped)."
+    );
     describe_gauge!(
         "heatshield_migration_pending_keys",
         "Keys written under dual-write and not yet copied to the target."

@@ -287,11 +287,14 @@ impl Proxy {
                 let l = &config.server.listen;
                 if l == "off" { config.tls.listen.clone().unwrap_or_default() } else { l.clone() }
             }),
-            migration: Arc::new(crate::services::migration::dual::DualWrite::new(
-                config.migration.configured(),
-                config.migration.phase == "dual-write",
-                config.migration.max_pending,
-            )),
+            migration: Arc::new(
+                crate::services::migration::dual::DualWrite::new(
+                    config.migration.configured(),
+                    config.migration.phase == "dual-write",
+                    config.migration.max_pending,
+                )
+                .shadowing(config.migration.configured() && config.migration.phase == "shadow"),
+            ),
             workers,
             config,
             commands,

@@ -743,3 +743,56 @@ fn cutover_and_rollback_under_load_of_a_fleet_lose_no_acknowledged_write() {
     assert_eq!(cc.cmd(&["GET", "after-finish"]).text(), "1");
     assert_eq!(status(&mut cc)["phase"], "finished");
 }
+
+#[test]
+fn shadow_compares_the_targets_replies_by_command_and_never_returns_them() {
+    let env = start();
+    fill(env.src.port());
+    fill(env.dst.port());
+    let (_dir, conf) =
+        config_file(&format!("[migration]\ntarget = [\"{}\"]\nphase = \"shadow\"\n", env.target.nodes()[0].addr()));
+    let mig = Proxy::start_cluster(&env.source, &["--config", &conf]);
+    let mut c = Conn::connect(mig.port());
+    assert_eq!(status(&mut c)["phase"], "shadow");
+    // equal data: equal replies
+    for i in 0..200 {
+        assert_eq!(c.cmd(&["GET", &format!("s:{i}")]).text(), format!("v{i}"));
+    }
+    // a key changed on the target alone: the client gets the source's value, and the
+    // difference is counted for GET
+    let t7 = env.target.master_for_key(b"s:7");
+    assert_eq!(cmd_text(t7, &["SET", "s:7", "other"]), "OK");
+    assert_eq!(c.cmd(&["GET", "s:7"]).text(), "v7");
+    // the same score printed otherwise by the two servers: a difference of ZSCORE
+    assert_eq!(c.cmd(&["ZSCORE", "z:1", "m1"]).text(), "0.10000000000000001");
+    // a write is made on the target too
+    assert!(c.cmd(&["SET", "shadowed", "x"]).is_ok());
+    common::wait_until(Duration::from_secs(3), "the write on the target", || {
+        cmd_text(env.target.master_for_key(b"shadowed"), &["GET", "shadowed"]) == "x"
+    });
+    // keyless, and across slots: not shadowed (a PING heatshield answers itself is not
+    // even looked at)
+    assert_eq!(c.cmd(&["PING"]).text(), "PONG");
+    assert!(c.cmd(&["DBSIZE"]).int() > 0);
+    assert!(c.cmd(&["MSET", "a:1", "1", "b:2", "2"]).is_ok());
+    common::wait_until(Duration::from_secs(3), "the shadow queue to drain", || status(&mut c)["shadow_pending"] == "0");
+    let s = status(&mut c);
+    assert_eq!(s["shadow_differed"], "2", "{s:?}");
+    assert_eq!(s["shadow_differences"], "get:1,zscore:1", "{s:?}");
+    assert!(s["shadow_matched"].parse::<u64>().unwrap() >= 201, "{s:?}");
+    assert_eq!((s["shadow_failed"].as_str(), s["shadow_dropped"].as_str()), ("0", "0"), "{s:?}");
+    assert!(s["shadow_skipped"].parse::<u64>().unwrap() >= 2, "{s:?}");
+    let addr = mig.metrics_addr().unwrap();
+    common::wait_until(Duration::from_secs(5), "the shadow's metrics", || {
+        let (_, body) = common::http_get(&addr, "/metrics");
+        body.contains("heatshield_migration_shadow 1")
+            && body.contains("heatshield_migration_shadow_total{outcome=\"differed\"} 2")
+    });
+    // off: nothing more is shadowed
+    assert!(c.cmd(&["PROXY", "MIGRATION", "OFF"]).is_ok());
+    let matched = status(&mut c)["shadow_matched"].clone();
+    assert_eq!(c.cmd(&["GET", "s:1"]).text(), "v1");
+    thread::sleep(Duration::from_millis(200));
+    let s = status(&mut c);
+    assert_eq!((s["phase"].as_str(), s["shadow_matched"].as_str()), ("off", matched.as_str()));
+}

@@ -88,6 +88,8 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_lock_waits_total", "counter", &["result"]),
     ("heatshield_migration_cut_over", "gauge", &[]),
     ("heatshield_migration_dual_write", "gauge", &[]),
+    ("heatshield_migration_shadow", "gauge", &[]),
+    ("heatshield_migration_shadow_total", "counter", &["outcome"]),
     ("heatshield_migration_pending_keys", "gauge", &[]),
     ("heatshield_migration_copies_total", "counter", &["outcome"]),
     ("heatshield_migration_job_running", "gauge", &[]),

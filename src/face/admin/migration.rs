@@ -1,5 +1,5 @@
-//! `PROXY MIGRATION STATUS | DUAL-WRITE | OFF | CUTOVER | ROLLBACK | FINISH | BACKFILL
-//! [RESTART] [RATE n] | VERIFY`:
+//! `PROXY MIGRATION STATUS | SHADOW | DUAL-WRITE | OFF | CUTOVER | ROLLBACK | FINISH |
+//! BACKFILL [RESTART] [RATE n] | VERIFY`:
 //! the move to another cluster as this instance runs it (docs/migration.md): the target,
 //! the phase, what dual-write's copies did, and a backfill or verify run here.
 
@@ -25,7 +25,11 @@ pub(super) fn migration_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
                 }
             })
         }
-        ("DUAL-WRITE" | "OFF", 3) => match proxy.migration.switch(op == "DUAL-WRITE") {
+        ("SHADOW" | "DUAL-WRITE" | "OFF", 3) => match proxy.migration.switch_to(match op.as_str() {
+            "SHADOW" => "shadow",
+            "DUAL-WRITE" => "dual-write",
+            _ => "off",
+        }) {
             Ok(()) => {
                 tracing::info!(phase = %op.to_ascii_lowercase(), "migration phase changed");
                 ctx.reply(|w| w.ok())
@@ -74,7 +78,7 @@ pub(super) fn migration_command(proxy: &Proxy, ctx: &mut Ctx, req: &Request) -> 
                 Err(e) => ctx.error(&e),
             }
         }
-        ("STATUS" | "DUAL-WRITE" | "OFF" | "VERIFY" | "CUTOVER" | "ROLLBACK" | "FINISH", _) => {
+        ("STATUS" | "SHADOW" | "DUAL-WRITE" | "OFF" | "VERIFY" | "CUTOVER" | "ROLLBACK" | "FINISH", _) => {
             ctx.error(&errors::wrong_arity(&format!("proxy|migration|{}", op.to_ascii_lowercase())))
         }
         _ => ctx.error(&errors::unknown_subcommand(&format!("MIGRATION {op}"), "PROXY")),

@@ -377,6 +377,15 @@ fn landed(proxy: &Proxy, inflight: u32) {
     }
 }
 
+/// While a migration shadows requests: this one, answered by the source with `reply`, is
+/// offered to the target too (crate::services::migration::shadow).
+#[cold]
+fn shadow(proxy: &Proxy, req: &Request, reply: &Bytes) {
+    if let Ok(cmd) = proxy.commands.lookup(req) {
+        proxy.migration.shadow.offer(cmd, req, reply);
+    }
+}
+
 /// Request `seq` as the client sent it, if colocation renamed it.
 #[inline]
 fn asked_form(asked: &[(u64, Box<Request>)], seq: u64) -> Option<&Request> {
@@ -663,6 +672,9 @@ impl Session {
             if let Some(reply) = reply {
                 self.client.inflight -= 1;
                 landed(&self.proxy, self.client.inflight);
+                if self.proxy.migration.configured() && self.proxy.migration.shadow.on() {
+                    shadow(&self.proxy, req, &reply);
+                }
                 let m = &mut e.meta;
                 let clock = now.get_or_insert_with(|| ReplyClock::new(&self.proxy));
                 m.ready_at = clock.now;

@@ -48,6 +48,8 @@ pub struct DualWrite {
     reversed: AtomicBool,
     /// Holds requests while the serving cluster changes ([`super::gate`]).
     pub gate: super::gate::Gate,
+    /// Requests also asked of the target, its replies compared ([`super::shadow`]).
+    pub shadow: Arc<super::shadow::Shadow>,
     /// What a cutover needs of the rest of heatshield, and the cluster requests go to.
     hooks: OnceLock<(Box<dyn Hooks>, Arc<Cluster>)>,
     /// One cutover or rollback at a time.
@@ -156,7 +158,7 @@ async fn read_phase(src: &mut Nodes) -> Option<(&'static str, u64)> {
     let Ok((crate::protocol::reply::Value::Bulk(v), _)) = crate::protocol::reply::Value::parse(&r) else { return None };
     let text = String::from_utf8_lossy(v);
     let (phase, at) = text.split_once(' ')?;
-    let phase = ["off", "dual-write", "cutover", "hold", "finished"].into_iter().find(|p| *p == phase)?;
+    let phase = ["off", "shadow", "dual-write", "cutover", "hold", "finished"].into_iter().find(|p| *p == phase)?;
     Some((phase, at.parse().ok()?))
 }
 
@@ -195,6 +197,7 @@ impl DualWrite {
             on: AtomicBool::new(configured && on),
             reversed: AtomicBool::new(false),
             gate: super::gate::Gate::default(),
+            shadow: Arc::new(super::shadow::Shadow::new(max_pending)),
             hooks: OnceLock::new(),
             switching: tokio::sync::Mutex::new(()),
             last_switch: Mutex::new(String::new()),
@@ -217,6 +220,12 @@ impl DualWrite {
             finished: AtomicBool::new(false),
         }
         .held_until_phase_known()
+    }
+
+    /// Starts with shadow on (`migration.phase = "shadow"`).
+    pub fn shadowing(self, on: bool) -> DualWrite {
+        self.shadow.set(on);
+        self
     }
 
     /// With a target, requests are held from the start until the phase the fleet is in
@@ -325,6 +334,9 @@ impl DualWrite {
         if self.finished() {
             return "finished";
         }
+        if self.shadow.on() {
+            return "shadow";
+        }
         match (self.cut_over(), self.on()) {
             (true, _) => "cutover",
             (false, true) => "dual-write",
@@ -354,19 +366,29 @@ impl DualWrite {
     /// ([`PHASE_KEY`]), at every heatshield with this target (each follows within
     /// [`PHASE_POLL`]).
     pub fn switch(&self, on: bool) -> Result<(), &'static str> {
+        self.switch_to(if on { "dual-write" } else { "off" })
+    }
+
+    /// Sets the phase `off`, `shadow` or `dual-write` here and at every heatshield with
+    /// this target (as [`DualWrite::switch`]).
+    pub fn switch_to(&self, phase: &'static str) -> Result<(), &'static str> {
         if self.finished() {
             return Err(crate::errors::MIGRATION_FINISHED);
         }
         if self.cut_over() {
             return Err(crate::errors::MIGRATION_CUT_OVER);
         }
-        self.set(on)?;
+        if phase != "off" && !self.configured {
+            return Err(crate::errors::NO_MIGRATION_TARGET);
+        }
+        self.set(phase == "dual-write")?;
+        self.shadow.set(phase == "shadow");
         let at = now_ms();
         self.phase_at.store(at, Ordering::Relaxed);
         if let Some(sides) = self.sides.get().cloned() {
             tokio::spawn(async move {
                 let mut src = Nodes::new(sides.source, sides.source_opts, "migration-phase");
-                if let Err(e) = tell(&mut src, if on { "dual-write" } else { "off" }, at).await {
+                if let Err(e) = tell(&mut src, phase, at).await {
                     warn!(error = %e, "migration: the phase could not be told to the other heatshields");
                 }
             });
@@ -637,9 +659,10 @@ impl DualWrite {
                     if let Err(e) = self.retarget(to_target).await {
                         warn!(error = %e, "migration: could not follow the other heatshields' change of cluster");
                     }
-                } else if phase != "finished" && self.set(phase != "off").is_err() {
+                } else if phase != "finished" && self.set(matches!(phase, "dual-write" | "cutover")).is_err() {
                     return;
                 }
+                self.shadow.set(phase == "shadow");
                 if phase == "finished" && self.cut_over() {
                     self.finish_here();
                 }
@@ -694,6 +717,14 @@ impl DualWrite {
             ("serving", if self.cut_over() { "target" } else { "source" }.into()),
             ("held", if self.held() { "yes" } else { "no" }.into()),
             ("switch_result", self.last_switch.lock().unwrap_or_else(|e| e.into_inner()).clone()),
+            ("shadow", if self.shadow.on() { "on" } else { "off" }.into()),
+            ("shadow_pending", self.shadow.pending().to_string()),
+            ("shadow_matched", n(&self.shadow.matched)),
+            ("shadow_differed", n(&self.shadow.differed)),
+            ("shadow_failed", n(&self.shadow.failed)),
+            ("shadow_dropped", n(&self.shadow.dropped)),
+            ("shadow_skipped", n(&self.shadow.skipped)),
+            ("shadow_differences", self.shadow.differences()),
             ("dual_write", if self.on() { "on" } else { "off" }.into()),
             ("dual_write_pending", self.pending().to_string()),
             ("dual_write_noted", n(&self.noted)),
@@ -714,6 +745,17 @@ impl DualWrite {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         metrics::gauge!("heatshield_migration_dual_write").set(if self.on() { 1.0 } else { 0.0 });
         metrics::gauge!("heatshield_migration_cut_over").set(if self.cut_over() { 1.0 } else { 0.0 });
+        metrics::gauge!("heatshield_migration_shadow").set(if self.shadow.on() { 1.0 } else { 0.0 });
+        let s = &self.shadow;
+        for (outcome, v) in [
+            ("matched", n(&s.matched)),
+            ("differed", n(&s.differed)),
+            ("failed", n(&s.failed)),
+            ("dropped", n(&s.dropped)),
+            ("skipped", n(&s.skipped)),
+        ] {
+            metrics::counter!("heatshield_migration_shadow_total", "outcome" => outcome).absolute(v);
+        }
         metrics::gauge!("heatshield_migration_pending_keys").set(self.pending() as f64);
         for (outcome, v) in [
             ("applied", n(&self.applied)),
@@ -803,6 +845,7 @@ impl DualWrite {
             target.spawn_refresher(Duration::from_secs(5));
             let _ = target.refresh().await;
         }
+        tokio::spawn(self.shadow.clone().run(Nodes::new(target.clone(), target_opts.clone(), "shadow")));
         let mut a = Nodes::new(source, source_opts, "dual-write");
         let mut b = Nodes::new(target, target_opts, "dual-write");
         loop {

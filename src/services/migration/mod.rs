@@ -8,6 +8,7 @@ pub mod backfill;
 pub mod copy;
 pub mod dual;
 pub mod gate;
+pub mod shadow;
 pub mod verify;
 
 use std::collections::HashMap;
@@ -46,7 +47,8 @@ pub struct MigrationConfig {
     /// is reported (a key written while it was compared settles).
     pub verify_rechecks: u32,
     pub verify_recheck_delay_ms: u64,
-    /// The phase at start: "off", or "dual-write" (every key a client writes is copied to
+    /// The phase at start: "off", "shadow" (requests also asked of the target, its replies
+    /// compared), or "dual-write" (every key a client writes is copied to
     /// the target after the source's reply). `PROXY MIGRATION` changes it while running.
     pub phase: String,
     /// Keys written and waiting for their copy at most; more are dropped and counted.
@@ -87,9 +89,9 @@ impl MigrationConfig {
         let mut p = Vec::new();
         match self.phase.as_str() {
             "off" => {}
-            "dual-write" if self.configured() => {}
-            "dual-write" => p.push("migration.phase: \"dual-write\" needs migration.target".into()),
-            ph => p.push(format!("migration.phase: {ph:?} is neither \"off\" nor \"dual-write\"")),
+            "dual-write" | "shadow" if self.configured() => {}
+            ph @ ("dual-write" | "shadow") => p.push(format!("migration.phase: {ph:?} needs migration.target")),
+            ph => p.push(format!("migration.phase: {ph:?} is not \"off\", \"shadow\" or \"dual-write\"")),
         }
         if self.max_pending == 0 {
             p.push("migration.max_pending: must be at least 1".into());
@@ -187,6 +189,12 @@ impl Nodes {
         }
         let side = self.links.entry(addr.clone()).or_insert_with(|| Side::new(addr.clone(), &self.opts, self.purpose));
         side.call_raw(&data, cmds.len()).await.map_err(|e| format!("{addr}: {e}"))
+    }
+
+    /// Sends `n` commands already encoded (`data`) to `addr` and reads their replies.
+    pub async fn pipe_raw(&mut self, addr: &Arc<str>, data: &[u8], n: usize) -> Result<Vec<Bytes>, String> {
+        let side = self.links.entry(addr.clone()).or_insert_with(|| Side::new(addr.clone(), &self.opts, self.purpose));
+        side.call_raw(data, n).await.map_err(|e| format!("{addr}: {e}"))
     }
 
     pub async fn ask(&mut self, addr: &Arc<str>, cmd: Vec<&[u8]>) -> Result<Bytes, String> {
