@@ -204,9 +204,9 @@ fn migrate(config: Config, phase: Phase) -> i32 {
         }
         Phase::Backfill { restart, rate, max_keys } => {
             let shown = bar.clone();
-            let progress = Box::new(move |done: u64, of: u64, bytes: u64| {
+            let progress = Box::new(move |done: u64, of: u64, bytes: u64, slots: u64| {
                 progress(done, of);
-                shown.set_message(format!("{:.1} MB", bytes as f64 / 1e6));
+                shown.set_message(format!("{:.1} MB, {slots} of 16384 slots done", bytes as f64 / 1e6));
             });
             let o = backfill::Options { restart, rate, max_keys, progress };
             rt.block_on(backfill::run(clusters, o)).map(|r| (r.render(), !r.complete || r.copied.failed > 0))

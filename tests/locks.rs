@@ -28,6 +28,8 @@ fn token(v: &V) -> i64 {
 
 #[test]
 fn mutual_exclusion_with_increasing_fencing_tokens() {
+    // (not while the timing test below runs alone)
+    let _quiet = common::shared_traffic();
     let e = env();
     let (lock, counter) = ("lk:mutex", "lk:mutex:counter");
     let mut c = Conn::connect(e.proxy.port());
@@ -71,6 +73,8 @@ fn mutual_exclusion_with_increasing_fencing_tokens() {
 
 #[test]
 fn reentrancy_release_counts_extend_info_and_errors() {
+    // (not while the timing test below runs alone)
+    let _quiet = common::shared_traffic();
     let e = env();
     for proto in Proto::BOTH {
         let mut c = Conn::connect_proto(e.proxy.port(), proto);
@@ -135,6 +139,8 @@ fn reentrancy_release_counts_extend_info_and_errors() {
 
 #[test]
 fn a_stopped_holder_blocks_only_until_its_ttl() {
+    // (not while the timing test below runs alone)
+    let _quiet = common::shared_traffic();
     let e = env();
     let k = "lk:expiry";
     let mut a = Conn::connect(e.proxy.port());
@@ -151,6 +157,8 @@ fn a_stopped_holder_blocks_only_until_its_ttl() {
 
 #[test]
 fn keepalive_renews_while_connected_and_releases_on_close() {
+    // (not while the timing test below runs alone)
+    let _quiet = common::shared_traffic();
     let e = env();
     let k = "lk:keepalive";
     let mut a = Conn::connect(e.proxy.port());
@@ -172,6 +180,8 @@ fn keepalive_renews_while_connected_and_releases_on_close() {
 
 #[test]
 fn wait_wakes_on_release_and_times_out_on_time() {
+    // (not while the timing test below runs alone)
+    let _quiet = common::shared_traffic();
     let e = env();
     let k = "lk:wake";
     let mut holder = Conn::connect(e.proxy.port());
@@ -213,6 +223,8 @@ fn wait_wakes_on_release_and_times_out_on_time() {
 
 #[test]
 fn noscript_recovery_and_locks_on_every_master() {
+    // (not while the timing test below runs alone)
+    let _quiet = common::shared_traffic();
     let e = env();
     let mut c = Conn::connect(e.proxy.port());
     // a key on each master
@@ -238,6 +250,8 @@ fn noscript_recovery_and_locks_on_every_master() {
 
 #[test]
 fn a_lock_survives_a_slot_migration() {
+    // (not while the timing test below runs alone)
+    let _quiet = common::shared_traffic();
     let e = env();
     let k = "{lk:mig}:lock";
     let fence = "{lk:mig}:lock:lock-fence";
@@ -265,6 +279,8 @@ fn a_lock_survives_a_slot_migration() {
 
 #[test]
 fn plain_lock_idioms_work_through_the_proxy() {
+    // (not while the timing test below runs alone)
+    let _quiet = common::shared_traffic();
     let e = env();
     let mut c = Conn::connect(e.proxy.port());
     let k = "lk:plain-idiom";
@@ -286,6 +302,8 @@ fn plain_lock_idioms_work_through_the_proxy() {
 /// already waiting: waiters of one key are served first come, first served.
 #[test]
 fn waiters_are_served_in_order() {
+    // (not while the timing test below runs alone)
+    let _quiet = common::shared_traffic();
     let e = env();
     let k = "lk:fair";
     let port = e.proxy.port();
@@ -325,6 +343,8 @@ fn waiters_are_served_in_order() {
 /// all time out on time.
 #[test]
 fn twenty_thousand_parked_waiters_do_not_go_quadratic() {
+    // timed: alone in this binary, so the other tests' load is not taken for the waiters'
+    let _alone = common::exclusive_traffic();
     let server = common::RedisStandalone::start();
     let proxy = common::Proxy::start_standalone(&server, &[]);
     let port = proxy.port();

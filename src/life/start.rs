@@ -229,14 +229,8 @@ impl crate::services::migration::dual::Hooks for CutoverHooks {
         }
     }
 
-    fn peers(&self) -> (String, Vec<String>) {
-        let Some(p) = self.0.upgrade() else { return Default::default() };
-        if !p.fleet.enabled() {
-            return (String::new(), Vec::new());
-        }
-        let me = p.fleet.id.clone();
-        let others = p.fleet.view().list.into_iter().map(|m| m.id).filter(|id| *id != me).collect();
-        (me, others)
+    fn id(&self) -> String {
+        self.0.upgrade().map(|p| p.fleet.id.clone()).unwrap_or_default()
     }
 }
 

@@ -35,8 +35,9 @@ pub struct Options {
     pub rate: u64,
     /// Stop after this many keys (0: all); the next run goes on.
     pub max_keys: u64,
-    /// Called after each batch with (keys done, keys of the source, bytes copied).
-    pub progress: Box<dyn FnMut(u64, u64, u64) + Send>,
+    /// Called after each batch with (keys done, keys of the source, bytes copied, slots
+    /// done: those of the masters whose every key has been copied, this run or before).
+    pub progress: Box<dyn FnMut(u64, u64, u64, u64) + Send>,
 }
 
 /// What a run did.
@@ -111,6 +112,19 @@ pub async fn run(clusters: Clusters, mut o: Options) -> Result<Report, String> {
         total += int(&src.ask(m, vec![b"DBSIZE"]).await?).unwrap_or(0).max(0) as u64;
     }
     report.masters = masters.len();
+    // the slots a master serves, for the progress by slot
+    let slot_counts: std::collections::HashMap<std::sync::Arc<str>, u64> = {
+        let topo = src.cluster.topology();
+        let mut h = std::collections::HashMap::new();
+        for s in 0..crate::upstream::cluster::slot::SLOTS as u16 {
+            if let Some(n) = topo.master_for_slot(s) {
+                *h.entry(n.addr.clone()).or_default() += 1;
+            }
+        }
+        h
+    };
+    let slots_of = |m: &std::sync::Arc<str>| slot_counts.get(m).copied().unwrap_or(0);
+    let mut slots_done: u64 = masters.iter().filter(|m| field(&format!("done:{m}")).is_some()).map(slots_of).sum();
     let mut done_keys = 0u64;
     let mut complete = true;
     'masters: for m in &masters {
@@ -151,7 +165,10 @@ pub async fn run(clusters: Clusters, mut o: Options) -> Result<Report, String> {
             if let Some(e) = replies.iter().find_map(|r| crate::protocol::reply::error_text(r)) {
                 return Err(format!("saving the progress: {}", String::from_utf8_lossy(e)));
             }
-            (o.progress)(done_keys, total, report.copied.bytes);
+            if next == b"0" {
+                slots_done += slots_of(m);
+            }
+            (o.progress)(done_keys, total, report.copied.bytes, slots_done);
             if o.rate > 0 {
                 let due = Duration::from_secs_f64(report.keys as f64 / o.rate as f64);
                 if let Some(wait) = due.checked_sub(started.elapsed()) {

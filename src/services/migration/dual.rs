@@ -81,6 +81,8 @@ pub struct DualWrite {
     phase_at: AtomicU64,
     /// Finished: the target serves, nothing is copied, the source is left alone.
     finished: AtomicBool,
+    /// Instances with this target heard of lately ([`MEMBERS_KEY`]), this one included.
+    instances: AtomicU64,
 }
 
 /// Keys noted and not yet taken by the copier.
@@ -120,8 +122,8 @@ pub trait Hooks: Send + Sync {
     fn resume_all(&self);
     /// Drops what the hot-key cache holds (it was read from the other cluster).
     fn forget_cache(&self);
-    /// This instance's fleet id and the other members' (none without a fleet).
-    fn peers(&self) -> (String, Vec<String>);
+    /// This instance's id (its fleet id, with or without a `[fleet]`).
+    fn id(&self) -> String;
 }
 
 /// Removes the keys copies keep beside the data (`{heatshield:mv:N}...`: versions, and
@@ -144,6 +146,52 @@ async fn remove_own_keys(n: &mut Nodes) -> Result<u64, String> {
         }
     }
     Ok(removed)
+}
+
+/// Where every instance with this target says it is there, every [`HERE_EVERY`]: id → ms.
+pub const MEMBERS_KEY: &[u8] = b"{heatshield:migration}members";
+pub const HERE_EVERY: Duration = Duration::from_secs(1);
+/// An instance not heard of for this long is not waited for (and is forgotten after 60 s).
+pub const GONE_AFTER: Duration = Duration::from_secs(3);
+
+/// The instances heard of within [`GONE_AFTER`].
+async fn members(src: &mut Nodes) -> Vec<String> {
+    let Ok(r) = src.ask_for(MEMBERS_KEY, vec![b"HGETALL", MEMBERS_KEY]).await else { return Vec::new() };
+    let Ok((crate::protocol::reply::Value::Array(v), _)) = crate::protocol::reply::Value::parse(&r) else {
+        return Vec::new();
+    };
+    let since = now_ms().saturating_sub(GONE_AFTER.as_millis() as u64);
+    v.chunks(2)
+        .filter_map(|p| match p {
+            [id, at] => {
+                let at: u64 = String::from_utf8_lossy(at.as_bytes()?).parse().ok()?;
+                let id = String::from_utf8_lossy(id.as_bytes()?).into_owned();
+                (at >= since).then_some(id)
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Says this instance is there ([`MEMBERS_KEY`]), forgets those gone a minute, and
+/// returns how many are there now.
+async fn here(src: &mut Nodes, me: &str) -> usize {
+    let now = now_ms().to_string();
+    let _ = src.ask_for(MEMBERS_KEY, vec![b"HSET", MEMBERS_KEY, me.as_bytes(), now.as_bytes()]).await;
+    if let Ok(r) = src.ask_for(MEMBERS_KEY, vec![b"HGETALL", MEMBERS_KEY]).await
+        && let Ok((crate::protocol::reply::Value::Array(v), _)) = crate::protocol::reply::Value::parse(&r)
+    {
+        let old = now_ms().saturating_sub(60_000);
+        for p in v.chunks(2) {
+            if let [id, at] = p
+                && let (Some(id), Some(at)) = (id.as_bytes(), at.as_bytes())
+                && String::from_utf8_lossy(at).parse::<u64>().is_ok_and(|a| a < old)
+            {
+                let _ = src.ask_for(MEMBERS_KEY, vec![b"HDEL", MEMBERS_KEY, id]).await;
+            }
+        }
+    }
+    members(src).await.len()
 }
 
 /// Writes the phase to [`PHASE_KEY`].
@@ -175,6 +223,8 @@ struct Job {
     started: Option<Instant>,
     /// How long it ran, once it ended.
     took: Option<Duration>,
+    /// A backfill's slots done (of 16384): those of the masters it has copied whole.
+    slots: u64,
     done: u64,
     total: u64,
     bytes: u64,
@@ -218,6 +268,7 @@ impl DualWrite {
             job: Arc::new(Mutex::new(Job::default())),
             phase_at: AtomicU64::new(0),
             finished: AtomicBool::new(false),
+            instances: AtomicU64::new(0),
         }
         .held_until_phase_known()
     }
@@ -243,9 +294,9 @@ impl DualWrite {
     pub fn start_backfill(&self, restart: bool, rate: u64) -> Result<(), String> {
         let (sides, job) = self.claim("backfill")?;
         let shown = job.clone();
-        let progress = Box::new(move |done: u64, of: u64, bytes: u64| {
+        let progress = Box::new(move |done: u64, of: u64, bytes: u64, slots: u64| {
             let mut j = shown.lock().unwrap_or_else(|e| e.into_inner());
-            (j.done, j.total, j.bytes) = (done, of, bytes);
+            (j.done, j.total, j.bytes, j.slots) = (done, of, bytes, slots);
         });
         let o = super::backfill::Options { restart, rate, max_keys: 0, progress };
         tokio::spawn(async move {
@@ -495,8 +546,9 @@ impl DualWrite {
             return Err(crate::errors::MIGRATION_NOT_DUAL.into());
         }
         let Some((hooks, _)) = self.hooks.get() else { return Err(crate::errors::NO_MIGRATION_TARGET.into()) };
-        let (me, peers) = hooks.peers();
+        let me = hooks.id();
         let mut src = Nodes::new(sides.source.clone(), sides.source_opts.clone(), "migration-phase");
+        let peers: Vec<String> = members(&mut src).await.into_iter().filter(|m| *m != me).collect();
         let before = self.phase();
         let at = now_ms();
         self.phase_at.store(at, Ordering::Relaxed);
@@ -632,7 +684,7 @@ impl DualWrite {
                 return;
             }
             if let Some((hooks, _)) = self.hooks.get() {
-                let me = hooks.peers().0;
+                let me = hooks.id();
                 let _ = src.ask_for(HELD_KEY, vec![b"HSET", HELD_KEY, me.as_bytes(), at.to_string().as_bytes()]).await;
             }
             // the phase that follows (the one who holds gives up after twice the settle time)
@@ -715,6 +767,7 @@ impl DualWrite {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
         vec![
             ("serving", if self.cut_over() { "target" } else { "source" }.into()),
+            ("instances", n(&self.instances)),
             ("held", if self.held() { "yes" } else { "no" }.into()),
             ("switch_result", self.last_switch.lock().unwrap_or_else(|e| e.into_inner()).clone()),
             ("shadow", if self.shadow.on() { "on" } else { "off" }.into()),
@@ -792,6 +845,7 @@ impl DualWrite {
             ("job_keys_done", j.done.to_string()),
             ("job_keys_total", j.total.to_string()),
             ("job_bytes", j.bytes.to_string()),
+            ("job_slots_done", j.slots.to_string()),
             ("job_keys_per_sec", format!("{rate:.0}")),
             ("job_seconds_left", if j.running { format!("{left:.0}") } else { "0".into() }),
             ("job_result", j.result),
@@ -834,8 +888,15 @@ impl DualWrite {
             if me.held() {
                 me.release();
             }
+            let id = me.hooks.get().map(|(h, _)| h.id()).unwrap_or_default();
+            let mut said = Instant::now() - HERE_EVERY;
             tokio::spawn(async move {
                 while !me.finished() {
+                    if said.elapsed() >= HERE_EVERY {
+                        said = Instant::now();
+                        let n = here(&mut src, &id).await;
+                        me.instances.store(n as u64, Ordering::Relaxed);
+                    }
                     tokio::time::sleep(PHASE_POLL).await;
                     me.follow(&mut src).await;
                 }
