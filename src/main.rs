@@ -89,6 +89,25 @@ enum Phase {
         #[arg(long, default_value_t = 0)]
         max_keys: u64,
     },
+    /// Ask a running heatshield for a phase (PROXY MIGRATION <PHASE>): every instance
+    /// with the target follows. A cutover, rollback or finish is waited for; exit code 0
+    /// when it is done, 1 when it was refused or failed (nothing changed), 2 when the
+    /// heatshield could not be asked.
+    #[command(name = "phase")]
+    Ask {
+        /// status, shadow, dual-write, off, cutover, rollback or finish.
+        #[arg(value_parser = ["status", "shadow", "dual-write", "off", "cutover", "rollback", "finish"])]
+        phase: String,
+        /// The running heatshield (default: server.listen of the configuration).
+        #[arg(long)]
+        proxy: Option<String>,
+        /// A user and password to AUTH with first, as USER:PASSWORD.
+        #[arg(long)]
+        auth: Option<String>,
+        /// How long to wait for a cutover, rollback or finish, in seconds.
+        #[arg(long, default_value_t = 30)]
+        wait: u64,
+    },
 }
 
 fn main() {
@@ -171,6 +190,25 @@ fn progress_bar(unit: &'static str) -> (indicatif::ProgressBar, Box<dyn FnMut(u6
 fn migrate(config: Config, phase: Phase) -> i32 {
     use heatshield::services::migration::{backfill, verify};
     use std::time::Duration;
+    if let Phase::Ask { phase, proxy, auth, wait } = &phase {
+        let addr = proxy.clone().unwrap_or_else(|| config.server.listen.clone());
+        let auth = auth.as_deref().map(|a| a.split_once(':').unwrap_or(("default", a)));
+        let asked = heatshield::services::migration::ask::run(
+            &addr,
+            auth,
+            &phase.to_ascii_uppercase(),
+            Duration::from_secs(*wait),
+        );
+        let (out, ok) = match asked {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("heatshield migrate phase: {e}");
+                return 2;
+            }
+        };
+        print!("{}", if out.ends_with('\n') { out } else { out + "\n" });
+        return if ok { 0 } else { 1 };
+    }
     let m = &config.migration;
     if !m.configured() {
         eprintln!("heatshield migrate: no [migration] target in the configuration (docs/migration.md)");
@@ -202,6 +240,8 @@ fn migrate(config: Config, phase: Phase) -> i32 {
             };
             rt.block_on(verify::run(clusters, o)).map(|r| (r.render(), r.differences() > 0))
         }
+        // (asked of a running heatshield: above)
+        Phase::Ask { .. } => return 2,
         Phase::Backfill { restart, rate, max_keys } => {
             let shown = bar.clone();
             let progress = Box::new(move |done: u64, of: u64, bytes: u64, slots: u64| {

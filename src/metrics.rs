@@ -212,6 +212,10 @@ fn describe() {
         "Keys of the source when the last backfill or verify began."
     );
     describe_gauge!("heatshield_migration_job_bytes", Unit::Bytes, "Bytes the last backfill run here has copied.");
+    describe_gauge!(
+        "heatshield_migration_job_slots_done",
+        "Slots (of 16384) whose every key the last backfill run here has copied."
+    );
     describe_gauge!("heatshield_lock_keepalive_locks", "KEEPALIVE locks heatshield is renewing now.");
     describe_counter!("heatshield_lock_waits_total", "Parked LOCK.ACQUIRE requests by result (acquired, timeout).");
     describe_gauge!("heatshield_cache_entries", "Keys with cached replies.");

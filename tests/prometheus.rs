@@ -96,6 +96,7 @@ const DOCUMENTED: &[(&str, &str, &[&str])] = &[
     ("heatshield_migration_job_keys_done", "gauge", &[]),
     ("heatshield_migration_job_source_keys", "gauge", &[]),
     ("heatshield_migration_job_bytes", "gauge", &[]),
+    ("heatshield_migration_job_slots_done", "gauge", &[]),
     ("heatshield_pubsub_messages_total", "counter", &[]),
     ("heatshield_pubsub_resubscribes_total", "counter", &[]),
 ];

@@ -226,6 +226,8 @@ impl crate::services::migration::dual::Hooks for CutoverHooks {
     fn forget_cache(&self) {
         if let Some(p) = self.0.upgrade() {
             p.cache.flush(crate::services::cache::Cause::Flush);
+            // CLIENT TRACKING clients drop what they cached, as after a FLUSHALL
+            p.client_side.flush_all();
         }
     }
 

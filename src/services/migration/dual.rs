@@ -120,7 +120,8 @@ pub trait Hooks: Send + Sync {
     fn unblock_all(&self);
     /// Wakes every session, to dispatch what it holds.
     fn resume_all(&self);
-    /// Drops what the hot-key cache holds (it was read from the other cluster).
+    /// Drops what the hot-key cache holds, and tells CLIENT TRACKING clients to drop what
+    /// they cached (it was read from the other cluster).
     fn forget_cache(&self);
     /// This instance's id (its fleet id, with or without a `[fleet]`).
     fn id(&self) -> String;
@@ -824,6 +825,7 @@ impl DualWrite {
         metrics::gauge!("heatshield_migration_job_keys_done").set(j.done as f64);
         metrics::gauge!("heatshield_migration_job_source_keys").set(j.total as f64);
         metrics::gauge!("heatshield_migration_job_bytes").set(j.bytes as f64);
+        metrics::gauge!("heatshield_migration_job_slots_done").set(j.slots as f64);
     }
 
     /// The last backfill or verify run inside heatshield: what, its state, keys done out

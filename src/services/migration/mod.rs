@@ -4,6 +4,7 @@
 //! a version; [`backfill`], every key copied; [`dual`], the keys clients write copied
 //! after the source's reply; [`verify`], every key compared between the two.
 
+pub mod ask;
 pub mod backfill;
 pub mod copy;
 pub mod dual;
