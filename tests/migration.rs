@@ -620,22 +620,24 @@ fn cutover_and_rollback_under_load_of_two_instances_lose_no_acknowledged_write()
         })
     };
     // a subscriber (through the first instance), told by the second
+    let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let subscriber = {
         let mut c = Conn::connect(a.port());
         assert_eq!(
             c.cmd(&["SUBSCRIBE", "news"]),
             V::Arr(vec![V::Str(b"subscribe".to_vec()), V::Str(b"news".to_vec()), V::Int(1)])
         );
+        let heard = heard.clone();
         thread::spawn(move || {
-            let mut got = Vec::new();
+            c.stream().set_read_timeout(Some(Duration::from_secs(30))).unwrap();
             loop {
                 match c.read_reply() {
                     V::Arr(m) if m.len() == 3 => {
                         let text = m[2].text();
-                        if text == "stop" {
-                            return got;
+                        heard.lock().unwrap().push(text.clone());
+                        if text.starts_with("stop") {
+                            return;
                         }
-                        got.push(text);
                     }
                     r => panic!("subscriber: {r:?}"),
                 }
@@ -644,9 +646,24 @@ fn cutover_and_rollback_under_load_of_two_instances_lose_no_acknowledged_write()
     };
     let mut publisher = Conn::connect(b.port());
     // (PUBLISH's count is of the node it reached only: the message reaches the others by
-    // the cluster's bus, so the subscriber's list is what is checked)
-    let mut publish = |what: &str| assert!(matches!(publisher.cmd(&["PUBLISH", "news", what]), V::Int(_)), "{what}");
-    publish("before");
+    // the cluster's bus, so what the subscriber heard is what is checked.) Pub/sub is at
+    // most once, as on Redis: while a subscription moves to the other cluster, a message
+    // may be missed, so each is published again, numbered, until it is heard.
+    let mut publish = |what: &str| {
+        let until = Instant::now() + Duration::from_secs(10);
+        for n in 0.. {
+            let m = format!("{what} #{n}");
+            assert!(matches!(publisher.cmd(&["PUBLISH", "news", &m]), V::Int(_)), "{m}");
+            thread::sleep(Duration::from_millis(100));
+            if heard.lock().unwrap().iter().any(|h| h.starts_with(what)) {
+                return n;
+            }
+            assert!(Instant::now() < until, "the subscriber never heard {what:?}: {:?}", heard.lock().unwrap());
+        }
+        unreachable!()
+    };
+    let mut republished: Vec<(&str, i32)> = Vec::new();
+    republished.push(("before", publish("before")));
     let mut producer = Conn::connect(b.port());
     let mut pushed = 0;
     let mut push = |n: usize| {
@@ -669,7 +686,7 @@ fn cutover_and_rollback_under_load_of_two_instances_lose_no_acknowledged_write()
     assert_eq!(status(&mut admin)["phase"], "cutover");
     push(10);
     thread::sleep(Duration::from_millis(500));
-    publish("after cutover");
+    republished.push(("after cutover", publish("after cutover")));
     // a big hash changed: copied back to Redis 7.0 by value, in pieces
     let r = admin.cmd(&["HSET", "h:big", "f0", "changed"]);
     assert_eq!(r, V::Int(0), "{r:?}");
@@ -696,7 +713,7 @@ fn cutover_and_rollback_under_load_of_two_instances_lose_no_acknowledged_write()
     });
     push(10);
     thread::sleep(Duration::from_millis(500));
-    publish("after rollback");
+    republished.push(("after rollback", publish("after rollback")));
     thread::sleep(Duration::from_millis(700));
     // and over again, from the command line this time (it waits for the end)
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_heatshield"))
@@ -712,9 +729,23 @@ fn cutover_and_rollback_under_load_of_two_instances_lose_no_acknowledged_write()
     eprintln!("migration changes: {}", changes.join("; "));
     push(10);
     thread::sleep(Duration::from_millis(500));
-    publish("stop");
+    republished.push(("stop", publish("stop")));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(subscriber.join().unwrap(), ["before", "after cutover", "after rollback"]);
+    subscriber.join().unwrap();
+    // each heard once, in the order published; how many were published again is shown
+    let heard = heard.lock().unwrap().clone();
+    let mut want = Vec::new();
+    for what in ["before", "after cutover", "after rollback", "stop"] {
+        let n = republished.iter().find(|(w, _)| *w == what).map_or(0, |(_, n)| *n);
+        want.extend((0..=n).map(|i| format!("{what} #{i}")));
+    }
+    let mut seen = heard.clone();
+    seen.dedup();
+    assert_eq!(seen, heard, "a message heard twice: {heard:?}");
+    assert!(heard.iter().all(|h| want.contains(h)), "{heard:?}");
+    let order: Vec<usize> = heard.iter().map(|h| want.iter().position(|w| w == h).unwrap()).collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "heard out of order: {heard:?}");
+    eprintln!("pub/sub: heard {heard:?}");
     let done: Vec<_> = load.into_iter().map(|h| h.join().unwrap()).collect();
     let (got, _nils) = consumer.join().unwrap();
 
@@ -828,6 +859,18 @@ fn shadow_compares_the_targets_replies_by_command_and_never_returns_them() {
     assert_eq!(s["shadow_differed"], "2", "{s:?}");
     assert_eq!(s["shadow_differences"], "get:1,zscore:1", "{s:?}");
     assert!(s["shadow_matched"].parse::<u64>().unwrap() >= 201, "{s:?}");
+    // a pipeline, and a script with its declared key: shadowed too
+    let before: u64 = s["shadow_matched"].parse().unwrap();
+    for i in 0..10 {
+        c.send(&["GET", &format!("s:{}", 100 + i)]);
+    }
+    for i in 0..10 {
+        assert_eq!(c.read_reply().text(), format!("v{}", 100 + i));
+    }
+    assert_eq!(c.cmd(&["EVAL", "return redis.call('GET', KEYS[1])", "1", "s:3"]).text(), "v3");
+    common::wait_until(Duration::from_secs(3), "the pipeline and the script compared", || {
+        status(&mut c)["shadow_matched"].parse::<u64>().unwrap() == before + 11
+    });
     assert_eq!((s["shadow_failed"].as_str(), s["shadow_dropped"].as_str()), ("0", "0"), "{s:?}");
     assert!(s["shadow_skipped"].parse::<u64>().unwrap() >= 2, "{s:?}");
     let addr = mig.metrics_addr().unwrap();
@@ -843,4 +886,41 @@ fn shadow_compares_the_targets_replies_by_command_and_never_returns_them() {
     thread::sleep(Duration::from_millis(200));
     let s = status(&mut c);
     assert_eq!((s["phase"].as_str(), s["shadow_matched"].as_str()), ("off", matched.as_str()));
+}
+
+#[test]
+fn after_a_cutover_replica_reads_and_cache_hits_come_from_the_target() {
+    // a source with a replica per master, read from the replicas; a pinned key cached
+    let source = RedisCluster::start_shaped(&redis_server_bin(), 3, 1, &[]);
+    let target = RedisCluster::start_shaped(&valkey_server_required(), 4, 0, &[]);
+    let (_dir, conf) = config_file(&format!(
+        "[backend]\nread_from = \"prefer-replica\"\n[cache]\npin = [\"pin:*\"]\n\
+         [migration]\ntarget = [\"{}\"]\nphase = \"dual-write\"\n",
+        target.nodes()[0].addr()
+    ));
+    let p = Proxy::start_cluster(&source, &["--config", &conf, "--metrics", "off"]);
+    let mut c = Conn::connect(p.port());
+    for k in ["pin:1", "r:1"] {
+        assert!(c.cmd(&["SET", k, "source"]).is_ok());
+    }
+    // the replicas have it, and the pinned key is in the cache
+    common::wait_until(Duration::from_secs(5), "reads of the written values", || {
+        c.cmd(&["GET", "r:1"]).text() == "source" && c.cmd(&["GET", "pin:1"]).text() == "source"
+    });
+    for _ in 0..3 {
+        assert_eq!(c.cmd(&["GET", "pin:1"]).text(), "source");
+    }
+    common::wait_until(Duration::from_secs(5), "the copies", || status(&mut c)["dual_write_pending"] == "0");
+    // the target's values changed behind heatshield's back
+    for k in ["pin:1", "r:1"] {
+        assert_eq!(cmd_text(target.master_for_key(k.as_bytes()), &["SET", k, "target"]), "OK");
+    }
+    assert!(c.cmd(&["PROXY", "MIGRATION", "CUTOVER"]).is_ok());
+    switched(&mut c, "target");
+    // a read once sent to a source replica, and a key the cache held, now answer the
+    // target's values; and a client reads its own write at once
+    assert_eq!(c.cmd(&["GET", "r:1"]).text(), "target");
+    assert_eq!(c.cmd(&["GET", "pin:1"]).text(), "target");
+    assert!(c.cmd(&["SET", "r:2", "written"]).is_ok());
+    assert_eq!(c.cmd(&["GET", "r:2"]).text(), "written");
 }
