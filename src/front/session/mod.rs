@@ -257,7 +257,11 @@ async fn serve(
 
     let cut = 'session: loop {
         // while blocked: read on (a little), to see the client leave
-        let can_read = s.reading && (s.room() || (s.blocking.is_some() && rbuf.len() < 64 * 1024));
+        // (while a migration's cutover holds requests, nothing read is dispatched: reading
+        // stops at 64 KiB buffered, so a client cannot grow the buffer for the hold's length)
+        let can_read = s.reading
+            && ((s.room() && (rbuf.len() < 64 * 1024 || !s.proxy.migration.held()))
+                || (s.blocking.is_some() && rbuf.len() < 64 * 1024));
         let want = s.read_hint.clamp(read_room, 4 * 1024 * 1024);
         tokio::select! {
             biased;
