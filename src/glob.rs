@@ -7,6 +7,9 @@
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pattern {
     Any,
+    /// A `prefix*` of at most 8 bytes: the prefix as a little-endian word and its length,
+    /// compared in one load instead of a `memcmp` call.
+    Short(u64, u8),
     Prefix(Vec<u8>),
     Exact(Vec<u8>),
     Glob(Vec<u8>),
@@ -19,6 +22,7 @@ impl Pattern {
         if !body.iter().any(special) {
             return match (body.is_empty(), body.len() < pat.len()) {
                 (true, true) => Pattern::Any,
+                (false, true) if body.len() <= 8 => Pattern::Short(word(body, body.len()), body.len() as u8),
                 (false, true) => Pattern::Prefix(body.to_vec()),
                 _ => Pattern::Exact(pat.to_vec()),
             };
@@ -30,11 +34,27 @@ impl Pattern {
     pub fn matches(&self, s: &[u8]) -> bool {
         match self {
             Pattern::Any => true,
+            Pattern::Short(w, n) => s.len() >= *n as usize && word(s, *n as usize) == *w,
             Pattern::Prefix(p) => s.starts_with(p),
             Pattern::Exact(p) => s == &p[..],
             Pattern::Glob(p) => matches(p, s, false),
         }
     }
+}
+
+/// The first `n` (at most 8, at most `s.len()`) bytes of `s` as a little-endian word,
+/// zero above them.
+#[inline(always)]
+fn word(s: &[u8], n: usize) -> u64 {
+    let w = match s.first_chunk::<8>() {
+        Some(c) => u64::from_le_bytes(*c),
+        None => {
+            let mut b = [0u8; 8];
+            b[..s.len()].copy_from_slice(s);
+            u64::from_le_bytes(b)
+        }
+    };
+    if n >= 8 { w } else { w & ((1u64 << (n * 8)) - 1) }
 }
 
 /// The bytes a key matched by some pattern of a set may start with: a quick look that
@@ -186,8 +206,44 @@ mod tests {
 
     #[test]
     fn prepared_patterns_agree_with_the_matcher() {
-        let pats = ["*", "stock:*", "stock:42", "", "a*b*c", "h?llo", "h[ae]llo", "\\*x", "x\\*", "**", "k*"];
-        let strs = ["", "stock:", "stock:42", "stocks:42", "axxbyyc", "hello", "hallo", "*x", "x*", "x", "k", "key"];
+        let pats = [
+            "*",
+            "stock:*",
+            "stock:42",
+            "",
+            "a*b*c",
+            "h?llo",
+            "h[ae]llo",
+            "\\*x",
+            "x\\*",
+            "**",
+            "k*",
+            "abcdefgh*",
+            "abcdefghi*",
+            "ab*",
+        ];
+        let strs = [
+            "",
+            "stock:",
+            "stock:42",
+            "stocks:42",
+            "axxbyyc",
+            "hello",
+            "hallo",
+            "*x",
+            "x*",
+            "x",
+            "k",
+            "key",
+            "a",
+            "ab",
+            "abcdefg",
+            "abcdefgh",
+            "abcdefghi",
+            "abcdefghij",
+            "abcdefgX",
+            "Ab",
+        ];
         for p in pats {
             let c = Pattern::new(p.as_bytes());
             for s in strs {
@@ -195,7 +251,9 @@ mod tests {
             }
         }
         assert_eq!(Pattern::new(b"*"), Pattern::Any);
-        assert_eq!(Pattern::new(b"stock:*"), Pattern::Prefix(b"stock:".to_vec()));
+        assert!(matches!(Pattern::new(b"stock:*"), Pattern::Short(_, 6)));
+        assert!(matches!(Pattern::new(b"abcdefgh*"), Pattern::Short(_, 8)));
+        assert_eq!(Pattern::new(b"abcdefghi*"), Pattern::Prefix(b"abcdefghi".to_vec()));
         assert_eq!(Pattern::new(b"x\\*"), Pattern::Glob(b"x\\*".to_vec()));
     }
 

@@ -532,14 +532,16 @@ pub struct PerWorkerCounter {
 struct Slot(std::sync::atomic::AtomicU64);
 
 impl PerWorkerCounter {
+    /// At least `slots` slots (rounded up to a power of two, so a worker's slot is found
+    /// with a mask, not a division).
     pub fn new(slots: usize) -> PerWorkerCounter {
-        PerWorkerCounter { slots: (0..slots.max(1)).map(|_| Slot::default()).collect() }
+        PerWorkerCounter { slots: (0..slots.max(1).next_power_of_two()).map(|_| Slot::default()).collect() }
     }
 
     /// Adds `n` in the current worker's slot.
     #[inline]
     pub fn add(&self, n: u64) {
-        if let Some(s) = self.slots.get(crate::worker::current() % self.slots.len().max(1)) {
+        if let Some(s) = self.slots.get(crate::worker::current() & self.slots.len().wrapping_sub(1)) {
             bump(&s.0, n);
         }
     }

@@ -211,12 +211,16 @@ pub fn charge(
     };
     // (most requests name one key, which no rule may match when the rules are for other
     // keys: two loads instead of the limiter)
-    if let [k] = keys
-        && !proxy.ratelimit.may_match(key(*k))
-    {
-        return Ok(());
-    }
     let (rl, now) = (&mut ctx.client.rl, ctx.now);
+    if let [k] = keys {
+        let k = key(*k);
+        if !proxy.ratelimit.may_match(k) {
+            return Ok(());
+        }
+        if let Cached::None = cached {
+            return proxy.ratelimit.check_in(rl, cmd, std::iter::once(k), now, false);
+        }
+    }
     match cached {
         Cached::These(these) => {
             let is_cached = |i: usize| these.iter().any(|(p, _)| *p as usize == i);

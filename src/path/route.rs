@@ -52,10 +52,16 @@ pub fn to_slot(proxy: &Proxy, ctx: &mut Ctx, s: u16) -> Outcome {
 pub fn forward(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
     let Some(&k0) = keys.first() else { return any_master(proxy, ctx) };
     match one_slot(proxy, ctx.req, k0, keys) {
-        Some(s) if ctx.lane == Lane::Replica => match read_target(proxy, ctx, s, k0) {
-            Ok(t) => pass(proxy, ctx, t),
-            Err(e) => ctx.error(&e),
-        },
+        // (a key the read policies leave on the master, the common case, needs no more)
+        Some(s)
+            if ctx.lane == Lane::Replica
+                && proxy.reads.policy(ctx.asked.arg(k0 as usize)).0 != crate::services::reads::ReadFrom::Master =>
+        {
+            match read_target(proxy, ctx, s, k0) {
+                Ok(t) => pass(proxy, ctx, t),
+                Err(e) => ctx.error(&e),
+            }
+        }
         Some(s) => pass(proxy, ctx, Target::Slot(s)),
         None => ctx.error(errors::CROSSSLOT),
     }

@@ -513,6 +513,7 @@ impl Perms {
     /// Whether the user may touch `key` as `need` says (`key::ACCESS`: read,
     /// `key::CHANGE`: write; neither: any pattern that matches will do). As on Redis, one
     /// pattern must allow all of it.
+    #[inline]
     pub fn may_touch(&self, key: &[u8], need: u8) -> bool {
         let (read, write) = (need & key::ACCESS != 0, need & key::CHANGE != 0);
         self.all_keys() || self.keys.iter().any(|k| (!read || k.read) && (!write || k.write) && k.glob.matches(key))
@@ -522,11 +523,18 @@ impl Perms {
     /// one selector allow all of it (command, keys and channels). Refused, the refusal
     /// Redis 7.0 reports (`ACLCheckAllUserCommandPerm`): of the root's and every selector's,
     /// the channel before the key before the command, and of two alike the later argument.
+    #[inline]
     pub fn check(&self, cmd: &Command, req: &Request) -> Result<(), Denial> {
         let root = self.check_one(cmd, req);
         if root.is_ok() || self.selectors.is_empty() {
             return root;
         }
+        self.check_selectors(cmd, req, root)
+    }
+
+    /// [`Perms::check`] once the root's rules refused: the selectors'.
+    #[inline(never)]
+    fn check_selectors(&self, cmd: &Command, req: &Request, root: Result<(), Denial>) -> Result<(), Denial> {
         let rank = |d: &Denial| {
             let why = match d.why {
                 Denied::Command => 1,
@@ -548,6 +556,7 @@ impl Perms {
 
     /// [`Perms::check`] by these rules alone (the root's, or one selector's): the command,
     /// then each of its keys, then its channels, as Redis checks them; the first refusal.
+    #[inline]
     fn check_one(&self, cmd: &Command, req: &Request) -> Result<(), Denial> {
         // (AUTH, HELLO and RESET, which need no login, need no permission either)
         let may_run = if Settled::bit(&self.settled.known, cmd.id) {

@@ -100,11 +100,18 @@ impl Reads {
     }
 
     /// The policy for `key` and its lag limit.
+    #[inline]
     pub fn policy(&self, key: &[u8]) -> (ReadFrom, u64) {
         // (a stored name starts with its tag, '{': its client name is looked at below)
         if self.rules.is_empty() || (!self.first.may_match(key) && key.first() != Some(&b'{')) {
             return self.default;
         }
+        self.policy_by_rules(key)
+    }
+
+    /// [`Reads::policy`] for a key some rule may match.
+    #[inline(never)]
+    fn policy_by_rules(&self, key: &[u8]) -> (ReadFrom, u64) {
         let client = match &self.names {
             Some(n) => n.client_key(key),
             None => key,

@@ -133,15 +133,23 @@ impl Rule {
         self.allowed.add(n);
     }
 
+    #[inline]
     fn matches(&self, cmd: &Command, key: &[u8]) -> bool {
         let cmd_ok = match &self.filter {
             Filter::All => true,
             Filter::Reads => cmd.is_readonly(),
             Filter::Writes => cmd.is_write(),
-            Filter::Names(n) => n.contains(&cmd.name),
+            Filter::Names(n) => named(n, cmd),
         };
         cmd_ok && self.pattern.matches(key)
     }
+}
+
+/// Whether a rule for the commands `names` applies to `cmd` (out of line: most rules are
+/// for all commands, reads or writes).
+#[inline(never)]
+fn named(names: &[String], cmd: &Command) -> bool {
+    names.contains(&cmd.name)
 }
 
 /// Compiles rules, checking each; every problem names the rule.
@@ -766,6 +774,7 @@ impl Limiter {
     /// One key (most commands): one table lookup, checked and charged in one step.
     /// `hint`: the session's [`View`] hint, which may hold the key's hash.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn check_one(
         &self,
         state: &State,
@@ -781,12 +790,48 @@ impl Limiter {
         if cached && !r.spec.count_cached {
             return Ok(());
         }
-        let take = |interval: u64, tolerance: u64| {
-            move |tat: u64| {
-                let next = tat.max(now) + interval;
-                (next - now <= tolerance).then_some(next)
-            }
-        };
+        // The common case, inlined: a per-key budget while the fleet watches no key (no
+        // lease), charged with the rule's part; the rest is check_rule's.
+        if r.per_key
+            && state.leases.is_empty()
+            && let Some(b) = self.table.get()
+        {
+            let h =
+                if (key.as_ptr() as usize, key.len()) == (hint.0, hint.1) { hint.2 } else { self.hasher.hash_one(key) };
+            let (interval, tolerance) = r.local.get();
+            let t = tables.get_or_insert_with(|| b.cache()).load();
+            return match b.take(t, h, table::tag(h, r.salt), now, interval, tolerance) {
+                table::Update::Applied(true) => {
+                    r.count_allowed(1);
+                    Ok(())
+                }
+                table::Update::Applied(false) => self.refused(r, ri, key, true),
+                // at the cap a new key draws on the shared budget
+                table::Update::Full => {
+                    let take = table::gcra(now, interval, tolerance);
+                    let ok = r.shared.fetch_update(Ordering::Relaxed, Ordering::Relaxed, take).is_ok();
+                    self.finish(r, ri, key, ok, true)
+                }
+            };
+        }
+        self.check_rule(state, tables, r, ri, key, hint, now)
+    }
+
+    /// [`Limiter::check_one`] past its common case: a shared budget, or a key the fleet
+    /// watches.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn check_rule(
+        &self,
+        state: &State,
+        tables: &mut Option<table::TableCache>,
+        r: &Rule,
+        ri: usize,
+        key: &[u8],
+        hint: (usize, usize, u64),
+        now: u64,
+    ) -> Result<(), Throttled> {
+        let take = |interval: u64, tolerance: u64| table::gcra(now, interval, tolerance);
         // `candidate`: a per-key budget the fleet does not watch yet
         let (ok, candidate) = match self.table.get() {
             Some(b) if r.per_key => {
@@ -855,12 +900,19 @@ impl Limiter {
             r.count_allowed(1);
             Ok(())
         } else {
-            r.throttled.fetch_add(1, Ordering::Relaxed);
-            if candidate {
-                self.candidates.note(ri, key);
-            }
-            Err(Throttled { key: key.to_vec(), rate: r.spec.rate, rule: r.spec.name.clone() })
+            self.refused(r, ri, key, candidate)
         }
+    }
+
+    /// Counts one key refused; `candidate`: a key the fleet may watch.
+    #[cold]
+    #[inline(never)]
+    fn refused(&self, r: &Rule, ri: usize, key: &[u8], candidate: bool) -> Result<(), Throttled> {
+        r.throttled.fetch_add(1, Ordering::Relaxed);
+        if candidate {
+            self.candidates.note(ri, key);
+        }
+        Err(Throttled { key: key.to_vec(), rate: r.spec.rate, rule: r.spec.name.clone() })
     }
 
     /// Now, in the limiter's clock.

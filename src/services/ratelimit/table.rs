@@ -65,6 +65,16 @@ pub fn tag(hash: u64, salt: u64) -> u64 {
     if t <= TOMB { t | 1 << 63 } else { t }
 }
 
+/// One request's GCRA charge: the budget's next timestamp, or None when that would put it
+/// more than `tolerance` past `now` (refused).
+#[inline(always)]
+pub fn gcra(now: u64, interval: u64, tolerance: u64) -> impl FnMut(u64) -> Option<u64> + Copy {
+    move |tat: u64| {
+        let next = tat.max(now) + interval;
+        (next - now <= tolerance).then_some(next)
+    }
+}
+
 /// One generation of the table. A caller holding one ([`Budgets::load`]) while the table
 /// grows finds its charges meet `DEAD`, and they are redone on the current one.
 pub struct KeyTable {
@@ -268,6 +278,36 @@ impl Budgets {
         if let Some(applied) = t.find(hash, tag).and_then(|i| t.charge(i, tag, &mut f)) {
             return Update::Applied(applied);
         }
+        self.update_locked(t, hash, tag, now, f)
+    }
+
+    /// One request's GCRA charge of the key's budget (what most checks are: [`Budgets::update`]
+    /// with `interval` and `tolerance`), its common case (the budget found and charged
+    /// without a lock) inlined into the caller and the rest out of line.
+    #[inline(always)]
+    pub fn take(&self, t: &KeyTable, hash: u64, tag: u64, now: u64, interval: u64, tolerance: u64) -> Update {
+        let mut f = gcra(now, interval, tolerance);
+        if let Some(applied) = t.find(hash, tag).and_then(|i| t.charge(i, tag, &mut f)) {
+            return Update::Applied(applied);
+        }
+        self.take_locked(t, hash, tag, now, interval, tolerance)
+    }
+
+    #[inline(never)]
+    fn take_locked(&self, t: &KeyTable, hash: u64, tag: u64, now: u64, interval: u64, tolerance: u64) -> Update {
+        self.update_locked(t, hash, tag, now, gcra(now, interval, tolerance))
+    }
+
+    /// [`Budgets::update`] past its lock-free look: with `writer` held.
+    #[inline]
+    fn update_locked(
+        &self,
+        t: &KeyTable,
+        hash: u64,
+        tag: u64,
+        now: u64,
+        mut f: impl FnMut(u64) -> Option<u64>,
+    ) -> Update {
         let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         // no slot is half-moved or half-reclaimed while `writer` is held
         let mut owned;
