@@ -179,7 +179,7 @@ fn a_log_that_blocks_never_holds_a_client() {
         (t.elapsed(), worst)
     };
     let (alone, _) = timed(&mut other, 2000);
-    // 10 s of audited PINGs, 200 pipelined at a time (far more than 100,000 a second)
+    // 10 s of audited PINGs, 200 pipelined at a time
     let port = proxy.port();
     let flood = thread::spawn(move || {
         let mut c = Conn::connect(port);
@@ -202,7 +202,10 @@ fn a_log_that_blocks_never_holds_a_client() {
     eprintln!(
         "{audited} audited PINGs in 10 s; 2,000 GETs alone {alone:?}, 20,000 during the flood {during:?} (slowest {worst:?}); {dropped} records dropped"
     );
-    assert!(audited >= 1_000_000, "{audited} audited commands in 10 s: the flood was not one");
+    // (a flood is what overflows the queue of 1,000 many times over while the file blocks:
+    // 200 times is plenty; how fast it comes depends on the machine and on the tests running
+    // beside it, 703,000 on a 2-core CI run and over 1,000,000 alone)
+    assert!(audited >= 200_000, "{audited} audited commands in 10 s: the flood was not one");
     assert!(dropped >= (audited - 1001) as f64, "{dropped} dropped of {audited}, with a queue of 1,000");
     assert!(worst < Duration::from_millis(500), "a GET took {worst:?} while the audit log was blocked");
     assert_eq!(other.cmd(&["PING"]), V::s("PONG"));
