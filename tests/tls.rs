@@ -561,20 +561,25 @@ fn backend_tls_problems_are_named_never_fallen_back_from() {
         (backend_tls_conf(&pki, None, ""), tls_addr.clone(), "CertificateRequired"),
         (backend_tls_conf(&pki, Some(&client), ""), server.addr(), "a plain-text port?"),
     ];
-    for (conf_text, addr, says) in cases {
-        // (a plain-text port never answers a ClientHello: the handshake ends at the
-        // connect timeout, which the request's retries wait out each time)
-        let (_d, conf) = config_file(&(conf_text + "connect_timeout_ms = 300\n"));
-        let proxy = Proxy::start(&["--standalone", &addr, "--config", &conf]);
-        let mut c = Conn::connect(proxy.port());
-        let t0 = Instant::now();
-        let r = c.cmd(&["GET", "k"]);
-        eprintln!("{says}: {r:?} after {:?}", t0.elapsed());
-        assert!(r.is_err(), "{says}: a request was answered: {r:?}");
-        let nodes = cmd_text(proxy.port(), &["PROXY", "NODES"]);
-        assert!(nodes.contains(says), "{says}: PROXY NODES says: {nodes}");
-        assert!(proxy.log().contains(says), "{says}: the log does not say it");
-    }
+    // (each case's request waits out its retries, 5 to 8 s: the cases run side by side)
+    std::thread::scope(|scope| {
+        for (conf_text, addr, says) in cases {
+            scope.spawn(move || {
+                // (a plain-text port never answers a ClientHello: the handshake ends at the
+                // connect timeout, which the request's retries wait out each time)
+                let (_d, conf) = config_file(&(conf_text + "connect_timeout_ms = 300\n"));
+                let proxy = Proxy::start(&["--standalone", &addr, "--config", &conf]);
+                let mut c = Conn::connect(proxy.port());
+                let t0 = Instant::now();
+                let r = c.cmd(&["GET", "k"]);
+                eprintln!("{says}: {r:?} after {:?}", t0.elapsed());
+                assert!(r.is_err(), "{says}: a request was answered: {r:?}");
+                let nodes = cmd_text(proxy.port(), &["PROXY", "NODES"]);
+                assert!(nodes.contains(says), "{says}: PROXY NODES says: {nodes}");
+                assert!(proxy.log().contains(says), "{says}: the log does not say it");
+            });
+        }
+    });
     // and with everything right, it works
     let (_d, conf) = config_file(&backend_tls_conf(&pki, Some(&client), ""));
     let proxy = Proxy::start(&["--standalone", &tls_addr, "--config", &conf]);

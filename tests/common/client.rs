@@ -593,7 +593,12 @@ impl Conn {
         self.send(a);
         match self.try_read_full() {
             Ok(r) => r,
-            Err(e) => panic!("{:?} on port {}: reading reply failed: {e}", lossy_args(a), self.port),
+            Err(e) => panic!(
+                "{:?} on port {}: reading reply failed: {e}{}",
+                lossy_args(a),
+                self.port,
+                super::proxy::log_tail_for(self.port)
+            ),
         }
     }
 
@@ -611,7 +616,12 @@ impl Conn {
     /// Writes bytes as they are. Panics on I/O errors.
     pub fn send_raw(&mut self, bytes: &[u8]) {
         if let Err(e) = self.try_send_raw(bytes) {
-            panic!("write of {} bytes to port {} failed: {e}", bytes.len(), self.port);
+            panic!(
+                "write of {} bytes to port {} failed: {e}{}",
+                bytes.len(),
+                self.port,
+                super::proxy::log_tail_for(self.port)
+            );
         }
     }
 
@@ -638,7 +648,9 @@ impl Conn {
     pub fn read_full(&mut self) -> Reply {
         match self.try_read_full() {
             Ok(r) => r,
-            Err(e) => panic!("reading a reply from port {} failed: {e}", self.port),
+            Err(e) => {
+                panic!("reading a reply from port {} failed: {e}{}", self.port, super::proxy::log_tail_for(self.port))
+            }
         }
     }
 
@@ -754,10 +766,11 @@ impl Conn {
             match self.try_read_full() {
                 Ok(r) => out.push(r),
                 Err(e) => panic!(
-                    "pipeline on port {}: reply {i} of {} ({:?}) failed: {e}",
+                    "pipeline on port {}: reply {i} of {} ({:?}) failed: {e}{}",
                     self.port,
                     cmds.len(),
-                    lossy_args(c)
+                    lossy_args(c),
+                    super::proxy::log_tail_for(self.port)
                 ),
             }
         }

@@ -68,6 +68,23 @@ fn metrics_arg(args: &[String]) -> Option<Option<String>> {
     None
 }
 
+/// The log file of every proxy this process started, by its port: a client whose
+/// connection fails names what the proxy logged (a proxy shared by a binary's tests is a
+/// static, never dropped, so its log is not printed by [`Drop`]).
+static LOGS: Mutex<Vec<(u16, PathBuf)>> = Mutex::new(Vec::new());
+
+/// The tail of the log of the heatshield listening on `port`, as a paragraph to append to
+/// a failure's message; empty when no proxy of this process listens there.
+pub fn log_tail_for(port: u16) -> String {
+    let path = lock(&LOGS).iter().find(|(p, _)| *p == port).map(|(_, l)| l.clone());
+    match path {
+        Some(l) => {
+            format!("\n----- heatshield {port} log tail -----\n{}\n-----", tail(&read_lossy(&l), LOG_TAIL_LINES))
+        }
+        None => String::new(),
+    }
+}
+
 impl Proxy {
     /// Starts the heatshield binary built by cargo with `args` (in addition
     /// to `--listen 127.0.0.1:PORT`).
@@ -139,6 +156,7 @@ impl Proxy {
             }
         };
         let log = File::create(dir.path().join("proxy.log")).expect("create proxy.log");
+        lock(&LOGS).push((port, dir.path().join("proxy.log")));
         let rust_log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
         // `--listen` among the arguments (`--listen off`: TLS only) replaces the harness's
         let listen =

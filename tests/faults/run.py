@@ -316,7 +316,7 @@ def run(args):
         fl = args.faults or faults.FAULTS
         main_faults = [f for f in fl if f != "asm"]
         if args.short:
-            warm, post, budget = 1.5, 2.0, None
+            warm, post, budget = 1.0, 1.5, None
         else:
             warm, post, budget = 3.0, 5.0, args.minutes * 60
         ep = 0
