@@ -71,6 +71,10 @@ pub const RATE_AND_BURST: &str = "ERR rate must be a number and burst an integer
 
 // heatshield's lock commands (docs/locks.md).
 pub const LOCK_SCRIPT_REPLY: &str = "ERR heatshield: unexpected reply from the lock script";
+/// A lock command's script met NOSCRIPT (the node's script cache was emptied unseen by
+/// heatshield) and a later command of the client on the same key ran meanwhile: nothing
+/// ran, and sending it again now would reorder the two (docs/design/ordering.md).
+pub const LOCK_SCRIPT_UNLOADED: &str = "TRYAGAIN heatshield: the lock script was not loaded on the node and a later command on its key ran first; nothing ran";
 
 // CLIENT TRACKING / CLIENT CACHING (Redis's texts)
 pub const REDIRECT_ONE: &str = "ERR A client can only redirect to a single other client";

@@ -248,6 +248,51 @@ fn noscript_recovery_and_locks_on_every_master() {
     }
 }
 
+/// Lock commands pipelined on a node that never ran their scripts: each script goes whole
+/// the first time, so none meets NOSCRIPT with a later command on its key already run
+/// (which a client could only be told as NOSCRIPT, for a command that is no script).
+/// After a SCRIPT FLUSH heatshield did not see, a lock command with a command on its key
+/// pipelined behind it either runs first or is refused as not run, never NOSCRIPT.
+#[test]
+fn pipelined_lock_commands_on_a_fresh_node_never_say_noscript() {
+    let _quiet = common::shared_traffic();
+    let server = common::RedisStandalone::start();
+    let proxy = common::Proxy::start_standalone(&server, &[]);
+    let mut c = Conn::connect(proxy.port());
+    let args = common::client::args;
+    // (ACQUIRE's script is loaded; the others' are not, and an ACQUIRE of the same key
+    // is pipelined behind them)
+    token(&c.cmd(&["LOCK.ACQUIRE", "lk:fresh", "me", "10000"]));
+    let mut cmds = Vec::new();
+    for _ in 0..20 {
+        cmds.push(args(&["LOCK.INFO", "lk:fresh"]));
+        cmds.push(args(&["LOCK.EXTEND", "lk:fresh", "me", "10000"]));
+        cmds.push(args(&["LOCK.RELEASE", "lk:fresh", "me"]));
+        cmds.push(args(&["LOCK.ACQUIRE", "lk:fresh", "me", "10000"]));
+    }
+    let got = c.pipeline(&cmds);
+    for (i, round) in got.chunks(4).enumerate() {
+        assert_eq!(round[0].get("owner"), Some(V::s("me")), "round {i}: {round:?}");
+        assert_eq!(round[1], V::Int(1), "round {i}: {round:?}");
+        assert_eq!(round[2], V::Int(1), "round {i}: {round:?}");
+        token(&round[3]);
+    }
+    // the script cache emptied behind heatshield's back, a command on the key behind
+    assert_eq!(common::cmd(server.port(), &["SCRIPT", "FLUSH"]), V::ok());
+    let got = c.pipeline(&[args(&["LOCK.RELEASE", "lk:fresh", "me"]), args(&["EXISTS", "lk:fresh"])]);
+    let unloaded = V::Err(
+        "TRYAGAIN heatshield: the lock script was not loaded on the node and a later command on its key ran first; nothing ran"
+            .into(),
+    );
+    match &got[..] {
+        // the release ran first
+        [V::Int(1), V::Int(0)] => {}
+        // or nothing ran, and the lock is still held
+        [e, V::Int(1)] if *e == unloaded => assert_eq!(c.cmd(&["LOCK.RELEASE", "lk:fresh", "me"]), V::Int(1)),
+        other => panic!("after an unseen SCRIPT FLUSH: {other:?}"),
+    }
+}
+
 #[test]
 fn a_lock_survives_a_slot_migration() {
     // (not while the timing test below runs alone)
@@ -351,36 +396,76 @@ fn twenty_thousand_parked_waiters_do_not_go_quadratic() {
     const KEYS: usize = 100;
     const CONNS: usize = 800;
     const PER_CONN: usize = 25;
-    const PAIRS: usize = 2000;
+    const PAIRS: usize = 10_000;
+    const WAIT_MS: u64 = 6000;
+    // pipelined, so the proxy's cost a request is small beside what a release's wake-up
+    // would cost if the lock task looked at every waiter
+    let pairs: Vec<Vec<Vec<u8>>> = (0..100)
+        .flat_map(|_| {
+            [
+                common::client::args(&["LOCK.ACQUIRE", "lk:churn", "me", "10000"]),
+                common::client::args(&["LOCK.RELEASE", "lk:churn", "me"]),
+            ]
+        })
+        .collect();
     let churn = |c: &mut Conn| {
         let t = Instant::now();
-        for _ in 0..PAIRS {
-            token(&c.cmd(&["LOCK.ACQUIRE", "lk:churn", "me", "10000"]));
-            assert_eq!(c.cmd(&["LOCK.RELEASE", "lk:churn", "me"]), V::Int(1));
+        for _ in 0..PAIRS / 100 {
+            let got = c.pipeline(&pairs);
+            for p in got.chunks(2) {
+                token(&p[0]);
+                assert_eq!(p[1], V::Int(1));
+            }
         }
         t.elapsed()
     };
-    // (each timing the faster of two runs, so a moment of the machine's noise is not
-    // taken for the waiters' cost)
-    let mut c = Conn::connect(port);
-    let alone = churn(&mut c).min(churn(&mut c));
+    // (each timing is the proxy's CPU time over three runs, and the fastest run's wall
+    // time: other processes' load on the machine moves wall time, hardly the CPU time
+    // the same work takes)
+    let fastest = |c: &mut Conn| {
+        let cpu = proxy.cpu_ticks();
+        let wall = churn(c).min(churn(c)).min(churn(c));
+        (proxy.cpu_ticks() - cpu, wall)
+    };
     let mut holder = Conn::connect(port);
     for i in 0..KEYS {
         token(&holder.cmd(&["LOCK.ACQUIRE", &format!("lk:many:{i}"), "holder", "60000"]));
     }
+    // one waiter parked for the first timing: with any waiter parked, each release tells
+    // the lock task (with none, it need not), so the two timings differ by 19,999 waiters
+    let metrics = proxy.metrics_addr().expect("a metrics endpoint");
+    let parked_now = |n: usize| {
+        common::wait_until(Duration::from_secs(5), &format!("{n} waiters parked"), || {
+            common::http::scrape_series(&metrics, "heatshield_lock_waiters") == Some(n as f64)
+        })
+    };
+    let mut first = Conn::connect(port);
+    first.send_raw(&common::client::encode(&["LOCK.ACQUIRE", "lk:many:0", "first", "60000", "WAIT", "30000"]));
+    parked_now(1);
+    let mut c = Conn::connect(port);
+    let alone = fastest(&mut c);
     let started = Instant::now();
     let mut conns: Vec<Conn> = (0..CONNS).map(|_| Conn::connect(port)).collect();
     for (c, conn) in conns.iter_mut().enumerate() {
         let mut batch = Vec::new();
         for j in 0..PER_CONN {
             let key = format!("lk:many:{}", (c * PER_CONN + j) % KEYS);
-            batch.extend(common::client::encode(&["LOCK.ACQUIRE", &key, &format!("w{c}"), "60000", "WAIT", "6000"]));
+            let wait = WAIT_MS.to_string();
+            batch.extend(common::client::encode(&["LOCK.ACQUIRE", &key, &format!("w{c}"), "60000", "WAIT", &wait]));
         }
         conn.send_raw(&batch);
     }
-    thread::sleep(Duration::from_millis(1500));
+    // every waiter parked (the gauge, published each second) before the timing: a timing
+    // taken while they are still arriving measures their arrival, not their presence
+    parked_now(CONNS * PER_CONN + 1);
+    let parked = started.elapsed();
     // lock traffic on another key while they wait: each release wakes the lock task
-    let churned = churn(&mut c).min(churn(&mut c));
+    let churned = fastest(&mut c);
+    let measured = started.elapsed();
+    assert!(
+        measured < Duration::from_millis(WAIT_MS),
+        "parked after {parked:?}, timed until {measured:?}: the timing overlapped the waits' end, measuring nothing"
+    );
     for conn in &mut conns {
         conn.stream().set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
         for _ in 0..PER_CONN {
@@ -389,14 +474,20 @@ fn twenty_thousand_parked_waiters_do_not_go_quadratic() {
     }
     let took = started.elapsed();
     eprintln!(
-        "{PAIRS} ACQUIRE/RELEASE pairs: {alone:?} alone, {churned:?} with {} waiters parked; all timed out after WAIT 6000 in {took:?}",
+        "3 x {PAIRS} ACQUIRE/RELEASE pairs (proxy CPU ticks, fastest run's wall time): {alone:?} alone, {churned:?} with {} waiters parked, 1 without (parked after {parked:?}); all timed out after WAIT {WAIT_MS} in {took:?}",
         CONNS * PER_CONN
     );
-    let ratio = churned.as_secs_f64() / alone.as_secs_f64();
+    // (healthy: 0.99-1.15 in runs on 2 cores; a lock task that scans every waiter at
+    // each wake-up: 2.1x, when its backlog does not outlast the waits)
+    let ratio = churned.0 as f64 / alone.0.max(1) as f64;
     assert!(
-        ratio < 1.4,
-        "{PAIRS} lock pairs took {churned:?} with the waiters parked, {alone:?} without ({ratio:.2}x)"
+        ratio < 1.5,
+        "{PAIRS} lock pairs took {} CPU ticks of the proxy with the waiters parked, {} without ({ratio:.2}x)",
+        churned.0,
+        alone.0
     );
     assert!(took < Duration::from_secs(12), "{} waiters took {took:?}", CONNS * PER_CONN);
     assert_eq!(holder.cmd(&["LOCK.RELEASE", "lk:many:0", "holder"]), V::Int(1));
+    // the first waiter, first in lk:many:0's line, gets it
+    token(&first.read_reply());
 }

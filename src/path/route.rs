@@ -449,7 +449,7 @@ pub fn lock(proxy: &Proxy, ctx: &mut Ctx, r: LockRequest) -> Outcome {
         }
         return answered_elsewhere(ctx, Target::Slot(s));
     }
-    let data = proxy.locks.command(&r, false, false).raw().clone();
+    let data = proxy.locks.command(&r, false, proxy.cluster.topology().master_for_slot(s).map(|n| &**n)).raw().clone();
     start(proxy, ctx, Finish::Lock(Box::new(r)), smallvec![Part::new(data, Target::Slot(s))])
 }
 

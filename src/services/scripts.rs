@@ -49,7 +49,10 @@ impl Scripts {
             "EVAL" | "EVAL_RO" => 1,
             "SCRIPT|LOAD" => 2,
             // every master's cache is emptied: as on one Redis, EVALSHA says NOSCRIPT now
-            "SCRIPT|FLUSH" => return self.bodies.invalidate_all(),
+            "SCRIPT|FLUSH" => {
+                crate::upstream::cluster::scripts_flushed();
+                return self.bodies.invalidate_all();
+            }
             "FUNCTION|LOAD" | "FUNCTION|DELETE" | "FUNCTION|FLUSH" => return self.note_library(name, req),
             _ => return,
         };

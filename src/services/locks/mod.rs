@@ -3,8 +3,8 @@
 //!
 //! A lock is a hash at the lock key (`owner`, `count`, `token`) with the lock's TTL; its
 //! fencing counter is a companion key in the same slot that never expires, so tokens keep
-//! increasing across releases and expiries. Scripts go as EVALSHA and, on NOSCRIPT, as
-//! EVAL (which loads them again).
+//! increasing across releases and expiries. Scripts go whole (EVAL, which loads them) the
+//! first time to each master, after that as EVALSHA, and, on NOSCRIPT, as EVAL again.
 //!
 //! Rooms: this file has the scripts (`scripts/*.lua`, compiled in), the argument parser,
 //! the [`Locks`] service handle the request path uses, and the client's replies;
@@ -27,7 +27,7 @@ use crate::mailbox::{ReplyTx, Tag};
 use crate::protocol::reply::{Value, error_text};
 use crate::protocol::request::parse_i64;
 use crate::protocol::{Proto, Request, Writer};
-use crate::upstream::cluster::slot;
+use crate::upstream::cluster::{NodePool, slot};
 
 /// The channel releases are published on (the payload is the lock key).
 pub const CHANNEL: &str = "heatshield:lock-released";
@@ -57,11 +57,13 @@ mod task;
 struct Script {
     body: &'static str,
     sha: String,
+    /// Its bit in [`NodePool::first_send_of_own_script`].
+    bit: u32,
 }
 
 impl Script {
-    fn new(body: &'static str) -> Script {
-        Script { body, sha: sha1_smol::Sha1::from(body).digest().to_string() }
+    fn new(body: &'static str, bit: u32) -> Script {
+        Script { body, sha: sha1_smol::Sha1::from(body).digest().to_string(), bit }
     }
 }
 
@@ -196,10 +198,10 @@ pub struct Locks {
 impl Default for Locks {
     fn default() -> Self {
         Locks {
-            acquire: Script::new(ACQUIRE),
-            release: Script::new(RELEASE),
-            extend: Script::new(EXTEND),
-            info: Script::new(INFO),
+            acquire: Script::new(ACQUIRE, 0),
+            release: Script::new(RELEASE, 1),
+            extend: Script::new(EXTEND, 2),
+            info: Script::new(INFO, 3),
             tx: OnceLock::new(),
             next_id: AtomicU64::new(1),
             parked: AtomicUsize::new(0),
@@ -235,8 +237,9 @@ pub struct Waiter {
 }
 
 impl Locks {
-    /// The EVALSHA command for `r` (or EVAL when `full`).
-    pub fn command(&self, r: &LockRequest, full: bool, force: bool) -> Request {
+    /// The EVALSHA command for `r`, or EVAL the first time its script goes to `node` (the
+    /// master owning the key, when known).
+    pub fn command(&self, r: &LockRequest, force: bool, node: Option<&NodePool>) -> Request {
         let (script, keys, args): (&Script, Vec<&[u8]>, Vec<Vec<u8>>) = match r.cmd {
             LockCmd::Acquire => (
                 &self.acquire,
@@ -257,6 +260,7 @@ impl Locks {
             }
             LockCmd::Info => (&self.info, vec![&r.key[..]], vec![]),
         };
+        let full = node.is_some_and(|n| n.first_send_of_own_script(script.bit));
         let fence = if r.cmd == LockCmd::Acquire { fence_key(&r.key) } else { Vec::new() };
         let nkeys = keys.len().to_string();
         let mut a: Vec<&[u8]> = Vec::with_capacity(4 + keys.len() + args.len());
@@ -343,7 +347,11 @@ impl Locks {
 pub fn client_reply(r: &LockRequest, reply: &[u8], proto: Proto, scratch: &mut bytes::BytesMut) -> Bytes {
     let mut w = Writer::new(scratch, proto);
     if let Some(e) = error_text(reply) {
-        w.error(&String::from_utf8_lossy(e));
+        // (a client of a lock command sends no script: it cannot answer NOSCRIPT)
+        match e.starts_with(b"NOSCRIPT") {
+            true => w.error(crate::errors::LOCK_SCRIPT_UNLOADED),
+            false => w.error(&String::from_utf8_lossy(e)),
+        }
         return scratch.split().freeze();
     }
     let v = match Value::parse(reply) {

@@ -305,7 +305,7 @@ fn start_attempt(h: &Handles, st: &mut State, rtx: &ReplyTx, key: &Bytes, now: I
     p.trying = true;
     p.woken = false;
     let (id, r) = (p.id, p.w.req.clone());
-    let data = h.locks.command(&r, false, false).raw().clone();
+    let data = h.locks.command(&r, false, owner(h, &r.key).as_deref()).raw().clone();
     st.inflight.insert(id, Flight::Attempt { key: r.key.clone(), data: data.clone() });
     send_to(h, &r.key, data, id, rtx, Prefix::None, None);
 }
@@ -314,9 +314,14 @@ fn start_attempt(h: &Handles, st: &mut State, rtx: &ReplyTx, key: &Bytes, now: I
 /// renewal of `renewal_of`'s lock, whether the lock is still held).
 fn fire(h: &Handles, st: &mut State, rtx: &ReplyTx, r: &LockRequest, force: bool, renewal_of: Option<u64>) {
     let id = h.locks.next_id.fetch_add(1, Ordering::Relaxed);
-    let data = h.locks.command(r, false, force).raw().clone();
+    let data = h.locks.command(r, force, owner(h, &r.key).as_deref()).raw().clone();
     st.inflight.insert(id, Flight::Other { key: r.key.clone(), data: data.clone(), renewal_of });
     send_to(h, &r.key, data, id, rtx, Prefix::None, None);
+}
+
+/// The master owning `key`'s slot now, if one does.
+fn owner(h: &Handles, key: &[u8]) -> Option<std::sync::Arc<crate::upstream::cluster::NodePool>> {
+    h.cluster.topology().master_for_slot(crate::upstream::cluster::slot(key)).cloned()
 }
 
 fn send_to(

@@ -74,6 +74,19 @@ pub struct NodePool {
     /// offset that the replica had reached when last asked, 0 when it is down or unknown
     /// (kept by `crate::upstream::lag`).
     pub synced_at: AtomicU64,
+    /// heatshield's own scripts (the lock commands', one bit each) sent whole (`EVAL`)
+    /// here since this pool was made or since the last `SCRIPT FLUSH` through heatshield,
+    /// that flush's count above the bits (see [`NodePool::first_send_of_own_script`]).
+    own_scripts: AtomicU64,
+}
+
+/// `SCRIPT FLUSH`es sent through heatshield (each empties every master's script cache).
+static SCRIPT_FLUSHES: AtomicU64 = AtomicU64::new(0);
+
+/// A `SCRIPT FLUSH` went through heatshield: every node's script cache is empty, and
+/// heatshield's own scripts go whole again ([`NodePool::first_send_of_own_script`]).
+pub fn scripts_flushed() {
+    SCRIPT_FLUSHES.fetch_add(1, Ordering::SeqCst);
 }
 
 #[derive(Default)]
@@ -103,7 +116,27 @@ impl NodePool {
             scripts: AtomicUsize::new(0),
             order: backend::SendOrder::default(),
             synced_at: AtomicU64::new(0),
+            own_scripts: AtomicU64::new(0),
         }
+    }
+
+    /// Whether heatshield's own script number `bit` (below 8) goes to this node whole
+    /// (`EVAL`, which loads it) rather than by its SHA: the first time since this pool was
+    /// made or since a `SCRIPT FLUSH` through heatshield. Marks it sent. (An `EVALSHA`
+    /// that still meets `NOSCRIPT`, after a flush or a restart heatshield did not see, is
+    /// sent again whole; but not when a later command of the client on the same keys ran
+    /// meanwhile, and a client cannot answer a `NOSCRIPT` for a command that is not a
+    /// script: this keeps that to those cases. Two requests at once may both go whole:
+    /// harmless.)
+    pub fn first_send_of_own_script(&self, bit: u32) -> bool {
+        let flushes = SCRIPT_FLUSHES.load(Ordering::SeqCst);
+        let now = self.own_scripts.load(Ordering::Relaxed);
+        let known = if now >> 8 == flushes { now & 0xff } else { 0 };
+        if known & (1 << bit) != 0 {
+            return false;
+        }
+        self.own_scripts.store((flushes << 8) | known | (1 << bit), Ordering::Relaxed);
+        true
     }
 
     /// A dedicated connection to this node for one client (WATCH, a blocking command):
