@@ -2,7 +2,7 @@
 # Run heatshield's test suite: installs missing deps, checks formatting
 # (`cargo fmt --check`) and lints (`cargo clippy --all-targets -- -D warnings`), then
 # `cargo test --no-fail-fast` of every target (unit, integration, examples and
-# benches in test mode; not doctests), in two runs: five integration test binaries whose
+# benches in test mode; not doctests), in two runs: seven integration test binaries whose
 # tests mostly wait run with four test threads (see below), the rest with the default.
 # With arguments or TEST_THREADS, one `cargo test --all-targets --no-fail-fast` run.
 #
@@ -55,9 +55,10 @@ if [[ $# -eq 0 && -z "${TEST_THREADS:-}" ]]; then
     # The whole suite. These binaries' tests mostly wait (failovers, migrations, replicas'
     # lag, clients held by their limits) and count nothing another test of theirs changes:
     # they run four tests at a time, the rest two (one per core). On 2 cores: ordering
-    # 41 s to 27 s, replicas 24 to 11, bounds 22 to 12, stale 17 to 10, redis_py 15 to 8.
+    # 41 s to 27 s, replicas 24 to 11, bounds 22 to 12, stale 17 to 10, redis_py 15 to 8,
+    # migration 31 to 21, blocking 36 to 30.
     # (Not cache or pubsub: their tests count the connections on a shared master.)
-    wide=(ordering replicas bounds stale redis_py)
+    wide=(ordering replicas bounds stale redis_py migration blocking)
     narrow=(--lib --bins --examples --benches)
     for f in tests/*.rs; do
         n=$(basename "$f" .rs)
