@@ -620,6 +620,62 @@ fn a_fleet_divides_its_rules_on_valkey_too() {
     assert_eq!(field(&a, "share"), V::s("1.0000"));
 }
 
+/// The lock commands' scripts on Valkey 9.1's Lua: pipelined on masters that never ran
+/// them (each goes whole the first time: no NOSCRIPT for a later command of the key to
+/// overtake), fencing tokens that increase, and a parked `WAIT` woken by a release.
+#[test]
+fn lock_commands_run_on_valkey_too() {
+    let env = env();
+    // (a heatshield of its own: none of its lock scripts sent yet)
+    let proxy = Proxy::start_cluster(&env.cluster, &[]);
+    let mut c = Conn::connect(proxy.port());
+    let args = common::client::args;
+    // a key on every master, the same pipeline on each
+    let masters = env.cluster.masters();
+    let keys: Vec<String> = masters
+        .iter()
+        .map(|&m| {
+            (0..).map(|i| format!("vk:lock:{i}")).find(|k| env.cluster.master_for_key(k.as_bytes()) == m).unwrap()
+        })
+        .collect();
+    let mut last = 0;
+    for k in &keys {
+        let first = c.cmd(&["LOCK.ACQUIRE", k, "me", "10000"]).int();
+        assert!(first > 0, "{k}: {first}");
+        let mut cmds = Vec::new();
+        for _ in 0..5 {
+            cmds.push(args(&["LOCK.INFO", k]));
+            cmds.push(args(&["LOCK.EXTEND", k, "me", "10000"]));
+            cmds.push(args(&["LOCK.RELEASE", k, "me"]));
+            cmds.push(args(&["LOCK.ACQUIRE", k, "me", "10000"]));
+        }
+        let got = c.pipeline(&cmds);
+        last = first;
+        for round in got.chunks(4) {
+            assert_eq!(round[0].get("owner"), Some(V::s("me")), "{k}: {round:?}");
+            assert_eq!(round[1], V::Int(1), "{k}: {round:?}");
+            assert_eq!(round[2], V::Int(1), "{k}: {round:?}");
+            let token = round[3].int();
+            assert!(token > last, "{k}: token {token} after {last}");
+            last = token;
+        }
+    }
+    // another client waits for the last key; the release wakes it
+    let k = keys.last().unwrap();
+    let mut waiter = Conn::connect(proxy.port());
+    waiter.send_raw(&common::client::encode(&["LOCK.ACQUIRE", k, "other", "10000", "WAIT", "5000"]));
+    thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    assert_eq!(c.cmd(&["LOCK.RELEASE", k, "me"]), V::Int(1));
+    let woken = waiter.read_reply().int();
+    assert!(woken > last, "the waiter's token {woken} after {last}");
+    assert!(t.elapsed() < Duration::from_secs(2), "woken after {:?}", t.elapsed());
+    assert_eq!(waiter.cmd(&["LOCK.RELEASE", k, "other"]), V::Int(1));
+    for k in &keys[..keys.len() - 1] {
+        assert_eq!(c.cmd(&["LOCK.RELEASE", k, "me"]), V::Int(1));
+    }
+}
+
 #[test]
 fn replicas_serve_reads_on_valkey_too() {
     // READONLY connections, INFO replication's offsets and CLUSTER NODES's replicas on
