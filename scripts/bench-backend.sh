@@ -5,7 +5,7 @@
 # counts (docs/design/performance.md, "The cluster's side"; the README shows the table).
 #
 #   scripts/bench-backend.sh [--clients "50 400 2000"] [--tests "get set"] [--pipelines "1 16"]
-#                            [--rounds N] [--bin BINARY]
+#                            [--rounds N] [--bin BINARY] [--conf EXTRA.toml]
 #
 # A round runs every cell once, direct then through heatshield; with several rounds each
 # figure is the median and the spread (min-max) is printed beside it. Requests a cell:
@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/benchlib.sh
-clients="50 400 2000" tests="get set" pipes="1 16" rounds=1 bin=""
+clients="50 400 2000" tests="get set" pipes="1 16" rounds=1 bin="" extra=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --clients) clients=$2; shift 2 ;;
@@ -25,6 +25,7 @@ while [[ $# -gt 0 ]]; do
     --pipelines) pipes=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
+    --conf) extra=$2; shift 2 ;;
     *) sed -n '2,17p' "$0" >&2; exit 2 ;;
   esac
 done
@@ -44,6 +45,8 @@ cleanup
 masters=()
 for p in $BASE $((BASE + 1)) $((BASE + 2)); do masters+=("$(cat "$W/cluster/$p/redis.pid")"); done
 printf '[cache]\nenabled = false\n' >"$W/conf.toml"
+# (--conf: more settings, e.g. a [backend] section, appended)
+[[ -z $extra ]] || cat "$extra" >>"$W/conf.toml"
 RUST_LOG=warn "$bin" -c "$W/conf.toml" --cluster "127.0.0.1:$BASE" --listen "127.0.0.1:$LISTEN" \
   --metrics off --threads 1 >"$W/proxy.log" 2>&1 &
 echo $! >"$W/proxy.pid"
