@@ -237,6 +237,8 @@ pub struct Command {
     pub key_rules: Box<[learned::KeyRule]>,
     /// [`acl_key_at`], worked out with `key_rules`.
     acl_at: Option<(u32, u8)>,
+    /// [`acl_key_place`], worked out with `key_rules`.
+    acl_place: Option<u32>,
     pub route: Route,
     /// Its requests take the shared connections unless the connection's state says
     /// otherwise (a WATCH, a MULTI): every route but the blocking, subscription, lock,
@@ -908,6 +910,7 @@ impl CommandTable {
         c.acl = def.acl;
         c.key_rules = def.rules.clone().into_boxed_slice();
         c.acl_at = key_at(&c.key_rules);
+        c.acl_place = key_place(&c.key_rules);
         c
     }
 
@@ -1094,6 +1097,7 @@ fn build(raw: &'static RawSpec, parent: Option<&'static RawSpec>, next_id: &mut 
     c.parent_acl = parent.map_or(0, |p| p.acl);
     c.key_rules = raw.specs.iter().map(rule_of).collect();
     c.acl_at = key_at(&c.key_rules);
+    c.acl_place = key_place(&c.key_rules);
     c
 }
 
@@ -1125,6 +1129,30 @@ fn rule_of(k: &RawKey) -> learned::KeyRule {
 #[inline]
 pub fn acl_key_at(cmd: &Command) -> Option<(u32, u8)> {
     cmd.acl_at
+}
+
+/// Where the one key of a command with one key at a fixed place is, whatever ACL checks
+/// it for: [`acl_key_at`]'s place, and also that of a command whose arguments decide what
+/// the key is checked for (SET with or without GET, BITFIELD's operations), which a
+/// pattern allowing both reading and writing allows either way
+/// (crate::services::acl::Perms::allows_quickly).
+#[inline]
+pub fn acl_key_place(cmd: &Command) -> Option<u32> {
+    cmd.acl_place
+}
+
+/// [`acl_key_place`] from the key specs.
+fn key_place(rules: &[learned::KeyRule]) -> Option<u32> {
+    if let [r] = rules
+        && let learned::Begin::Index(i) = r.begin
+        && let learned::Find::Range { last: 0, .. } = r.find
+        && !r.not_key
+        && !r.incomplete
+        && i > 0
+    {
+        return Some(i as u32);
+    }
+    None
 }
 
 /// [`acl_key_at`] from the key specs.
@@ -1247,6 +1275,7 @@ fn make(id: usize, name: String, arity: i32, flags: u32, keys: KeySpec, route: R
         keys,
         key_rules: Box::default(),
         acl_at: None,
+        acl_place: None,
         route,
         shared_lane,
         traits,
