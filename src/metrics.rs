@@ -334,6 +334,11 @@ pub struct NodeMetrics {
     pub err_timeout: Counter,
     /// Dedicated connections to the node (leased and idle).
     pub dedicated: Gauge,
+    /// Shared connections made to the node so far (first ones and those made again after
+    /// one was lost): a node restarted at the same address has lost its script cache, so
+    /// heatshield's own scripts go whole again after any of them
+    /// (`crate::upstream::cluster::NodePool::first_send_of_own_script`). Not exported.
+    pub connects: std::sync::atomic::AtomicU64,
 }
 
 impl NodeMetrics {
@@ -346,6 +351,7 @@ impl NodeMetrics {
             err_lost: e("lost"),
             err_timeout: e("timeout"),
             dedicated: gauge!("heatshield_backend_dedicated_connections", "node" => node.to_string()),
+            connects: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }

@@ -294,6 +294,32 @@ fn pipelined_lock_commands_on_a_fresh_node_never_say_noscript() {
 }
 
 #[test]
+fn lock_scripts_go_whole_again_after_their_node_restarts() {
+    let _quiet = common::shared_traffic();
+    let server = common::RedisStandalone::start();
+    let proxy = common::Proxy::start_standalone(&server, &[]);
+    let mut c = Conn::connect(proxy.port());
+    let args = common::client::args;
+    // every lock script sent (and loaded) once
+    token(&c.cmd(&["LOCK.ACQUIRE", "lk:restart", "me", "10000"]));
+    assert_eq!(c.cmd(&["LOCK.EXTEND", "lk:restart", "me", "10000"]), V::Int(1));
+    assert_eq!(c.cmd(&["LOCK.RELEASE", "lk:restart", "me"]), V::Int(1));
+    // The node restarts at the same address with an empty script cache; other traffic
+    // finds the connection lost and makes it again.
+    server.server().restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.cmd(&["SET", "lk:other", "1"]) != V::ok() {
+        assert!(Instant::now() < deadline, "no answer from the restarted node through heatshield");
+        thread::sleep(Duration::from_millis(50));
+    }
+    token(&c.cmd(&["LOCK.ACQUIRE", "lk:restart", "me", "10000"]));
+    // A release pipelined with a later command on its key: sent by its SHA, it would meet
+    // NOSCRIPT after EXISTS ran, and could only answer TRYAGAIN; sent whole, it runs.
+    let got = c.pipeline(&[args(&["LOCK.RELEASE", "lk:restart", "me"]), args(&["EXISTS", "lk:restart"])]);
+    assert_eq!(got, vec![V::Int(1), V::Int(0)], "the release after the node's restart");
+}
+
+#[test]
 fn a_lock_survives_a_slot_migration() {
     // (not while the timing test below runs alone)
     let _quiet = common::shared_traffic();

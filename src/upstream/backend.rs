@@ -420,6 +420,10 @@ async fn run(
                 *stats.local_addr.lock() = local;
                 *stats.error.lock() = None;
                 info!(node = %addr, tls = opts.tls.is_some(), "backend connected");
+                if !opts.dedicated {
+                    // (SeqCst: a lock command built after this request's reply sees it)
+                    metrics.connects.fetch_add(1, Ordering::SeqCst);
+                }
                 stats.set(ConnState::Up);
                 backoff = Duration::from_millis(20);
                 let closed = serve(stream, &addr, &opts, &mut rx, &carry, &stats, &metrics).await;

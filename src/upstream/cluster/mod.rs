@@ -75,8 +75,9 @@ pub struct NodePool {
     /// (kept by `crate::upstream::lag`).
     pub synced_at: AtomicU64,
     /// heatshield's own scripts (the lock commands', one bit each) sent whole (`EVAL`)
-    /// here since this pool was made or since the last `SCRIPT FLUSH` through heatshield,
-    /// that flush's count above the bits (see [`NodePool::first_send_of_own_script`]).
+    /// here since this pool was made, since the last `SCRIPT FLUSH` through heatshield
+    /// and since the last shared connection made to the node; the count of those flushes
+    /// and connections above the bits (see [`NodePool::first_send_of_own_script`]).
     own_scripts: AtomicU64,
 }
 
@@ -122,20 +123,24 @@ impl NodePool {
 
     /// Whether heatshield's own script number `bit` (below 8) goes to this node whole
     /// (`EVAL`, which loads it) rather than by its SHA: the first time since this pool was
-    /// made or since a `SCRIPT FLUSH` through heatshield. Marks it sent. (An `EVALSHA`
+    /// made, since a `SCRIPT FLUSH` through heatshield, or since a shared connection to
+    /// the node was made (again: a node restarted at the same address has an empty
+    /// script cache, and heatshield sees its restart only as a connection lost and made
+    /// again). Marks it sent. (An `EVALSHA`
     /// that still meets `NOSCRIPT`, after a flush or a restart heatshield did not see, is
     /// sent again whole; but not when a later command of the client on the same keys ran
     /// meanwhile, and a client cannot answer a `NOSCRIPT` for a command that is not a
     /// script: this keeps that to those cases. Two requests at once may both go whole:
     /// harmless.)
     pub fn first_send_of_own_script(&self, bit: u32) -> bool {
-        let flushes = SCRIPT_FLUSHES.load(Ordering::SeqCst);
+        // (both counts only grow, so their sum changes whenever either does)
+        let epoch = SCRIPT_FLUSHES.load(Ordering::SeqCst) + self.metrics.connects.load(Ordering::SeqCst);
         let now = self.own_scripts.load(Ordering::Relaxed);
-        let known = if now >> 8 == flushes { now & 0xff } else { 0 };
+        let known = if now >> 8 == epoch & (u64::MAX >> 8) { now & 0xff } else { 0 };
         if known & (1 << bit) != 0 {
             return false;
         }
-        self.own_scripts.store((flushes << 8) | known | (1 << bit), Ordering::Relaxed);
+        self.own_scripts.store((epoch << 8) | known | (1 << bit), Ordering::Relaxed);
         true
     }
 
