@@ -1157,17 +1157,8 @@ fn key_place(rules: &[learned::KeyRule]) -> Option<u32> {
 
 /// [`acl_key_at`] from the key specs.
 fn key_at(rules: &[learned::KeyRule]) -> Option<(u32, u8)> {
-    if let [r] = rules
-        && let learned::Begin::Index(i) = r.begin
-        && let learned::Find::Range { last: 0, .. } = r.find
-        && !r.not_key
-        && !r.variable
-        && !r.incomplete
-        && i > 0
-    {
-        return Some((i as u32, r.acl));
-    }
-    None
+    // (the place's one spec, when its flags do not depend on the arguments)
+    key_place(rules).filter(|_| !rules[0].variable).map(|i| (i, rules[0].acl))
 }
 
 /// The keys of `req` (as resolved to `cmd`) with what ACL checks each for
