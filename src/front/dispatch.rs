@@ -143,16 +143,24 @@ pub fn dispatch(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
 
 /// Whether the client's user may run `cmd` with these keys and channels (the first
 /// refusal, as Redis finds it: crate::services::acl::Perms::check); a refusal is
-/// logged (`ACL LOG`). (Out of line: it runs only while some user is restricted.)
-#[inline(never)]
+/// logged (`ACL LOG`). Runs only while some user is restricted. Most requests of a
+/// restricted user are decided by the quick look, inlined here; a refusal, and
+/// anything the look cannot decide, by the whole check, out of line.
+#[inline(always)]
 fn acl_denied(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Option<crate::services::acl::Denied> {
     let client = &mut *ctx.client;
     let perms = client.user.perms_cached(&mut client.perms_seen);
-    // (most requests of a restricted user are decided by the quick look: a refusal, and
-    // anything it cannot decide, by the whole check below)
     if perms.unrestricted() || perms.allows_quickly(cmd, ctx.asked, proxy.colocate.active()) {
         return None;
     }
+    acl_checked(proxy, ctx, cmd)
+}
+
+/// [`acl_denied`] past the quick look: the whole check.
+#[inline(never)]
+fn acl_checked(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command) -> Option<crate::services::acl::Denied> {
+    let client = &mut *ctx.client;
+    let perms = client.user.perms_cached(&mut client.perms_seen);
     // key patterns are written for the client's names (crate::services::colocate): the
     // request as the client sent it, and a stored name it sent itself (it starts with its
     // tag) taken back to the name it stores

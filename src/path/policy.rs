@@ -100,12 +100,12 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
     }
 
     // 3. rate limits: all keys charged, or none
-    let charged = match &found {
-        Lookup::Some(cached) => charge(proxy, ctx, cmd, &keys, Cached::These(cached)),
-        Lookup::Hit(_) => charge(proxy, ctx, cmd, &keys, Cached::All),
-        _ => charge(proxy, ctx, cmd, &keys, Cached::None),
+    let cached = match &found {
+        Lookup::Some(cached) => Cached::These(cached),
+        Lookup::Hit(_) => Cached::All,
+        _ => Cached::None,
     };
-    if let Err(t) = charged {
+    if let Err(t) = charge(proxy, ctx, cmd, &keys, cached) {
         return ctx.error(&t.message());
     }
     match &found {

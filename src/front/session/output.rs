@@ -102,7 +102,8 @@ impl Session {
             let b = std::mem::take(b);
             // colocation: the client's names in the reply, and in an error quoting a key
             // (NOGROUP ... 'key') while rules are in force
-            let b = match self.fixes.is_empty() && self.colocate.is_none() {
+            // (a reply that is no error and has no fix pending needs no call)
+            let b = match self.fixes.is_empty() && (self.colocate.is_none() || b.first() != Some(&b'-')) {
                 true => b,
                 false => colocated(&self.proxy, &mut self.fixes, &mut self.held.replies, q.head + q.sent as u64, b),
             };

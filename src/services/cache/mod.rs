@@ -479,8 +479,9 @@ impl HotCache {
     pub fn sample(&self, key: &[u8]) {
         thread_local! {
             static N: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-            static DOOR: std::cell::RefCell<detect::Door> = std::cell::RefCell::new(detect::Door::default());
         }
+        // (the count inlined into admission; the sample, one read in `sample_every`, not:
+        // a call that saves the registers a sample needs cost most of the count)
         let hit = N.with(|n| {
             let v = n.get() + 1;
             let hit = v >= self.cfg.sample_every;
@@ -488,16 +489,24 @@ impl HotCache {
             hit
         });
         if hit {
-            let at = (self as *const HotCache as usize, self.door.0.load(Ordering::Relaxed));
-            let period = self.door.1.load(Ordering::Relaxed);
-            let seen = DOOR.with(|d| {
-                let mut d = d.borrow_mut();
-                d.take(key, at, period, |k, n| self.detector.lock().record(k, n));
-                d.take_seen(256)
-            });
-            if seen > 0 {
-                self.sampled.fetch_add(seen, Ordering::Relaxed);
-            }
+            self.take_sample(key);
+        }
+    }
+
+    #[inline(never)]
+    fn take_sample(&self, key: &[u8]) {
+        thread_local! {
+            static DOOR: std::cell::RefCell<detect::Door> = std::cell::RefCell::new(detect::Door::default());
+        }
+        let at = (self as *const HotCache as usize, self.door.0.load(Ordering::Relaxed));
+        let period = self.door.1.load(Ordering::Relaxed);
+        let seen = DOOR.with(|d| {
+            let mut d = d.borrow_mut();
+            d.take(key, at, period, |k, n| self.detector.lock().record(k, n));
+            d.take_seen(256)
+        });
+        if seen > 0 {
+            self.sampled.fetch_add(seen, Ordering::Relaxed);
         }
     }
 
