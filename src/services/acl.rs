@@ -513,10 +513,20 @@ impl Perms {
     /// Whether the user may touch `key` as `need` says (`key::ACCESS`: read,
     /// `key::CHANGE`: write; neither: any pattern that matches will do). As on Redis, one
     /// pattern must allow all of it.
-    #[inline]
+    /// (Inlined, and a plain loop: `Iter::any` over the patterns compiled to a call of its
+    /// own on the quick look's path, [`Perms::allows_quickly`].)
+    #[inline(always)]
     pub fn may_touch(&self, key: &[u8], need: u8) -> bool {
         let (read, write) = (need & key::ACCESS != 0, need & key::CHANGE != 0);
-        self.all_keys() || self.keys.iter().any(|k| (!read || k.read) && (!write || k.write) && k.glob.matches(key))
+        if self.all_keys() {
+            return true;
+        }
+        for k in &self.keys {
+            if (!read || k.read) && (!write || k.write) && k.glob.matches(key) {
+                return true;
+            }
+        }
+        false
     }
 
     /// Whether the user may run `req` (resolved to `cmd`): allowed when the root rules or
@@ -569,14 +579,7 @@ impl Perms {
         if tagged_key_unsure && key.first() == Some(&b'{') {
             return false;
         }
-        // (may_touch, inlined: the first pattern usually decides)
-        let (read, write) = (need & key::ACCESS != 0, need & key::CHANGE != 0);
-        for k in &self.keys {
-            if (!read || k.read) && (!write || k.write) && k.glob.matches(key) {
-                return true;
-            }
-        }
-        false
+        self.may_touch(key, need)
     }
 
     /// [`Perms::check`] once the root's rules refused: the selectors'.
