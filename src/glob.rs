@@ -99,6 +99,88 @@ impl FirstBytes {
     }
 }
 
+/// Which features' key patterns may match a key, by the key's first byte: one load
+/// answers, for every feature at once, what each feature's [`FirstBytes`] would (the
+/// request path's "is some rule about this key?", asked once per request in admission,
+/// `crate::path::policy`). A bit set may be wrong, a bit clear is not. A key starting
+/// with `{` has the bit of every feature with a pattern: it may be a stored name the
+/// client sent itself, which features see under its client name
+/// (`crate::services::colocate`). Each feature
+/// writes its own bit ([`KeyFeatures::set`]) when its patterns change.
+#[derive(Debug)]
+pub struct KeyFeatures {
+    by_first: [std::sync::atomic::AtomicU8; 256],
+    empty: std::sync::atomic::AtomicU8,
+    /// The features with some pattern (0: no key needs a look).
+    some: std::sync::atomic::AtomicU8,
+}
+
+/// The features of [`KeyFeatures`], one bit each.
+pub mod feature {
+    /// A rate-limit rule (`crate::services::ratelimit`).
+    pub const RATE: u8 = 1;
+    /// A read policy other than the master (`crate::services::reads`).
+    pub const READS: u8 = 2;
+}
+
+impl Default for KeyFeatures {
+    fn default() -> KeyFeatures {
+        KeyFeatures {
+            by_first: std::array::from_fn(|_| Default::default()),
+            empty: Default::default(),
+            some: Default::default(),
+        }
+    }
+}
+
+impl KeyFeatures {
+    /// Sets `bit` for the keys `first` says some pattern may match, and clears it for
+    /// the others.
+    pub fn set(&self, bit: u8, first: &FirstBytes) {
+        use std::sync::atomic::Ordering::Release;
+        let some = *first != FirstBytes::default();
+        for (b, a) in self.by_first.iter().enumerate() {
+            // ('{' may start a stored name, which the feature sees under its client name)
+            let may = if b == b'{' as usize { some } else { first.bits[b >> 6] & (1 << (b & 63)) != 0 };
+            match may {
+                true => a.fetch_or(bit, Release),
+                false => a.fetch_and(!bit, Release),
+            };
+        }
+        match first.empty {
+            true => self.empty.fetch_or(bit, Release),
+            false => self.empty.fetch_and(!bit, Release),
+        };
+        match some {
+            true => self.some.fetch_or(bit, Release),
+            false => self.some.fetch_and(!bit, Release),
+        };
+    }
+
+    /// The features with some pattern now (0: [`KeyFeatures::of`] is 0 for every key).
+    #[inline(always)]
+    pub fn some(&self) -> u8 {
+        self.some.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The features some pattern of which may match `key`.
+    #[inline(always)]
+    pub fn of(&self, key: &[u8]) -> u8 {
+        use std::sync::atomic::Ordering::Acquire;
+        match key.first() {
+            Some(&b) => self.by_first[b as usize].load(Acquire),
+            None => self.empty.load(Acquire),
+        }
+    }
+}
+
+impl FirstBytes {
+    /// Any key at all (a default that applies to every key).
+    pub fn all() -> FirstBytes {
+        FirstBytes { bits: [u64::MAX; 4], empty: true }
+    }
+}
+
 /// Whether `s` matches `pat`; `nocase` folds ASCII case.
 pub fn matches(pat: &[u8], s: &[u8], nocase: bool) -> bool {
     let eq = |a: u8, b: u8| if nocase { a.eq_ignore_ascii_case(&b) } else { a == b };
@@ -184,6 +266,35 @@ pub fn matches(pat: &[u8], s: &[u8], nocase: bool) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn key_features_answer_for_each_feature() {
+        let f = KeyFeatures::default();
+        assert_eq!((f.some(), f.of(b"hot:1"), f.of(b""), f.of(b"{t}x")), (0, 0, 0, 0));
+        f.set(feature::RATE, &FirstBytes::of([&b"hot:*"[..], b"stock:*"]));
+        f.set(feature::READS, &FirstBytes::of([&b"feed:*"[..], b"stock:*"]));
+        assert_eq!(f.some(), feature::RATE | feature::READS);
+        assert_eq!(f.of(b"hot:1"), feature::RATE);
+        assert_eq!(f.of(b"feed:1"), feature::READS);
+        assert_eq!(f.of(b"stock:1"), feature::RATE | feature::READS);
+        assert_eq!(f.of(b"key:1"), 0);
+        assert_eq!(f.of(b""), 0);
+        // a stored name: every feature with a pattern looks (under its client name)
+        assert_eq!(f.of(b"{rq}rq:1"), feature::RATE | feature::READS);
+        // a pattern that may match anything, the empty key too
+        f.set(feature::READS, &FirstBytes::all());
+        assert_eq!((f.of(b"key:1"), f.of(b"")), (feature::READS, feature::READS));
+        // rules gone: the bit is clear everywhere, the other feature's stays
+        f.set(feature::READS, &FirstBytes::default());
+        assert_eq!(
+            (f.some(), f.of(b"feed:1"), f.of(b"stock:1"), f.of(b"{t}x")),
+            (feature::RATE, 0, feature::RATE, feature::RATE)
+        );
+        f.set(feature::RATE, &FirstBytes::default());
+        assert_eq!((f.some(), f.of(b"hot:1"), f.of(b"{t}x")), (0, 0, 0));
+    }
+
     use super::{FirstBytes, Pattern, matches};
 
     #[test]

@@ -76,6 +76,9 @@ pub struct Proxy {
     pub auth_limiter: crate::services::acl::AuthLimiter,
     /// Per-key rate limits.
     pub ratelimit: Arc<crate::services::ratelimit::Limiter>,
+    /// Which features' key patterns may see a key, by its first byte (rate limits, read
+    /// policies): asked once per request in admission.
+    pub features: Arc<crate::glob::KeyFeatures>,
     /// The fleet this heatshield divides the rate-limit rules with (`[fleet]`).
     pub fleet: Arc<crate::services::fleet::Fleet>,
     // -- Name and route: colocation's names, the cluster view, read policies.
@@ -228,11 +231,15 @@ impl Proxy {
         let commands = CommandTable::new();
         // validated with the configuration, so compiling cannot fail here
         let rules = crate::services::ratelimit::compile(&config.ratelimit.rules, &commands).unwrap_or_default();
-        let ratelimit = Arc::new(crate::services::ratelimit::Limiter::new(
-            rules,
-            config.ratelimit.max_tracked_keys,
-            Duration::from_millis(config.ratelimit.idle_reclaim_ms),
-        ));
+        let features = Arc::new(crate::glob::KeyFeatures::default());
+        let ratelimit = Arc::new(
+            crate::services::ratelimit::Limiter::new(
+                rules,
+                config.ratelimit.max_tracked_keys,
+                Duration::from_millis(config.ratelimit.idle_reclaim_ms),
+            )
+            .with_features(features.clone()),
+        );
         let fleet = crate::services::fleet::Fleet::new(config.fleet.clone(), &config.server.listen);
         // one extra id for requests that match no command
         let ids = commands.count() + 1;
@@ -255,7 +262,9 @@ impl Proxy {
         let reads =
             crate::services::reads::Reads::new(b.read_from, b.replica_max_lag_ms, &b.read_rules, b.read_your_writes)
                 .with_names(colocate.clone());
+        features.set(crate::glob::feature::READS, &reads.key_first());
         Proxy {
+            features,
             cache,
             reads,
             locks: Arc::default(),

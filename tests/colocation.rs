@@ -325,6 +325,14 @@ fn acl_rules_and_rate_limits_see_the_clients_names() {
     let replies: Vec<V> = (0..4).map(|_| admin.cmd(&["SET", "rq:rl:k", "v"])).collect();
     assert!(replies[..2].iter().all(V::is_ok), "{replies:?}");
     assert!(replies[2].err().is_some_and(|e| e.starts_with("THROTTLED")), "{replies:?}");
+    // the stored name sent by the client draws on the same budget, and a key's stored
+    // name alone is limited by the rule on its client name (a key starting with '{' is
+    // never skipped by admission's first-byte look)
+    let stored = admin.cmd(&["SET", "{rq}rq:rl:k", "v"]);
+    assert!(stored.err().is_some_and(|e| e.starts_with("THROTTLED")), "{stored:?}");
+    let replies: Vec<V> = (0..4).map(|_| admin.cmd(&["SET", "{rq}rq:rl:j", "v"])).collect();
+    assert!(replies[..2].iter().all(V::is_ok), "{replies:?}");
+    assert!(replies[2].err().is_some_and(|e| e.starts_with("THROTTLED")), "{replies:?}");
     assert_eq!(admin.cmd(&["PROXY", "RATELIMIT", "DEL", "colo"]), V::Int(1));
     assert_eq!(admin.cmd(&["ACL", "DELUSER", "colo"]), V::Int(1));
 }

@@ -282,11 +282,15 @@ pub enum NamesInReply {
 
 /// Whether a request whose first argument is `name` may be of a command whose reply
 /// names keys ([`NamesInReply`]), without a lookup (any case).
-#[inline]
+/// (The length test inline: it decides GET, SET and most others.)
+#[inline(always)]
 pub fn may_name_keys(name: &[u8]) -> bool {
-    if !(4..=12).contains(&name.len())
-        || !matches!(name[0] | 0x20, b'k' | b's' | b'r' | b'b' | b'l' | b'z' | b'x' | b'p' | b'u' | b'e' | b'c')
-    {
+    (4..=12).contains(&name.len()) && may_name_keys_by_name(name)
+}
+
+#[inline(never)]
+fn may_name_keys_by_name(name: &[u8]) -> bool {
+    if !matches!(name[0] | 0x20, b'k' | b's' | b'r' | b'b' | b'l' | b'z' | b'x' | b'p' | b'u' | b'e' | b'c') {
         return false;
     }
     let mut up = [0u8; 12];

@@ -175,11 +175,11 @@ fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, keys: &[u32], cost: usize)
     if q.held + cost > limit {
         return Some(refuse(ctx, &errors::transaction_too_large(limit)));
     }
-    // (the same step, on the client's names, as a command sent alone)
+    // (the same steps, on the client's names, as a command sent alone)
+    crate::path::policy::note_keys(proxy, ctx, keys);
     if let Err(t) = crate::path::policy::charge(proxy, ctx, cmd, keys, crate::path::policy::Cached::None) {
         return Some(refuse(ctx, &t.message()));
     }
-    ctx.first_key = keys.first().copied().unwrap_or(0);
     let Mode::Multi(q) = &mut ctx.client.modes.multi else { return Some(ctx.error(errors::EXECABORT)) };
     if cmd.is_write() {
         q.write_keys.extend(keys.iter().map(|&k| req.arg_bytes(k as usize)));

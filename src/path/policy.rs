@@ -1,7 +1,9 @@
 //! Policy: the one admission step every request bound for Redis passes, whatever its
 //! route, always in this order:
 //!
-//! 1. **keys**: found once, as argument positions (a lock command is parsed here);
+//! 1. **keys**: found once, as argument positions (a lock command is parsed here), and
+//!    which features' key patterns may see them under the client's names, one load for
+//!    all features ([`note_keys`], [`crate::glob::KeyFeatures`]);
 //! 2. **cache lookup**: for a read while keys are hot, which of its keys the hot-key cache
 //!    answers (it must be known before charging: a key answered from the cache draws only
 //!    on rules with `count_cached`);
@@ -59,7 +61,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
             Err(e) => return ctx.error(e),
         },
     };
-    ctx.first_key = keys.first().copied().unwrap_or(0);
+    note_keys(proxy, ctx, &keys);
     let key = |k: u32| req.arg(k as usize);
 
     // 2. cache lookup
@@ -181,13 +183,29 @@ pub enum Cached<'c> {
     These(&'c [(u32, Bytes)]),
 }
 
+/// Admission's note of the request's keys (`keys`: argument positions), for every path
+/// that admits keys (a request sent now, through [`admit`], and a command queued in a
+/// transaction, [`crate::modes::transaction`]): the first key, for the big-key log, and
+/// which features' patterns may see some key under its client name (`ctx.facts`), one
+/// load for all of them (most requests name one key), which [`charge`] and the route's
+/// read policy look at.
+#[inline(always)]
+pub fn note_keys(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) {
+    ctx.first_key = keys.first().copied().unwrap_or(0);
+    ctx.facts = match proxy.features.some() {
+        0 => 0,
+        _ => keys.iter().fold(0, |f, &k| f | proxy.features.of(ctx.asked.arg(k as usize))),
+    };
+}
+
 /// Admission's rate-limit step, the one every path that admits keys takes (a request
 /// sent now, through [`admit`], and a command queued in a transaction,
 /// [`crate::modes::transaction`]): every key of `keys` (argument positions of the
 /// request) checked under the client's name (`ctx.asked`, and a stored name the client
 /// sent itself taken back to the name it stores), a rule's pattern and a key's budget
 /// being written for the names the client knows ([`crate::services::colocate`]), then
-/// all charged, or none. (Inlined: a call cost more than the check without rules.)
+/// all charged, or none; after [`note_keys`], whose `ctx.facts` skips it when no rule
+/// may see the keys. (Inlined: a call cost more than the check without rules.)
 #[inline(always)]
 pub fn charge(
     proxy: &Proxy,
@@ -196,7 +214,7 @@ pub fn charge(
     keys: &[u32],
     cached: Cached,
 ) -> Result<(), crate::services::ratelimit::Throttled> {
-    if !proxy.ratelimit.active() {
+    if ctx.facts & crate::glob::feature::RATE == 0 {
         return Ok(());
     }
     let req = ctx.asked;
@@ -209,17 +227,9 @@ pub fn charge(
             false => n,
         }
     };
-    // (most requests name one key, which no rule may match when the rules are for other
-    // keys: two loads instead of the limiter)
     let (rl, now) = (&mut ctx.client.rl, ctx.now);
-    if let [k] = keys {
-        let k = key(*k);
-        if !proxy.ratelimit.may_match(k) {
-            return Ok(());
-        }
-        if let Cached::None = cached {
-            return proxy.ratelimit.check_in(rl, cmd, std::iter::once(k), now, false);
-        }
+    if let ([k], Cached::None) = (keys, &cached) {
+        return proxy.ratelimit.check_in(rl, cmd, std::iter::once(key(*k)), now, false);
     }
     match cached {
         Cached::These(these) => {

@@ -55,6 +55,7 @@ pub fn forward(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
         // (a key the read policies leave on the master, the common case, needs no more)
         Some(s)
             if ctx.lane == Lane::Replica
+                && ctx.facts & crate::glob::feature::READS != 0
                 && proxy.reads.policy(ctx.asked.arg(k0 as usize)).0 != crate::services::reads::ReadFrom::Master =>
         {
             match read_target(proxy, ctx, s, k0) {

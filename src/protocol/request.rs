@@ -112,6 +112,15 @@ impl Request {
         &self.raw
     }
 
+    /// The first byte of each non-empty argument after the command's name, in one pass
+    /// (a look at each costs less than [`Request::arg`] for each).
+    #[inline]
+    pub fn arg_heads(&self) -> impl Iterator<Item = u8> + '_ {
+        let raw = &self.raw[..];
+        let args = self.args.get(1..).unwrap_or_default();
+        args.iter().filter(|a| a.1 > 0).map(move |&(s, _)| raw.get(s as usize).copied().unwrap_or_default())
+    }
+
     /// Iterates over all arguments.
     pub fn args(&self) -> impl Iterator<Item = &[u8]> + '_ {
         (0..self.argc()).map(move |i| self.arg(i))

@@ -496,19 +496,18 @@ impl Rules {
     /// each one's beginning: a yes may be wrong, a no is not).
     #[inline]
     pub fn may_touch(&self, req: &Request) -> bool {
-        let n = req.argc();
-        let mut i = 1;
-        while i < n {
+        (1..req.argc()).any(|i| {
             let a = req.arg(i);
-            if let Some(&f) = a.first() {
-                let cand = self.by_first[f as usize];
-                if cand != 0 && self.starts_a_key(cand, a) {
-                    return true;
-                }
-            }
-            i += 1;
-        }
-        false
+            let cand = a.first().map_or(0, |&f| self.by_first[f as usize]);
+            cand != 0 && self.starts_a_key(cand, a)
+        })
+    }
+
+    /// The first bytes, of which at least one of the request's arguments must start
+    /// with, if it may be a key a rule colocates (see [`Rules::may_touch`]).
+    #[inline(always)]
+    pub fn key_heads(&self) -> &[u64; 256] {
+        &self.by_first
     }
 
     /// Whether `a` starts with the prefix of a pattern of a rule in `cand` (8 bytes at

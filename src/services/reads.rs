@@ -79,6 +79,16 @@ impl Reads {
         self
     }
 
+    /// The keys whose reads may go elsewhere than the master: those some rule may match,
+    /// or every key when the default does not read the master.
+    pub fn key_first(&self) -> crate::glob::FirstBytes {
+        match self.default.0 {
+            ReadFrom::Master if self.active => self.first,
+            ReadFrom::Master => crate::glob::FirstBytes::default(),
+            _ => crate::glob::FirstBytes::all(),
+        }
+    }
+
     /// Whether some policy reads replicas.
     #[inline]
     pub fn active(&self) -> bool {

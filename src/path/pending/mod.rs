@@ -79,6 +79,10 @@ pub struct Ctx<'a> {
     pub now: Instant,
     /// Set by admission: the argument that is the first key (0: none), for the big-key log.
     pub first_key: u32,
+    /// Set by admission: which features' patterns may see some key of the request under
+    /// the client's names ([`crate::glob::KeyFeatures`]; 0 without keys, and every bit,
+    /// "look", before admission).
+    pub facts: u8,
     /// Set by admission: the reply came from the hot-key cache.
     pub cached: bool,
     /// Set by admission: hot keys a write will change (see [`Pending`]).
@@ -140,6 +144,7 @@ impl<'a> Ctx<'a> {
             cmd: 0,
             now,
             first_key: 0,
+            facts: u8::MAX,
             cached: false,
             invalidate: Vec::new(),
             flush: Drops::Nothing,

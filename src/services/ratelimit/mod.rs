@@ -264,6 +264,9 @@ pub struct Limiter {
     /// (its prefetch and its check) for the price of two loads.
     first: [AtomicU64; 4],
     first_empty: std::sync::atomic::AtomicBool,
+    /// Where admission asks, for all features at once, whether some rule may see a key
+    /// (this limiter's bit: [`crate::glob::feature::RATE`]).
+    features: Arc<crate::glob::KeyFeatures>,
     max_keys: usize,
     /// Nanoseconds a full budget stays before [`Limiter::reclaim`] drops it.
     idle_ns: u64,
@@ -372,6 +375,7 @@ impl Limiter {
             some: std::sync::atomic::AtomicBool::new(false),
             first: Default::default(),
             first_empty: std::sync::atomic::AtomicBool::new(false),
+            features: Arc::default(),
             max_keys,
             idle_ns: idle.as_nanos() as u64,
             table: OnceLock::new(),
@@ -382,6 +386,15 @@ impl Limiter {
         };
         l.replace(rules);
         l
+    }
+
+    /// Writes its rules' first bytes to `features` (the proxy's table, shared by every
+    /// feature with key patterns) from now on.
+    pub fn with_features(mut self, features: Arc<crate::glob::KeyFeatures>) -> Limiter {
+        self.features = features;
+        let rules = self.rules();
+        self.set_first(rules.iter());
+        self
     }
 
     /// Whether any rule exists (the request path skips everything otherwise): one
@@ -443,6 +456,7 @@ impl Limiter {
             a.store(w, Ordering::Release);
         }
         self.first_empty.store(first.may_match(b""), Ordering::Release);
+        self.features.set(crate::glob::feature::RATE, &first);
     }
 
     /// Keys the fleet watches now.
