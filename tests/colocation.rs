@@ -873,3 +873,23 @@ fn the_slow_log_and_big_keys_show_the_clients_names() {
     assert!(!keys.iter().any(|k| k.starts_with("{rq}")), "{keys:?}");
     assert_eq!(c.cmd(&["DEL", "rq:bigkey"]), V::Int(1));
 }
+
+/// A pipeline read as one batch (colocation rules make the session parse several requests
+/// before dispatching them): what follows QUIT in it is never run, renamed or not, and
+/// the requests before it are.
+#[test]
+fn nothing_after_quit_in_a_batch_runs() {
+    let env = env();
+    let mut c = Conn::connect(env.proxy.port());
+    assert!(c.cmd(&["DEL", "rq:quit", "plain:quit"]).int() >= 0);
+    let mut p = Conn::connect(env.proxy.port());
+    p.send_raw(
+        b"*3\r\n$3\r\nSET\r\n$7\r\nrq:quit\r\n$1\r\n1\r\n*1\r\n$4\r\nQUIT\r\n\
+          *3\r\n$3\r\nSET\r\n$7\r\nrq:quit\r\n$1\r\n2\r\n*3\r\n$3\r\nSET\r\n$10\r\nplain:quit\r\n$1\r\n2\r\n",
+    );
+    let (bytes, closed) = p.read_until_close(Duration::from_secs(5));
+    assert_eq!(String::from_utf8_lossy(&bytes), "+OK\r\n+OK\r\n");
+    assert!(closed);
+    assert_eq!(c.cmd(&["GET", "rq:quit"]), V::s("1"));
+    assert_eq!(c.cmd(&["GET", "plain:quit"]), V::Nil);
+}

@@ -75,8 +75,6 @@ struct Session {
     scratch: BytesMut,
     // -- Read: the socket's requests, parsed, and when they came.
     reader: RequestReader,
-    /// Requests parsed together (see [`Session::dispatch_buffered`]).
-    batch: Vec<Request>,
     /// The hash of each batched request's first key (see `Limiter::prefetch`).
     hashes: [u64; BATCH],
     /// When the last read completed (the read time of what it brought).
@@ -390,6 +388,45 @@ fn shadow(proxy: &Proxy, req: &Request, reply: &Bytes) {
     }
 }
 
+/// [`Session::colocate_batch`] for one request that may name a rule's key: `seq` is the
+/// place it takes. Its form as the client sent it goes to `asked` if it was renamed, and
+/// its reply's fix to `fixes`.
+#[inline(never)]
+fn colocate_request(
+    proxy: &Proxy,
+    rules: &crate::services::colocate::Rules,
+    asked: &mut Vec<(u64, Box<Request>)>,
+    fixes: &mut Vec<(u64, Box<crate::services::colocate::ReplyFix>)>,
+    seq: u64,
+    req: &mut Request,
+) {
+    if !rules.may_touch(req) && !crate::command::may_name_keys(req.arg(0)) {
+        return;
+    }
+    let Ok(cmd) = proxy.commands.lookup(req) else { return };
+    let shas = &proxy.colocate.shas;
+    if cmd.names == crate::command::NamesInReply::Script {
+        // the body as the client knows it (its SHA1 is the client's): SCRIPT EXISTS and a
+        // NOSCRIPT met by a call that needs no shim find it
+        proxy.scripts.note(&cmd.name, req);
+        // a loaded script: its shimmed body, for an EVALSHA with a rule's keys
+        if cmd.name == "SCRIPT|LOAD" && req.argc() == 3 {
+            let shim = crate::services::colocate::loaded(rules, shas, req.arg(2));
+            let load = Request::from_args(&[&b"SCRIPT"[..], b"LOAD", &shim]);
+            proxy.scripts.note(&cmd.name, &load);
+        }
+    }
+    let (new, fix) = crate::services::colocate::on_the_way_in(rules, shas, cmd, req.clone());
+    if new.raw() != req.raw() {
+        asked.push((seq, Box::new(std::mem::replace(req, new))));
+    } else {
+        *req = new;
+    }
+    if let Some(fix) = fix {
+        fixes.push((seq, fix));
+    }
+}
+
 /// Request `seq` as the client sent it, if colocation renamed it.
 #[inline]
 fn asked_form(asked: &[(u64, Box<Request>)], seq: u64) -> Option<&Request> {
@@ -500,7 +537,6 @@ impl Session {
                 counted_over_soft: 0,
                 over_pubsub_soft_since: None,
             },
-            batch: Vec::new(),
             hashes: [0u64; BATCH],
             read_at: Instant::now(),
             read_ms: proxy.started.elapsed().as_millis() as u64,
@@ -754,41 +790,57 @@ impl Session {
             let used = self.queue.entries.len().min(self.held.window);
             let space = (self.held.window - used).min(batch_max);
             let mut failed = None;
-            while self.batch.len() < space && !rbuf.is_empty() {
+            // (each request takes its place in the reply queue as it is parsed, and is
+            // dispatched where it lies: not moved through a batch of its own, twice)
+            let first = self.queue.entries.len();
+            while self.queue.entries.len() - first < space && !rbuf.is_empty() {
                 match self.reader.next(rbuf) {
                     Ok(Next::Incomplete { hint }) => {
                         self.read_hint = hint;
                         break;
                     }
-                    Ok(Next::Request(req)) => self.batch.push(req),
+                    Ok(Next::Request(req)) => self.enqueue(req),
                     Err(e) => {
                         failed = Some(e);
                         break;
                     }
                 }
             }
-            let more = self.batch.len() == space && failed.is_none();
-            let hashed = if self.batch.len() > 1 {
-                let first = self.batch.iter().map(|r| if r.argc() > 1 { r.arg(1) } else { &[][..] });
-                self.proxy.ratelimit.prefetch(first, &mut self.hashes)
+            let n = self.queue.entries.len() - first;
+            let more = n == space && failed.is_none();
+            let hashed = if n > 1 {
+                let keys = self.queue.entries.range(first..).map(|e| match &e.meta.req {
+                    Some(r) if r.argc() > 1 => r.arg(1),
+                    _ => &[][..],
+                });
+                self.proxy.ratelimit.prefetch(keys, &mut self.hashes)
             } else {
                 0
             };
-            let mut batch = std::mem::take(&mut self.batch);
             if self.proxy.colocate.active() {
-                self.colocate_batch(&mut batch);
+                self.colocate_batch(first);
             }
-            for (i, req) in batch.drain(..).enumerate() {
+            for i in 0..n {
                 if !self.reading {
-                    break; // after QUIT: the rest is never run
+                    // after QUIT: the rest is never run
+                    for e in self.queue.entries.drain(first + i..) {
+                        self.held.requests -= e.meta.req.as_ref().map_or(0, |r| r.raw().len());
+                    }
+                    break;
                 }
-                if i < hashed && self.hashes[i] != 0 && req.argc() > 1 {
-                    self.client.rl.expect(req.arg(1), self.hashes[i]);
+                if i < hashed
+                    && self.hashes[i] != 0
+                    && let Some(r) = &self.queue.entries[first + i].meta.req
+                    && r.argc() > 1
+                {
+                    self.client.rl.expect(r.arg(1), self.hashes[i]);
                 }
-                self.dispatch(req);
+                // (behind a request that waits for the ordering rule it waits too)
+                if self.deferred.is_none() {
+                    self.dispatch_at(first + i);
+                }
                 parsed += 1;
             }
-            self.batch = batch;
             if let Some(e) = failed {
                 if self.reading {
                     info!(client = self.client.id, error = %e, "protocol error; closing");
@@ -816,12 +868,11 @@ impl Session {
         parsed
     }
 
-    /// Dispatches one request in its place in the reply queue (it is moved there first
-    /// and dispatched where it lies, so the request and its entry are not copied again).
-    /// Behind a request that waits for the ordering rule it waits too.
-    fn dispatch(&mut self, req: Request) {
+    /// Gives a request just read its place in the reply queue, where it is dispatched
+    /// ([`Session::dispatch_at`]).
+    #[inline(always)]
+    fn enqueue(&mut self, req: Request) {
         self.held.requests += req.raw().len();
-        let deferred = self.deferred.is_some();
         self.queue.entries.push_back(Entry {
             // (dispatch_at writes the reply whatever the outcome)
             reply: Reply::Later,
@@ -829,9 +880,6 @@ impl Session {
             silent: false,
             meta: Meta::new(0, self.read_at, Some(req)),
         });
-        if !deferred {
-            self.dispatch_at(self.queue.entries.len() - 1);
-        }
     }
 
     /// While colocation rules are in force, the requests of a batch about to be
@@ -840,56 +888,30 @@ impl Session {
     /// key, of a command whose reply names no keys, stays as it is without a lookup.
     /// A renamed request's form as the client sent it goes to [`Session::asked`].
     #[inline(never)]
-    fn colocate_batch(&mut self, batch: &mut [Request]) {
+    fn colocate_batch(&mut self, first: usize) {
         let generation = self.proxy.colocate.generation();
         if self.colocate.as_ref().is_none_or(|(g, _)| *g != generation) {
             self.colocate = Some((generation, self.proxy.colocate.rules()));
         }
-        // the place the batch's first request takes
-        let base = self.queue.head + self.queue.entries.len() as u64;
+        let Some((_, rules)) = &self.colocate else { return };
         // (the quick look in a loop of its own, and the rest out of line: in one loop the
         // look's values lived on the stack, 79 instructions a request, with ten rules)
-        let mut i = 0;
-        while i < batch.len() {
-            let Some((_, rules)) = &self.colocate else { return };
-            let heads = rules.key_heads();
-            let look =
-                |r: &Request| r.arg_heads().any(|b| heads[b as usize] != 0) || crate::command::may_name_keys(r.arg(0));
-            let Some(at) = batch[i..].iter().position(look) else { return };
-            self.colocate_request(base + (i + at) as u64, &mut batch[i + at]);
-            i += at + 1;
-        }
-    }
-
-    /// [`Session::colocate_batch`] for one request that may name a rule's key: `seq` is
-    /// the place it takes.
-    #[inline(never)]
-    fn colocate_request(&mut self, seq: u64, req: &mut Request) {
-        let Some((_, rules)) = &self.colocate else { return };
-        if !rules.may_touch(req) && !crate::command::may_name_keys(req.arg(0)) {
-            return;
-        }
-        let Ok(cmd) = self.proxy.commands.lookup(req) else { return };
-        let shas = &self.proxy.colocate.shas;
-        if cmd.names == crate::command::NamesInReply::Script {
-            // the body as the client knows it (its SHA1 is the client's): SCRIPT EXISTS
-            // and a NOSCRIPT met by a call that needs no shim find it
-            self.proxy.scripts.note(&cmd.name, req);
-            // a loaded script: its shimmed body, for an EVALSHA with a rule's keys
-            if cmd.name == "SCRIPT|LOAD" && req.argc() == 3 {
-                let shim = crate::services::colocate::loaded(rules, shas, req.arg(2));
-                let load = Request::from_args(&[&b"SCRIPT"[..], b"LOAD", &shim]);
-                self.proxy.scripts.note(&cmd.name, &load);
+        let heads = rules.key_heads();
+        let look = |e: &Entry| match &e.meta.req {
+            Some(r) => r.arg_heads().any(|b| heads[b as usize] != 0) || crate::command::may_name_keys(r.arg(0)),
+            None => false,
+        };
+        let mut i = first;
+        while let Some(at) = self.queue.entries.range(i..).position(look) {
+            i += at;
+            let seq = self.queue.head + i as u64;
+            if let Some(req) = self.queue.entries[i].meta.req.as_mut() {
+                let before = req.raw().len();
+                colocate_request(&self.proxy, rules, &mut self.asked, &mut self.fixes, seq, req);
+                // (its bytes are held as they go: under its stored names)
+                self.held.requests = self.held.requests - before + req.raw().len();
             }
-        }
-        let (new, fix) = crate::services::colocate::on_the_way_in(rules, shas, cmd, req.clone());
-        if new.raw() != req.raw() {
-            self.asked.push((seq, Box::new(std::mem::replace(req, new))));
-        } else {
-            *req = new;
-        }
-        if let Some(fix) = fix {
-            self.fixes.push((seq, fix));
+            i += 1;
         }
     }
 
