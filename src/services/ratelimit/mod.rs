@@ -259,13 +259,10 @@ pub struct Limiter {
     per_key: std::sync::atomic::AtomicBool,
     /// Some rule exists (one relaxed load on the request path when none does).
     some: std::sync::atomic::AtomicBool,
-    /// The first bytes of keys some rule's pattern may match ([`crate::glob::FirstBytes`],
-    /// as atomics: replaced with the rules), so a key no rule can match skips the limiter
-    /// (its prefetch and its check) for the price of two loads.
-    first: [AtomicU64; 4],
-    first_empty: std::sync::atomic::AtomicBool,
     /// Where admission asks, for all features at once, whether some rule may see a key
-    /// (this limiter's bit: [`crate::glob::feature::RATE`]).
+    /// (this limiter's bit: [`crate::glob::feature::RATE`], the first bytes of keys some
+    /// rule's pattern may match, replaced with the rules), so a key no rule can match skips
+    /// the limiter (its prefetch and its check) for the price of one load.
     features: Arc<crate::glob::KeyFeatures>,
     max_keys: usize,
     /// Nanoseconds a full budget stays before [`Limiter::reclaim`] drops it.
@@ -373,8 +370,6 @@ impl Limiter {
             publish: std::sync::Mutex::new(()),
             per_key: std::sync::atomic::AtomicBool::new(false),
             some: std::sync::atomic::AtomicBool::new(false),
-            first: Default::default(),
-            first_empty: std::sync::atomic::AtomicBool::new(false),
             features: Arc::default(),
             max_keys,
             idle_ns: idle.as_nanos() as u64,
@@ -408,10 +403,7 @@ impl Limiter {
     /// it, and it needs no check).
     #[inline(always)]
     pub fn may_match(&self, key: &[u8]) -> bool {
-        match key.first() {
-            Some(&b) => self.first[b as usize >> 6].load(Ordering::Acquire) & (1 << (b & 63)) != 0,
-            None => self.first_empty.load(Ordering::Acquire),
-        }
+        self.features.of(key) & crate::glob::feature::RATE != 0
     }
 
     pub fn rules(&self) -> Arc<Vec<Arc<Rule>>> {
@@ -452,10 +444,6 @@ impl Limiter {
 
     fn set_first<'r>(&self, rules: impl Iterator<Item = &'r Arc<Rule>>) {
         let first = crate::glob::FirstBytes::of(rules.map(|r| r.spec.pattern.as_bytes()));
-        for (a, w) in self.first.iter().zip(first.words()) {
-            a.store(w, Ordering::Release);
-        }
-        self.first_empty.store(first.may_match(b""), Ordering::Release);
         self.features.set(crate::glob::feature::RATE, &first);
     }
 
