@@ -29,6 +29,7 @@ use std::future::Future;
 use std::io::IoSlice;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -152,6 +153,18 @@ struct Session {
     armed: Option<Instant>,
 }
 
+/// What woke a session's loop.
+enum Woke {
+    /// A backend reply, a push or a control message on the session's channel.
+    Delivery(Delivery),
+    /// The client's socket takes writes again (or failed).
+    Writable(std::io::Result<()>),
+    /// The client sent bytes (0: it closed its side).
+    Read(std::io::Result<usize>),
+    /// A request's deadline or a limit's duration may have passed.
+    Timer,
+}
+
 /// The time of a batch of backend replies, read once for all of them.
 struct ReplyClock {
     now: Instant,
@@ -244,13 +257,7 @@ async fn serve(
     let timer = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(timer);
     let mut timer_at: Option<Instant> = None;
-    // The timer is polled once after each reset, which leaves this task's waker with it
-    // (outside the task budget, so that poll always registers), and again only once it has
-    // fired: not on every round of the loop, where its poll was about 3% of the
-    // instructions of a request at -P1. Its branch stays enabled whenever it is set, and
-    // the check is made at each poll of the `select!`: a precondition is evaluated once
-    // per `select!`, so a branch disabled there would miss the wake-up of a timer that
-    // fires while the session waits in that same `select!`.
+    // (the timer is polled once after each reset, and again only once it has fired)
     let mut timer_polled = false;
 
     let cut = 'session: loop {
@@ -261,58 +268,76 @@ async fn serve(
             && ((s.room() && (rbuf.len() < 64 * 1024 || !s.proxy.migration.held()))
                 || (s.blocking.is_some() && rbuf.len() < 64 * 1024));
         let want = s.read_hint.clamp(read_room, 4 * 1024 * 1024);
-        tokio::select! {
-            biased;
-            Some(r) = rx.recv() => s.take_replies(r, &mut rx),
-            res = std::future::poll_fn(|cx| wr.poll_writable(cx)), if s.blocked => {
-                if res.is_err() {
-                    break None;
-                }
-                s.blocked = false;
+        // What woke the session, looked at in this order (a reply first: it may free
+        // room before more is read). Polled by hand, not by `tokio::select!`, whose
+        // branch bookkeeping and the receive's own future were about 250 instructions
+        // of a request at -P1.
+        let blocked = s.blocked;
+        let read_hint = s.read_hint;
+        let timer_on = timer_at.is_some();
+        let woke = std::future::poll_fn(|cx| {
+            if let Poll::Ready(Some(d)) = rx.poll_recv(cx) {
+                return Poll::Ready(Woke::Delivery(d));
             }
-            res = async {
+            if blocked && let Poll::Ready(r) = wr.poll_writable(cx) {
+                return Poll::Ready(Woke::Writable(r));
+            }
+            if can_read {
                 // Room for `want` bytes, but a buffer with a quarter of that free is read
                 // into as it is: the requests split off it share it while in flight, so
                 // reserving more makes a new buffer (two allocations, the second when the
                 // first request is split off), which per read was one pair per request
                 // at -P1. A request known to need more gets its room at once.
-                let low = if s.read_hint > 0 { want } else { want / 4 };
+                let low = if read_hint > 0 { want } else { want / 4 };
                 if rbuf.capacity() - rbuf.len() < low {
                     rbuf.reserve(want);
                 }
                 let room = rbuf.capacity() - rbuf.len();
-                let n = rd.read_buf(&mut rbuf).await;
-                if matches!(n, Ok(n) if n == room) {
-                    read_room = (read_room * 2).min(64 * 1024);
-                }
-                n
-            }, if can_read => {
-                match res {
-                    Ok(n) if n > 0 => {
-                        gm.bytes_in.increment(n as u64);
-                        s.read_at = Instant::now();
-                        s.read_ms = (s.read_at - s.proxy.started).as_millis() as u64;
+                if let Poll::Ready(n) = std::pin::pin!(rd.read_buf(&mut rbuf)).poll(cx) {
+                    if matches!(n, Ok(n) if n == room) {
+                        read_room = (read_room * 2).min(64 * 1024);
                     }
-                    _ => {
-                        debug!(client = id, "client closed its side");
-                        s.reading = false;
-                        if s.blocking.is_some() {
-                            // Gone while blocked: its dedicated connection is closed (with
-                            // the request), so Redis forgets the blocked client and takes
-                            // no element for it.
-                            break None;
-                        }
-                    }
+                    return Poll::Ready(Woke::Read(n));
                 }
             }
-            _ = std::future::poll_fn(|cx| {
-                if timer_polled && !timer.is_elapsed() {
-                    // registered with this task's waker already, and not yet fired
-                    return std::task::Poll::Pending;
-                }
+            // The timer is polled once after each reset, which leaves this task's waker
+            // with it (outside the task budget, so that poll always registers), and again
+            // only once it has fired: not on every wake-up, where its poll was about 3%
+            // of the instructions of a request at -P1. (Tested at every poll, not once
+            // before waiting: a timer that fires while the session waits here wakes it.)
+            if timer_on && (!timer_polled || timer.is_elapsed()) {
                 timer_polled = true;
-                std::pin::pin!(tokio::task::unconstrained(timer.as_mut())).poll(cx)
-            }), if timer_at.is_some() => {
+                if std::pin::pin!(tokio::task::unconstrained(timer.as_mut())).poll(cx).is_ready() {
+                    return Poll::Ready(Woke::Timer);
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+        match woke {
+            Woke::Delivery(d) => s.take_replies(d, &mut rx),
+            Woke::Writable(res) => {
+                if res.is_err() {
+                    break None;
+                }
+                s.blocked = false;
+            }
+            Woke::Read(Ok(n)) if n > 0 => {
+                gm.bytes_in.increment(n as u64);
+                s.read_at = Instant::now();
+                s.read_ms = (s.read_at - s.proxy.started).as_millis() as u64;
+            }
+            Woke::Read(_) => {
+                debug!(client = id, "client closed its side");
+                s.reading = false;
+                if s.blocking.is_some() {
+                    // Gone while blocked: its dedicated connection is closed (with the
+                    // request), so Redis forgets the blocked client and takes no element
+                    // for it.
+                    break None;
+                }
+            }
+            Woke::Timer => {
                 timer_at = None;
                 if let Some(c) = s.on_timer(Instant::now()) {
                     break Some(c);
@@ -324,7 +349,7 @@ async fn serve(
         // reply at the front of the queue; repeat while that makes progress.
         loop {
             s.resume();
-            let parsed = s.dispatch_buffered(&mut rbuf);
+            s.dispatch_buffered(&mut rbuf);
             let moved = s.move_ready();
             // (a waker that does nothing: a write that cannot go on now sets `blocked`,
             // and the writable branch above waits with the task's own)
@@ -333,9 +358,12 @@ async fn serve(
                 Err(_) => break 'session None,
             };
             s.record_written();
-            // Stop when nothing moved; writing replies frees room in the queue, so after a
-            // write, requests already buffered are parsed even if none were this round.
-            if s.closing || (parsed == 0 && moved == 0 && wrote == 0) || !s.room() {
+            // Another round only parses more: worth it when this one freed room (a reply
+            // moved or written) and requests are buffered. Parsing alone frees none, and
+            // what it made ready was moved and written in this round; a request it made
+            // wait waits for a reply, which wakes the `select!` (a round more was one in
+            // four of the rounds a request took at -P1, for nothing).
+            if s.closing || (moved == 0 && wrote == 0) || rbuf.is_empty() || !s.room() {
                 break;
             }
         }
@@ -772,10 +800,8 @@ impl Session {
         }
     }
 
-    /// Parses and dispatches what `rbuf` holds while the client has room. Returns how many
-    /// requests took a place in the queue.
-    fn dispatch_buffered(&mut self, rbuf: &mut BytesMut) -> usize {
-        let mut parsed = 0;
+    /// Parses and dispatches what `rbuf` holds while the client has room.
+    fn dispatch_buffered(&mut self, rbuf: &mut BytesMut) {
         // what the request still incomplete needs, once one is (see `run`'s read)
         self.read_hint = 0;
         // (while a migration's cutover holds requests, crate::services::migration::gate,
@@ -839,7 +865,6 @@ impl Session {
                 if self.deferred.is_none() {
                     self.dispatch_at(first + i);
                 }
-                parsed += 1;
             }
             if let Some(e) = failed {
                 if self.reading {
@@ -857,7 +882,6 @@ impl Session {
                         self.client.quit = true;
                         self.push(Reply::Ready(b), meta);
                     }
-                    parsed += 1;
                 }
                 break;
             }
@@ -865,7 +889,6 @@ impl Session {
                 break;
             }
         }
-        parsed
     }
 
     /// Gives a request just read its place in the reply queue, where it is dispatched
