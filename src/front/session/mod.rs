@@ -361,7 +361,7 @@ async fn serve(
             // Another round only parses more: worth it when this one freed room (a reply
             // moved or written) and requests are buffered. Parsing alone frees none, and
             // what it made ready was moved and written in this round; a request it made
-            // wait waits for a reply, which wakes the `select!` (a round more was one in
+            // wait waits for a reply, which wakes the wait above (a round more was one in
             // four of the rounds a request took at -P1, for nothing).
             if s.closing || (moved == 0 && wrote == 0) || rbuf.is_empty() || !s.room() {
                 break;
