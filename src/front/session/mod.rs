@@ -270,7 +270,7 @@ async fn serve(
         let want = s.read_hint.clamp(read_room, 4 * 1024 * 1024);
         // What woke the session, looked at in this order (a reply first: it may free
         // room before more is read). Polled by hand, not by `tokio::select!`, whose
-        // branch bookkeeping and the receive's own future were about 250 instructions
+        // branch bookkeeping and the receive's own future were about 175 instructions
         // of a request at -P1.
         let blocked = s.blocked;
         let read_hint = s.read_hint;
