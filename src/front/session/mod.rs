@@ -83,6 +83,11 @@ struct Session {
     /// `read_at` in milliseconds since heatshield started (what CLIENT LIST shows), worked
     /// out once per read rather than for each request it brought.
     read_ms: u64,
+    /// The time of this wake-up, read once, by the first that needs it: a read (its
+    /// requests' start), the first reply that completes (its ready time), the first reply
+    /// moved to the output. At -P1 each took its own clock read, four a request with the
+    /// write's; the write's own (after the socket took it) stays apart.
+    clock: Option<Instant>,
     /// The size of the request being read, when the reader knows it.
     read_hint: usize,
     /// False after EOF, QUIT, a protocol error, or shutdown.
@@ -174,8 +179,7 @@ struct ReplyClock {
 }
 
 impl ReplyClock {
-    fn new(proxy: &Proxy) -> ReplyClock {
-        let now = Instant::now();
+    fn new(proxy: &Proxy, now: Instant) -> ReplyClock {
         let slow_us = proxy.live.slowlog_slower_than_us.load(Ordering::Relaxed);
         ReplyClock { now, slow_from: now.checked_sub(Duration::from_micros(slow_us / 4)) }
     }
@@ -314,6 +318,7 @@ async fn serve(
             Poll::Pending
         })
         .await;
+        s.clock = None;
         match woke {
             Woke::Delivery(d) => s.take_replies(d, &mut rx),
             Woke::Writable(res) => {
@@ -324,7 +329,7 @@ async fn serve(
             }
             Woke::Read(Ok(n)) if n > 0 => {
                 gm.bytes_in.increment(n as u64);
-                s.read_at = Instant::now();
+                s.read_at = *s.clock.insert(Instant::now());
                 s.read_ms = (s.read_at - s.proxy.started).as_millis() as u64;
             }
             Woke::Read(_) => {
@@ -568,6 +573,7 @@ impl Session {
             hashes: [0u64; BATCH],
             read_at: Instant::now(),
             read_ms: proxy.started.elapsed().as_millis() as u64,
+            clock: None,
             read_hint: 0,
             reading: true,
             closing: false,
@@ -744,7 +750,8 @@ impl Session {
                     shadow(&self.proxy, req, &reply);
                 }
                 let m = &mut e.meta;
-                let clock = now.get_or_insert_with(|| ReplyClock::new(&self.proxy));
+                let clock = now
+                    .get_or_insert_with(|| ReplyClock::new(&self.proxy, *self.clock.get_or_insert_with(Instant::now)));
                 m.ready_at = clock.now;
                 if m.writes && self.proxy.reads.active() {
                     // (read-your-writes: crate::services::reads)

@@ -85,17 +85,17 @@ impl Output {
 }
 
 impl Session {
-    /// Moves the complete replies at the front of the queue to the output (the clock is
-    /// read only when something moves). Returns how many moved.
+    /// Moves the complete replies at the front of the queue to the output (the wake-up's
+    /// clock is read only when something moves). Returns how many moved.
     pub(super) fn move_ready(&mut self) -> usize {
-        let mut now: Option<Instant> = None;
+        let clock = &mut self.clock;
         let mut moved = 0;
         let q = &mut self.queue;
         while !self.closing
             && let Some(e) = q.entries.get_mut(q.sent)
             && matches!(e.reply, Reply::Ready(_))
         {
-            let at = *now.get_or_insert_with(Instant::now);
+            let at = *clock.get_or_insert_with(Instant::now);
             // (the bytes taken out of the entry, not the whole entry's reply moved: a reply
             // has a request in flight's size)
             let Reply::Ready(b) = &mut e.reply else { break };
