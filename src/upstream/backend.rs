@@ -62,8 +62,10 @@ pub struct SendOrder {
     tail: parking_lot::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
 }
 
-/// How long a blocking command waits for the one taken before it to be written.
-pub const ORDER_WAIT: Duration = Duration::from_millis(250);
+/// How long a blocking command waits for the one taken before it to be written. (250 ms
+/// was once too short on a loaded 2-core machine, where the one before was still making
+/// its connection: `tests/blocking.rs` saw two clients served the other way round.)
+pub const ORDER_WAIT: Duration = Duration::from_secs(1);
 
 impl SendOrder {
     /// The next place in the order.
