@@ -1451,6 +1451,10 @@ fn keys_in(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'static 
         KeySpec::Range { first, last, step } => {
             let last = if last < 0 { argc + last as i64 } else { (last as i64).min(argc - 1) };
             let mut i = first as i64;
+            // (room for every key at once: an MSET of 10 keys grew the vector twice)
+            if last >= i {
+                out.reserve(((last - i) / (step as i64).max(1) + 1) as usize);
+            }
             while i <= last {
                 out.push(i as u32);
                 i += step as i64;
@@ -1481,6 +1485,7 @@ fn keys_in(cmd: &Command, req: &Request) -> Result<SmallVec<[u32; 4]>, &'static 
                 return Err(e);
             }
             let n = n.unwrap_or(0).max(0);
+            out.reserve(n as usize);
             for i in 0..n {
                 out.push(at + 1 + i as u32);
             }
