@@ -34,6 +34,14 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
     if p.parts.get(idx)?.reply.is_some() {
         return None;
     }
+    // A reply that is no error (each part of a split MSET or MGET, usually) takes the
+    // reaction table's "answer" row whatever the attempt (`retry::react`): completed at
+    // once, without classifying it and building the attempt (about 150 instructions a
+    // part). Not a blocking command's: its own rows decide (`retry::classify_blocked`).
+    if !p.blocking() && matches!(&reply.result, Ok(d) if d.first() != Some(&b'-')) {
+        let Ok(d) = reply.result else { return None };
+        return complete(proxy, ctx, p, idx, d);
+    }
     let cluster = proxy.cluster.is_cluster();
     let verdict = if p.blocking() {
         retry::classify_blocked(&reply.result, cluster)
