@@ -16,7 +16,7 @@ use crate::errors;
 use crate::mailbox::{Delivery, Tag};
 use crate::path::merge::{Merge, scan_cursor};
 use crate::path::pending::{
-    Ctx, Finish, MastersBuilder, Outcome, Part, ScriptRun, Target, answered_elsewhere, start, start_in,
+    Ctx, Finish, MastersBuilder, Outcome, Part, ScriptRun, Target, answered_elsewhere, start, start_in, start_whole,
 };
 use crate::protocol::Request;
 use crate::protocol::request::{parse_i64, write_array_header, write_bulk};
@@ -27,7 +27,7 @@ use crate::upstream::cluster::{NodePool, slot};
 
 /// The whole request to one node.
 fn pass(proxy: &Proxy, ctx: &mut Ctx, target: Target) -> Outcome {
-    start(proxy, ctx, Finish::Merge(Merge::Pass), smallvec![Part::whole(target)])
+    start_whole(proxy, ctx, target)
 }
 
 /// A keyless command for any master: the one the client's id picks, so one client's

@@ -757,7 +757,7 @@ impl Session {
                     // (read-your-writes: crate::services::reads)
                     self.client.last_write_ms = crate::upstream::backend::clock_ms(clock.now);
                 }
-                m.redirected = p.redirected;
+                m.redirected = p.redirected();
                 if clock.slow_from.is_some_and(|t| m.started <= t) {
                     m.node = p.node(&self.proxy.cluster);
                 }

@@ -3,7 +3,7 @@
 
 use super::*;
 
-pub(super) fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, data: Bytes) -> Option<Bytes> {
+pub(super) fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Full, idx: usize, data: Bytes) -> Option<Bytes> {
     p.parts[idx].reply = Some(data);
     p.remaining -= 1;
     if let Some(parent) = p.parts[idx].parent() {
@@ -87,7 +87,7 @@ pub(super) fn complete(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize
 }
 
 /// Drops the cached replies of the request's hot keys (the rare path of
-/// [`Pending::write_hot_generation`]).
+/// [`Full::write_hot_generation`]).
 pub(super) fn invalidate_keys(proxy: &Proxy, req: &Request) {
     let Ok(cmd) = proxy.commands.lookup(req) else { return };
     let Ok(keys) = keys_of(cmd, req) else { return };
@@ -101,7 +101,7 @@ pub(super) fn invalidate_keys(proxy: &Proxy, req: &Request) {
 
 /// A write while dual-write is on has run: its keys (in the cluster's names) are noted for
 /// their copy to the target (crate::services::migration::dual).
-fn migrated(proxy: &Proxy, ctx: &Ctx, p: &Pending) {
+fn migrated(proxy: &Proxy, ctx: &Ctx, p: &Full) {
     if p.flush == Drops::Everything {
         proxy.migration.flushed();
     }
@@ -124,7 +124,7 @@ fn migrated(proxy: &Proxy, ctx: &Ctx, p: &Pending) {
 }
 
 /// Merges the replies of a finished request.
-pub(super) fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending) -> Bytes {
+pub(super) fn assemble(proxy: &Proxy, ctx: &mut Ctx, p: &mut Full) -> Bytes {
     match &p.finish {
         Finish::Merge(Merge::Pass) => p.parts[0].reply.take().unwrap_or_default(),
         Finish::Script(_) => {

@@ -16,7 +16,9 @@ pub fn plain_reply(proxy: &Proxy, p: &mut Pending, reply: BackendReply) -> Resul
     }
     match reply.result {
         Ok(data) if data.first() != Some(&b'-') => {
-            p.remaining = 0;
+            if let Inner::Full(p) = &mut p.0 {
+                p.remaining = 0;
+            }
             Ok(data)
         }
         result => Err(BackendReply { result, ..reply }),
@@ -27,6 +29,7 @@ pub fn plain_reply(proxy: &Proxy, p: &mut Pending, reply: BackendReply) -> Resul
 /// Any reply may come here; the session offers it to [`plain_reply`] first, which gives
 /// the usual one the same answer without the work.
 pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
+    let p = p.full();
     if let Finish::Transaction(_) = p.finish {
         return on_transaction_reply(proxy, ctx, p, reply);
     }
@@ -289,6 +292,7 @@ pub fn on_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendRep
 /// it reads (a TRYAGAIN that cannot be retried in the client's order: see
 /// [`crate::conn::order`]). Returns the final reply once every part is in.
 pub fn answer_as_is(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, reply: BackendReply) -> Option<Bytes> {
+    let p = p.full();
     if let Finish::Transaction(tx) = &p.finish {
         // a queued command's TRYAGAIN: the native transaction was aborted, nothing ran.
         // Under WATCH the client is told as when a watched key changed (it retries);

@@ -11,7 +11,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::blocking::remaining;
-use super::{Ctx, Dedicated, Part, Pending, Target, Via, complete};
+use super::{Ctx, Dedicated, Full, Part, Target, Via, complete};
 use crate::errors;
 use crate::mailbox::{BackendError, Delivery, Tag};
 use crate::protocol::reply::Redirect;
@@ -40,7 +40,7 @@ pub(super) fn resolve(proxy: &Proxy, target: &Target) -> Result<(Arc<NodePool>, 
 
 /// Sends part `idx` again now; completes it with the error if its slot is not served.
 /// A blocking command waits only what remains of its timeout.
-pub(super) fn resend(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize) -> Option<Bytes> {
+pub(super) fn resend(proxy: &Proxy, ctx: &mut Ctx, p: &mut Full, idx: usize) -> Option<Bytes> {
     if let Some(b) = p.dedicated.as_ref().and_then(|d| d.block.as_ref()) {
         p.parts[idx].set_data(remaining(ctx.req, b, Instant::now()));
     }

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 
 use super::send::{send_later, send_part};
-use super::{Ctx, Part, Pending, Pieces, Target, complete};
+use super::{Ctx, Full, Part, Pieces, Target, complete};
 use crate::command::{Route, Split};
 use crate::errors;
 use crate::path::merge::{Merge, merge_replies};
@@ -24,7 +24,7 @@ pub(super) fn splittable(proxy: &Proxy, req: &Request) -> Option<Split> {
 /// Splits part `idx` (a multi-key command of one slot that met TRYAGAIN) into one
 /// command per key, sent now; their replies become the part's (see [`piece_done`]). A
 /// part with one key, or not a command, is retried as any other TRYAGAIN.
-pub(super) fn per_key(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize, kind: Split) -> Option<Bytes> {
+pub(super) fn per_key(proxy: &Proxy, ctx: &mut Ctx, p: &mut Full, idx: usize, kind: Split) -> Option<Bytes> {
     let step = if kind == Split::Mset { 2 } else { 1 };
     let first = p.parts.len() as u32;
     let part = &mut p.parts[idx];
@@ -62,7 +62,7 @@ pub(super) fn per_key(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, idx: usize,
 
 /// One piece of part `parent` is in: once all are, their replies merged are the part's
 /// (the first error among them, if any).
-pub(super) fn piece_done(proxy: &Proxy, ctx: &mut Ctx, p: &mut Pending, parent: usize) -> Option<Bytes> {
+pub(super) fn piece_done(proxy: &Proxy, ctx: &mut Ctx, p: &mut Full, parent: usize) -> Option<Bytes> {
     let Some(Pieces::Whole { first, count, left, kind }) =
         p.parts[parent].rare.as_mut().and_then(|r| r.pieces.as_mut())
     else {

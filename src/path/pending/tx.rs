@@ -7,7 +7,7 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 
 use super::send::{follow, send_later, send_part};
-use super::{Ctx, Dedicated, Finish, Outcome, Part, Pending, Target, Via, complete};
+use super::{Ctx, Dedicated, Finish, Full, Outcome, Part, Target, Via, complete};
 use crate::conn::multi::TxSplit;
 use crate::errors;
 use crate::mailbox::BackendReply;
@@ -26,7 +26,7 @@ pub struct Tx {
     pub(super) positions: Vec<Vec<u32>>,
     /// Commands in the client's transaction.
     pub(super) total: u32,
-    /// Keys of its writes (for the rare path of [`Pending::write_hot_generation`]).
+    /// Keys of its writes (for the rare path of [`Full::write_hot_generation`]).
     pub(super) write_keys: Vec<Bytes>,
     /// Cross-slot commands queued as one command per slot, merged back in EXEC's reply.
     pub(super) splits: Vec<TxSplit>,
@@ -112,7 +112,7 @@ pub fn start_transaction(
         parts.push(Part::new(t.data, t.target));
     }
     let tx = Tx { parts: replies, positions, total, write_keys, splits };
-    let mut p = Pending::new(ctx, Finish::Transaction(Box::new(tx)), parts);
+    let mut p = Full::new(ctx, Finish::Transaction(Box::new(tx)), parts);
     if pinned.is_some() {
         p.dedicated = Some(Box::new(Dedicated { via: Via::Own(pinned), block: None }));
     }
@@ -125,18 +125,13 @@ pub fn start_transaction(
             return Outcome::Ready(done);
         }
     }
-    Outcome::Waiting(p)
+    Outcome::Waiting(p.into())
 }
 
 /// One of a transaction's replies; once all of a part's are in, its EXEC's reply is that
 /// part's answer, or the part is sent again (see [`start_transaction`]).
-pub(super) fn on_transaction_reply(
-    proxy: &Proxy,
-    ctx: &mut Ctx,
-    p: &mut Pending,
-    reply: BackendReply,
-) -> Option<Bytes> {
-    let Pending { finish: Finish::Transaction(tx), parts, .. } = p else { return None };
+pub(super) fn on_transaction_reply(proxy: &Proxy, ctx: &mut Ctx, p: &mut Full, reply: BackendReply) -> Option<Bytes> {
+    let Full { finish: Finish::Transaction(tx), parts, .. } = p else { return None };
     let idx = reply.tag.part;
     let k = tx.part_of(idx)?;
     let t = &mut tx.parts[k];
