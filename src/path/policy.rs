@@ -85,7 +85,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
             } else if keys.len() == 1 && cache.may_answer(cmd, req, false) && cache.tracked(key(keys[0])) {
                 // (not under WATCH: the test above)
                 let s = slot(key(keys[0]));
-                let Some(owner) = proxy.cluster.topology().master_for_slot(s).cloned() else {
+                let Some(owner) = ctx.topology(proxy).master_for_slot(s).cloned() else {
                     // no master serves the slot now: a stale answer, if a rule allows one
                     if let Some(r) = crate::path::pending::stale_answer(proxy, ctx, cmd) {
                         return Outcome::Ready(r);
@@ -147,7 +147,7 @@ pub fn admit(proxy: &Proxy, ctx: &mut Ctx, cmd: &Command, route: Route) -> Outco
 
     if let Some(r) = lock {
         // (the lock task writes to the key's master: WAIT answers for it)
-        if let Some(m) = proxy.cluster.topology().master_for_slot(crate::upstream::cluster::slot::slot(key(1))) {
+        if let Some(m) = ctx.topology(proxy).master_for_slot(crate::upstream::cluster::slot::slot(key(1))) {
             ctx.client.wrote |= m.bit;
         }
         return route::lock(proxy, ctx, r);
@@ -245,7 +245,7 @@ pub fn charge(
 /// MGET while keys are hot: the keys (by position among `keys`) the cache answers.
 fn hits(proxy: &Proxy, ctx: &Ctx, keys: &[u32]) -> Vec<(u32, Bytes)> {
     let mut cached = Vec::new();
-    let topo = proxy.cluster.topology();
+    let topo = ctx.topology(proxy);
     for (i, &k) in keys.iter().enumerate() {
         let key = ctx.req.arg(k as usize);
         if proxy.cache.tracked(key)

@@ -33,7 +33,7 @@ fn pass(proxy: &Proxy, ctx: &mut Ctx, target: Target) -> Outcome {
 /// A keyless command for any master: the one the client's id picks, so one client's
 /// keyless commands go to one master.
 pub fn any_master(proxy: &Proxy, ctx: &mut Ctx) -> Outcome {
-    let topo = proxy.cluster.topology();
+    let topo = ctx.topology(proxy);
     let Some(node) = topo.masters.get((ctx.client.id % topo.masters.len().max(1) as u64) as usize) else {
         return ctx.error(errors::NO_SLOT_MAP);
     };
@@ -77,7 +77,7 @@ fn read_target(proxy: &Proxy, ctx: &Ctx, s: u16, k0: u32) -> Result<Target, Stri
     if policy.0 == ReadFrom::Master {
         return Ok(Target::Slot(s));
     }
-    let topo = proxy.cluster.topology();
+    let topo = ctx.topology(proxy);
     let now = crate::upstream::backend::clock_ms(ctx.now);
     match proxy.reads.choose(&topo, s, policy, ctx.client.id, ctx.client.last_write_ms, now) {
         Choice::Master => Ok(Target::Slot(s)),
@@ -119,7 +119,7 @@ pub fn script(proxy: &Proxy, ctx: &mut Ctx, keys: &[u32]) -> Outcome {
     };
     let run = match &target {
         Target::Replica(r, ..) => Some(ScriptRun::new(r.clone())),
-        _ => proxy.cluster.topology().master_for_slot(s).cloned().map(ScriptRun::new),
+        _ => ctx.topology(proxy).master_for_slot(s).cloned().map(ScriptRun::new),
     };
     start(proxy, ctx, Finish::Script(run), smallvec![Part::whole(target)])
 }
@@ -205,7 +205,7 @@ pub fn split(proxy: &Proxy, ctx: &mut Ctx, kind: Split, cached: Vec<(u32, Bytes)
 /// Commands that go to every master (or, for SCAN, the master the cursor names).
 pub fn fan_out(proxy: &Proxy, ctx: &mut Ctx, kind: FanOut) -> Outcome {
     let req = ctx.req;
-    let topo = proxy.cluster.topology();
+    let topo = ctx.topology(proxy);
     if topo.masters.is_empty() {
         return ctx.error(errors::NO_SLOT_MAP);
     }
@@ -419,7 +419,7 @@ pub fn while_busy<H: Send + 'static>(
 
 /// Sends `data` to every master and builds the reply from all of theirs (INFO, CONFIG).
 pub fn to_masters(proxy: &Proxy, ctx: &mut Ctx, data: Bytes, build: MastersBuilder) -> Outcome {
-    let topo = proxy.cluster.topology();
+    let topo = ctx.topology(proxy);
     let parts: SmallVec<[Part; 1]> =
         topo.masters.iter().map(|n| Part::new(data.clone(), Target::Node(n.clone()))).collect();
     drop(topo);
@@ -452,7 +452,7 @@ pub fn lock(proxy: &Proxy, ctx: &mut Ctx, r: LockRequest) -> Outcome {
         }
         return answered_elsewhere(ctx, Target::Slot(s));
     }
-    let data = proxy.locks.command(&r, false, proxy.cluster.topology().master_for_slot(s).map(|n| &**n)).raw().clone();
+    let data = proxy.locks.command(&r, false, ctx.topology(proxy).master_for_slot(s).map(|n| &**n)).raw().clone();
     start(proxy, ctx, Finish::Lock(Box::new(r)), smallvec![Part::new(data, Target::Slot(s))])
 }
 

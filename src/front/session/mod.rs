@@ -811,6 +811,8 @@ impl Session {
     fn dispatch_buffered(&mut self, rbuf: &mut BytesMut) {
         // what the request still incomplete needs, once one is (see `run`'s read)
         self.read_hint = 0;
+        // one look at the slot map for this wake-up's requests (crate::path::pending::TopoRef)
+        let mut view: Option<crate::upstream::cluster::TopologyView> = None;
         // (while a migration's cutover holds requests, crate::services::migration::gate,
         // none is dispatched; the session is told when they may go on)
         while self.reading && self.room() && !rbuf.is_empty() && !self.proxy.migration.held() {
@@ -870,7 +872,8 @@ impl Session {
                 }
                 // (behind a request that waits for the ordering rule it waits too)
                 if self.deferred.is_none() {
-                    self.dispatch_at(first + i);
+                    let topo = view.get_or_insert_with(|| self.proxy.cluster.topology());
+                    self.dispatch_at(first + i, Some(topo));
                 }
             }
             if let Some(e) = failed {
@@ -974,7 +977,7 @@ impl Session {
 
     /// Dispatches the request of entry `i`; false if it must wait ([`Outcome::Later`]).
     #[inline(always)]
-    fn dispatch_at(&mut self, i: usize) -> bool {
+    fn dispatch_at(&mut self, i: usize, topo: Option<&crate::upstream::cluster::Topology>) -> bool {
         let seq = self.queue.head + i as u64;
         let Some(Entry { reply, last, silent, meta }) = self.queue.entries.get_mut(i) else { return true };
         let Some(req) = meta.req.as_ref() else { return true };
@@ -990,6 +993,7 @@ impl Session {
         };
         let asked = asked_form(&self.asked, seq).unwrap_or(req);
         let mut ctx = Ctx::new(&mut self.client, seq, &self.tx, &mut self.scratch, req, asked, read_at);
+        ctx.topo = topo;
         let outcome = crate::front::dispatch::dispatch(&self.proxy, &mut ctx);
         if let Outcome::Later = outcome {
             *reply = Reply::Later;
@@ -1072,7 +1076,7 @@ impl Session {
         while i < self.queue.entries.len() && matches!(self.queue.entries[i].reply, Reply::Later) {
             // its deadline counts from now: it waited behind its client's own requests
             self.queue.entries[i].meta.started = Instant::now();
-            if !self.dispatch_at(i) || self.queue.entries[i].last {
+            if !self.dispatch_at(i, None) || self.queue.entries[i].last {
                 return;
             }
             i += 1;

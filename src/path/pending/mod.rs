@@ -45,7 +45,7 @@ use crate::protocol::{Request, Writer};
 use crate::proxy::Proxy;
 use crate::services::locks::LockRequest;
 use crate::upstream::backend::{BackendRequest, ConnStats, Prefix};
-use crate::upstream::cluster::{Cluster, Lease, NodePool};
+use crate::upstream::cluster::{Cluster, Lease, NodePool, Topology, TopologyView};
 use crate::upstream::retry::{self, Attempt, MAX_REDIRECTS, MAX_RETRIES, Step, Verdict};
 
 pub use blocking::{BLOCKED, BLOCKED_TIMED, Block};
@@ -109,6 +109,28 @@ pub struct Ctx<'a> {
     /// Set by dispatch: the command may write (not `readonly`): the nodes it is sent to
     /// are noted for WAIT ([`ClientState::wrote`]).
     pub writes: bool,
+    /// Set by the session: its look at the slot map for the requests of one wake-up
+    /// ([`Ctx::topology`]).
+    pub topo: Option<&'a Topology>,
+}
+
+/// The slot map a request is routed by: the session's look for the requests of one
+/// wake-up (a pipeline of 16 GETs took and gave back the thread's view 16 times, about
+/// 90 instructions each), or a look of its own.
+pub enum TopoRef<'a> {
+    Held(&'a Topology),
+    Own(TopologyView),
+}
+
+impl std::ops::Deref for TopoRef<'_> {
+    type Target = Topology;
+    #[inline]
+    fn deref(&self) -> &Topology {
+        match self {
+            TopoRef::Held(t) => t,
+            TopoRef::Own(v) => v,
+        }
+    }
 }
 
 /// What of the hot-key cache a request's reply drops, beyond the request's own keys.
@@ -155,6 +177,16 @@ impl<'a> Ctx<'a> {
             behind_retry: false,
             lane: crate::conn::order::Lane::Local,
             writes: false,
+            topo: None,
+        }
+    }
+
+    /// The slot map to route by (see [`TopoRef`]).
+    #[inline]
+    pub fn topology(&self, proxy: &Proxy) -> TopoRef<'a> {
+        match self.topo {
+            Some(t) => TopoRef::Held(t),
+            None => TopoRef::Own(proxy.cluster.topology()),
         }
     }
 
@@ -584,7 +616,7 @@ pub fn start_whole(proxy: &Proxy, ctx: &mut Ctx, target: Target) -> Outcome {
         && ctx.flush == Drops::Nothing
         && !ctx.tracked_write
     {
-        let topo = proxy.cluster.topology();
+        let topo = ctx.topology(proxy);
         if let Ok((node, asking)) = resolve_in(&topo, &target) {
             let conn = node.conn(ctx.client.proto, ctx.client.id);
             // (a script holding the connection: `start_in` may take another one)
@@ -635,7 +667,7 @@ pub fn start_in(
     let n = p.parts.len();
     let mut i = 0;
     // one look at the slot map for every part, and the pools borrowed from it
-    let topo = proxy.cluster.topology();
+    let topo = ctx.topology(proxy);
     while i < n {
         let (node, asking) = match resolve_in(&topo, &p.parts[i].target) {
             Ok(t) => t,
