@@ -202,8 +202,14 @@ impl Session {
         if let Some((cmd, o, k)) = run {
             self.proxy.count(cmd, o, k);
         }
-        // dropped where they are, not moved out first
-        self.queue.entries.drain(..n);
+        // dropped where they are, not moved out first; one (unpipelined, the usual) taken
+        // from the front, without a drain's set-up and its two slices (about 90
+        // instructions a request at -P1)
+        if n == 1 {
+            self.queue.entries.pop_front();
+        } else {
+            self.queue.entries.drain(..n);
+        }
         self.queue.head += n as u64;
         if !self.asked.is_empty() {
             let head = self.queue.head;
