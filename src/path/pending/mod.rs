@@ -421,7 +421,22 @@ impl From<Full> for Pending {
 
 impl Pending {
     /// Its whole self, made from the [`Light`] form the first time it is needed.
+    #[inline(always)]
     pub(super) fn full(&mut self) -> &mut Full {
+        if let Inner::Light(_) = &self.0 {
+            self.make_full();
+        }
+        match &mut self.0 {
+            Inner::Full(p) => p,
+            Inner::Light(_) => unreachable!("made full above"),
+        }
+    }
+
+    /// [`Pending::full`]'s rare step, out of line (a split request's parts' replies, every
+    /// one of which asks for its whole self, stay short).
+    #[cold]
+    #[inline(never)]
+    fn make_full(&mut self) {
         if let Inner::Light(l) = &mut self.0 {
             let target = std::mem::replace(&mut l.target, Target::Slot(0));
             let p = Full {
@@ -436,10 +451,6 @@ impl Pending {
                 tracked_write: false,
             };
             self.0 = Inner::Full(Box::new(p));
-        }
-        match &mut self.0 {
-            Inner::Full(p) => p,
-            Inner::Light(_) => unreachable!("made full above"),
         }
     }
 

@@ -9,7 +9,7 @@ use super::*;
 /// of a command passed on as it is, not an error (so nothing to retry or follow), and
 /// nothing to do around it (no write to invalidate for, no dedicated connection to give
 /// back): what `complete` would end with. `Err` gives the reply back for `on_reply`.
-#[inline]
+#[inline(always)]
 pub fn plain_reply(proxy: &Proxy, p: &mut Pending, reply: BackendReply) -> Result<Bytes, BackendReply> {
     if reply.tag.part != 0 || !p.plain(proxy) {
         return Err(reply);
