@@ -10,6 +10,10 @@
 # A and B are each a heatshield binary, optionally with a configuration file as
 # BINARY@CONFIG (default: the hot-key cache off, nothing else set), so the same script
 # compares two builds or two configurations of one build (scripts/bench-ratelimit.sh).
+# Either may also be the word `predixy` or `mithril`: that peer, one worker, with its
+# config from ../shared/bench/peers/ (built by ../shared/bench/peers.sh into $PEERS,
+# default /tmp/peers, when missing), so a row of scripts/bench-e2e.sh, where each target
+# runs in turn, can be checked with both loaded at once.
 #
 # e.g. to check a change against the commit before it:
 #   git worktree add /tmp/before HEAD~1 && (cd /tmp/before && cargo build --release)
@@ -38,6 +42,12 @@ trap cleanup EXIT
 cleanup
 "$H/cluster.sh" start "$W/cluster" 7000 3 0 >/dev/null
 printf '[cache]\nenabled = false\n' >"$W/conf.toml"
+PEERS=${PEERS:-/tmp/peers}
+for spec in "$A" "$B"; do
+  case $spec in
+    predixy | mithril) [[ -x $PEERS/$spec ]] || PEERS=$PEERS bash "$H/peers.sh" >&2 ;;
+  esac
+done
 # start NAME:BINARY[@CONFIG]:PORT...
 start() {
   stop_proxies
@@ -46,10 +56,18 @@ start() {
     bin=${spec%%@*} conf=$W/conf.toml
     [[ $spec == *@* ]] && conf=${spec#*@}
     for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 || break; sleep 0.1; done
-    metrics=off
-    [[ -n ${AB_METRICS:-} ]] && metrics=127.0.0.1:$((port + 100))
-    RUST_LOG=warn "$bin" -c "$conf" --cluster 127.0.0.1:7000 --listen 127.0.0.1:"$port" \
-      --metrics "$metrics" --threads 1 >"$W/proxy-$name.log" 2>&1 &
+    case $spec in
+      predixy | mithril)
+        sed "s/@PORT@/$port/; s/@SEED@/127.0.0.1:7000/" "$H/peers/$spec.conf.in" >"$W/$name.conf"
+        "$PEERS/$spec" "$W/$name.conf" >"$W/proxy-$name.log" 2>&1 &
+        ;;
+      *)
+        metrics=off
+        [[ -n ${AB_METRICS:-} ]] && metrics=127.0.0.1:$((port + 100))
+        RUST_LOG=warn "$bin" -c "$conf" --cluster 127.0.0.1:7000 --listen 127.0.0.1:"$port" \
+          --metrics "$metrics" --threads 1 >"$W/proxy-$name.log" 2>&1 &
+        ;;
+    esac
     echo $! >"$W/proxy-$name.pid"
     for _ in $(seq 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
   done
