@@ -7,6 +7,7 @@
 //! - [`glob`]: Redis-style glob patterns; [`worker`]: which worker thread this is;
 //!   [`queue`]: the batch-drained channel between sessions and backend connections;
 //!   [`mailbox`]: what reaches a session on its channel (replies, pushes, control);
+//!   [`wake`]: which of a task's sources woke it;
 //! - [`tls`]: TLS on both sides (rustls): the listener's acceptor, the backends'
 //!   connector, the certificates they reload, a backend link plain or TLS;
 //! - [`metrics`]: metric names, pre-bound handles, the Prometheus exporter;
@@ -59,4 +60,5 @@ pub mod reload;
 pub mod services;
 pub mod tls;
 pub mod upstream;
+pub mod wake;
 pub mod worker;

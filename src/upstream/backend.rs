@@ -638,6 +638,7 @@ async fn serve(
     metrics: &NodeMetrics,
 ) -> bool {
     let (mut rd, mut wr) = stream.split();
+    let plain = matches!(rd, crate::tls::LinkRead::Plain(_));
     // The writer and reader futures run in this one task, never at the same instant, so
     // the FIFO's lock is never contended (it is there because the task must be Send).
     // A dedicated connection serves one client: small buffers, grown as needed.
@@ -877,12 +878,25 @@ async fn serve(
         let (mut writer, mut reader, mut timer) =
             (std::pin::pin!(writer), std::pin::pin!(reader), std::pin::pin!(timer));
         let mut timer_polled = false;
+        let mut noted = crate::wake::Noted::new();
         std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = writer.as_mut().poll(cx) {
                 return Poll::Ready(r);
             }
-            if let Poll::Ready(r) = reader.as_mut().poll(cx) {
-                return Poll::Ready(r);
+            // (on a plain connection the reader is polled only once its socket woke the
+            // task: it is not at each of the writer's wake-ups, crate::wake)
+            let w = match plain {
+                true => noted.to_poll(cx.waker()),
+                false => Some(cx.waker()),
+            };
+            if let Some(w) = w {
+                let p = reader.as_mut().poll(&mut std::task::Context::from_waker(w));
+                if plain {
+                    noted.polled(p.is_pending());
+                }
+                if let Poll::Ready(r) = p {
+                    return Poll::Ready(r);
+                }
             }
             // (a dedicated connection has none: its lessee bounds the wait, and a blocked
             // command may wait for ever)
