@@ -37,6 +37,9 @@ pub struct Proxy {
     /// Metrics listen address; `None` when `--metrics off` was passed.
     metrics: Option<String>,
     dir: TempDir,
+    /// The Unix socket a heatshield offers its listeners on (`server.handoff_socket`'s
+    /// default, made from the harness's listen address): a killed one leaves it behind.
+    handoff: Option<PathBuf>,
 }
 
 /// `--threads 2` unless `args` (or the configuration file they name) set the worker count:
@@ -173,7 +176,9 @@ impl Proxy {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("failed to spawn proxy {bin}: {e}"));
-        Proxy { pid: child.id(), child: Mutex::new(child), port, metrics, dir }
+        let handoff =
+            (!listen.is_empty()).then(|| std::env::temp_dir().join(format!("heatshield-127-0-0-1-{port}.sock")));
+        Proxy { pid: child.id(), child: Mutex::new(child), port, metrics, dir, handoff }
     }
 
     fn wait_ready(&self, timeout: Duration) -> Result<(), String> {
@@ -272,6 +277,14 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.kill();
+        // (SIGKILL gives no chance to remove it; left alone while a heatshield that took
+        // over the port answers there)
+        if let Some(path) = &self.handoff
+            && std::os::unix::net::UnixStream::connect(path)
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            let _ = std::fs::remove_file(path);
+        }
         report_if_panicking("heatshield proxy", self.port, self.pid, || self.log());
     }
 }
