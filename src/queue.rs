@@ -9,35 +9,58 @@
 //! (docs/design/profile.md). Here a send is one uncontended lock, a push and an unlock, and the
 //! receiver takes everything queued under one lock into a buffer of its own, so the
 //! messages of a batch cost it no atomic operation at all; the receiver is woken once per
-//! batch (the waker is taken by the first send after it went to sleep). `flume` has the
+//! batch (by the first send after it last looked). `flume` has the
 //! same lock-and-deque shape but allocates a hook each time its receiver waits.
+//!
+//! A receiver that looks and finds nothing new does not take the lock: a sender raises a
+//! flag under the lock, and wakes the receiver when it was down, so with the flag down the
+//! queue is as the receiver last left it, its waker in place (a session looks about three
+//! times a request at -P1 and finds nothing). The waker stays in the queue once woken, so a
+//! receiver that took a batch need not lock again to wait for the next.
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 /// A new queue.
 pub fn channel<T>() -> (Sender<T>, Receiver<T>) {
     let shared = Arc::new(Shared {
         state: Mutex::new(State { items: VecDeque::new(), waker: None, rx_closed: false, tx_gone: false }),
         senders: AtomicUsize::new(1),
+        news: AtomicBool::new(false),
     });
-    (Sender { shared: shared.clone() }, Receiver { shared, local: VecDeque::new() })
+    (Sender { shared: shared.clone() }, Receiver { shared, local: VecDeque::new(), registered: None })
 }
 
 struct Shared<T> {
     state: Mutex<State<T>>,
     /// Live [`Sender`]s (clones count; the receiver learns of the last one's drop).
     senders: AtomicUsize,
+    /// Raised (under the state's lock) whenever a sender queues a message or the last
+    /// one leaves; lowered by the receiver under the lock when it has looked.
+    news: AtomicBool,
+}
+
+impl<T> Shared<T> {
+    /// Raises the news (under the lock, `s`): the waker to wake when it was down. Later news
+    /// finds the receiver woken already.
+    #[inline]
+    fn raise(&self, s: &State<T>) -> Option<Waker> {
+        if self.news.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.news.store(true, Ordering::Release);
+        s.waker.clone()
+    }
 }
 
 struct State<T> {
     items: VecDeque<T>,
-    /// The receiver, when it waits for a message.
+    /// The receiver's task, once it waited for a message (kept when woken).
     waker: Option<Waker>,
     /// The receiver is gone or closed: sends fail.
     rx_closed: bool,
@@ -60,7 +83,7 @@ impl<T> Sender<T> {
                 return Err(v);
             }
             s.items.push_back(v);
-            s.waker.take()
+            self.shared.raise(&s)
         };
         if let Some(w) = waker {
             w.wake();
@@ -91,7 +114,7 @@ impl<T> Sender<T> {
             } else {
                 s.items.append(items);
             }
-            s.waker.take()
+            self.shared.raise(&s)
         };
         if let Some(w) = waker {
             w.wake();
@@ -118,6 +141,7 @@ impl<T> Drop for Sender<T> {
             let waker = {
                 let mut s = self.shared.state.lock();
                 s.tx_gone = true;
+                self.shared.news.store(true, Ordering::Release);
                 s.waker.take()
             };
             if let Some(w) = waker {
@@ -138,6 +162,15 @@ pub struct Receiver<T> {
     shared: Arc<Shared<T>>,
     /// Messages taken from the queue in one go, handed out without the lock.
     local: VecDeque<T>,
+    /// The waker left in the queue at the last look (its data and vtable addresses, as
+    /// `Waker::will_wake` compares them), while no news came.
+    registered: Option<(usize, usize)>,
+}
+
+/// A waker's identity, as `Waker::will_wake` compares it.
+#[inline]
+fn identity(w: &Waker) -> (usize, usize) {
+    (w.data() as usize, w.vtable() as *const _ as usize)
 }
 
 impl<T> Receiver<T> {
@@ -147,16 +180,40 @@ impl<T> Receiver<T> {
         if let Some(v) = self.local.pop_front() {
             return Some(v);
         }
-        let mut s = self.shared.state.lock();
+        if !self.shared.news.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut s = Self::looked(&self.shared, &mut self.registered);
         if refill(&mut self.local, &mut s) { self.local.pop_front() } else { None }
     }
 
+    /// The state, locked, with the news taken in: until a sender raises the flag again,
+    /// the queue holds nothing the receiver has not seen, and its waker is `registered`.
+    #[inline]
+    fn looked<'a>(shared: &'a Shared<T>, registered: &mut Option<(usize, usize)>) -> MutexGuard<'a, State<T>> {
+        let s = shared.state.lock();
+        shared.news.store(false, Ordering::Relaxed);
+        *registered = s.waker.as_ref().map(identity);
+        s
+    }
+
     /// The next message; `None` once every sender is gone and the queue is empty.
+    #[inline]
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
         if let Some(v) = self.local.pop_front() {
             return Poll::Ready(Some(v));
         }
-        let mut s = self.shared.state.lock();
+        // (nothing new, and this task's waker is the one waiting in the queue)
+        if !self.shared.news.load(Ordering::Acquire) && self.registered == Some(identity(cx.waker())) {
+            return Poll::Pending;
+        }
+        self.poll_queue(cx)
+    }
+
+    /// [`Receiver::poll_recv`] when there may be news: a look under the lock.
+    #[inline(never)]
+    fn poll_queue(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let mut s = Self::looked(&self.shared, &mut self.registered);
         if refill(&mut self.local, &mut s) {
             return Poll::Ready(self.local.pop_front());
         }
@@ -166,6 +223,8 @@ impl<T> Receiver<T> {
         if !s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             s.waker = Some(cx.waker().clone());
         }
+        drop(s);
+        self.registered = Some(identity(cx.waker()));
         Poll::Pending
     }
 
@@ -356,6 +415,71 @@ mod tests {
         assert!(rx.is_closed());
         assert_eq!(rx.try_recv(), Some(9));
         assert_eq!(rx.try_recv(), None);
+    }
+
+    /// A waker that counts its wake-ups.
+    struct Count(AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_receiver_that_looks_again_without_news_stays_registered_and_is_woken() {
+        let (tx, mut rx) = channel::<u8>();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let woken = || count.0.load(Ordering::SeqCst);
+        assert!(rx.poll_recv(&mut cx).is_pending());
+        // looked again with nothing new: the waker stays in place
+        assert!(rx.poll_recv(&mut cx).is_pending());
+        assert!(rx.poll_recv(&mut cx).is_pending());
+        tx.send(1).unwrap();
+        assert_eq!(woken(), 1);
+        // the message is taken by try_recv (the sender took the waker): the next look
+        // must register it again, or the next message would wake nobody
+        assert_eq!(rx.try_recv(), Some(1));
+        assert_eq!(rx.try_recv(), None);
+        assert!(rx.poll_recv(&mut cx).is_pending());
+        tx.send(2).unwrap();
+        assert_eq!(woken(), 2);
+        // another task's waker: registered in place of the first
+        let other = Arc::new(Count(AtomicUsize::new(0)));
+        let other_waker = Waker::from(other.clone());
+        assert_eq!(rx.poll_recv(&mut cx), Poll::Ready(Some(2)));
+        assert!(rx.poll_recv(&mut Context::from_waker(&other_waker)).is_pending());
+        tx.send(3).unwrap();
+        assert_eq!((woken(), other.0.load(Ordering::SeqCst)), (2, 1));
+        // the last sender gone: the receiver sees the end without a new message
+        assert_eq!(rx.poll_recv(&mut cx), Poll::Ready(Some(3)));
+        assert!(rx.poll_recv(&mut cx).is_pending());
+        drop(tx);
+        assert_eq!(woken(), 3);
+        assert_eq!(rx.poll_recv(&mut cx), Poll::Ready(None));
+    }
+
+    #[test]
+    fn a_batch_wakes_the_receiver_once_and_the_next_batch_again() {
+        let (tx, mut rx) = channel::<u8>();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(rx.poll_recv(&mut cx).is_pending());
+        for i in 0..3 {
+            tx.send(i).unwrap();
+        }
+        assert!(tx.send_all(&mut VecDeque::from([3, 4])));
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        for i in 0..5 {
+            assert_eq!(rx.poll_recv(&mut cx), Poll::Ready(Some(i)));
+        }
+        assert!(rx.poll_recv(&mut cx).is_pending());
+        assert!(tx.send_all(&mut VecDeque::from([5, 6, 7])));
+        tx.send(8).unwrap();
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
     }
 
     #[test]
