@@ -66,6 +66,13 @@ impl Output {
                         c.advance(n);
                         n = 0;
                     }
+                    // (all of it written: cleared, not advanced, so that the buffer keeps
+                    // its room from the start; advanced past its end, the next reply's
+                    // copy had to call `reserve` to take the room back, at every request)
+                    None if n >= self.tail.len() => {
+                        self.tail.clear();
+                        n = 0;
+                    }
                     None => {
                         self.tail.advance(n);
                         n = 0;
