@@ -41,6 +41,29 @@ fn line_of(c: &mut Conn, id: i64) -> Option<String> {
     list.lines().find(|l| field(l, "id") == id.to_string()).map(str::to_string)
 }
 
+/// idle= counts the seconds since the client's last command, as Redis's does: a client
+/// that was quiet shows them, and one that just sent a command shows 0.
+#[test]
+fn client_list_idle_counts_from_the_last_command() {
+    let env = env();
+    let port = env.proxy.port();
+    let mut quiet = Conn::connect(port);
+    let mut watcher = Conn::connect(port);
+    let id = quiet.cmd(&["CLIENT", "ID"]).int();
+    for _ in 0..50 {
+        assert_eq!(quiet.cmd(&["PING"]), V::s("PONG"));
+    }
+    thread::sleep(Duration::from_millis(2200));
+    let line = line_of(&mut watcher, id).expect("the quiet client in CLIENT LIST");
+    assert_eq!(field(&line, "idle"), "2", "{line}");
+    let me = watcher.cmd(&["CLIENT", "ID"]).int();
+    assert_eq!(field(&line_of(&mut watcher, me).unwrap(), "idle"), "0");
+    assert_eq!(quiet.cmd(&["PING"]), V::s("PONG"));
+    let line = line_of(&mut watcher, id).expect("the quiet client in CLIENT LIST");
+    assert_eq!(field(&line, "idle"), "0", "{line}");
+    assert_eq!(field(&line, "cmd"), "ping", "{line}");
+}
+
 #[test]
 fn client_list_shows_every_client_with_redis_fields() {
     let env = env();
