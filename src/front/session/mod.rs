@@ -335,21 +335,25 @@ async fn serve(
                 }
                 s.blocked = false;
             }
-            Woke::Read(Ok(n)) if n > 0 => {
-                gm.bytes_in.increment(n as u64);
-                s.read_at = *s.clock.insert(Instant::now());
-                s.read_ms = (s.read_at - s.proxy.started).as_millis() as u64;
-            }
-            Woke::Read(_) => {
-                debug!(client = id, "client closed its side");
-                s.reading = false;
-                if s.blocking.is_some() {
-                    // Gone while blocked: its dedicated connection is closed (with the
-                    // request), so Redis forgets the blocked client and takes no element
-                    // for it.
-                    break None;
+            // (the result taken out whole: a match on `Woke::Read(Ok(n))` left the value
+            // to be dropped after the match, a call of its drop glue at every read)
+            Woke::Read(read) => match read {
+                Ok(n) if n > 0 => {
+                    gm.bytes_in.increment(n as u64);
+                    s.read_at = *s.clock.insert(Instant::now());
+                    s.read_ms = (s.read_at - s.proxy.started).as_millis() as u64;
                 }
-            }
+                _ => {
+                    debug!(client = id, "client closed its side");
+                    s.reading = false;
+                    if s.blocking.is_some() {
+                        // Gone while blocked: its dedicated connection is closed (with the
+                        // request), so Redis forgets the blocked client and takes no
+                        // element for it.
+                        break None;
+                    }
+                }
+            },
             Woke::Timer => {
                 timer_at = None;
                 if let Some(c) = s.on_timer(Instant::now()) {
