@@ -420,6 +420,14 @@ mod tests {
     /// A waker that counts its wake-ups.
     struct Count(AtomicUsize);
 
+    impl Count {
+        /// A waker, and what counts its wake-ups.
+        fn waker() -> (Arc<Count>, Waker) {
+            let count = Arc::new(Count(AtomicUsize::new(0)));
+            (count.clone(), Waker::from(count))
+        }
+    }
+
     impl std::task::Wake for Count {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, Ordering::SeqCst);
@@ -429,8 +437,7 @@ mod tests {
     #[test]
     fn a_receiver_that_looks_again_without_news_stays_registered_and_is_woken() {
         let (tx, mut rx) = channel::<u8>();
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
+        let (count, waker) = Count::waker();
         let mut cx = Context::from_waker(&waker);
         let woken = || count.0.load(Ordering::SeqCst);
         assert!(rx.poll_recv(&mut cx).is_pending());
@@ -439,16 +446,15 @@ mod tests {
         assert!(rx.poll_recv(&mut cx).is_pending());
         tx.send(1).unwrap();
         assert_eq!(woken(), 1);
-        // the message is taken by try_recv (the sender took the waker): the next look
-        // must register it again, or the next message would wake nobody
+        // the message is taken by try_recv: the next look must still find this task's
+        // waker in the queue (or put it back), or the next message would wake nobody
         assert_eq!(rx.try_recv(), Some(1));
         assert_eq!(rx.try_recv(), None);
         assert!(rx.poll_recv(&mut cx).is_pending());
         tx.send(2).unwrap();
         assert_eq!(woken(), 2);
         // another task's waker: registered in place of the first
-        let other = Arc::new(Count(AtomicUsize::new(0)));
-        let other_waker = Waker::from(other.clone());
+        let (other, other_waker) = Count::waker();
         assert_eq!(rx.poll_recv(&mut cx), Poll::Ready(Some(2)));
         assert!(rx.poll_recv(&mut Context::from_waker(&other_waker)).is_pending());
         tx.send(3).unwrap();
@@ -464,8 +470,7 @@ mod tests {
     #[test]
     fn a_batch_wakes_the_receiver_once_and_the_next_batch_again() {
         let (tx, mut rx) = channel::<u8>();
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
+        let (count, waker) = Count::waker();
         let mut cx = Context::from_waker(&waker);
         assert!(rx.poll_recv(&mut cx).is_pending());
         for i in 0..3 {
