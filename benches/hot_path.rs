@@ -300,6 +300,7 @@ fn hot_key_cache(c: &mut Criterion) {
         dedicated_idle: 4,
         tls: None,
         readonly: false,
+        flush_delay: Duration::ZERO,
     };
     // no connection is made: the pool only names the node that owns the slot
     let cluster = Cluster::new(Backing::Standalone { addr: "127.0.0.1:1".into() }, opts, 1, 1);

@@ -304,6 +304,10 @@ pub struct BackendConfig {
     pub dedicated_max_per_node: usize,
     /// Idle dedicated connections kept per node (and protocol) for the next lessee.
     pub dedicated_idle_per_node: usize,
+    /// Milliseconds a shared connection holds its write when its node has nothing in
+    /// flight (asleep), so that one wake-up serves every client that sends meanwhile:
+    /// latency traded for the masters' CPU (docs/design/performance.md). 0: never held.
+    pub flush_delay_ms: u64,
     /// TLS to every node (seeds, announced masters and replicas, every connection).
     pub tls: bool,
     /// The CA the nodes' certificates must be signed by (PEM); required with `tls`.
@@ -342,6 +346,10 @@ impl BackendConfig {
     }
 }
 
+/// The longest `backend.flush_delay_ms`: a hold is meant to gather one turn of the
+/// clients' requests, and every request to an idle node waits it out.
+pub const MAX_FLUSH_DELAY_MS: u64 = 100;
+
 impl Default for BackendConfig {
     fn default() -> Self {
         BackendConfig {
@@ -356,6 +364,7 @@ impl Default for BackendConfig {
             password: None,
             dedicated_max_per_node: 4096,
             dedicated_idle_per_node: 16,
+            flush_delay_ms: 0,
             tls: false,
             tls_ca_cert_file: None,
             tls_cert_file: None,
@@ -571,6 +580,9 @@ impl Config {
                 "transactions.cross_slot: '{}' is neither \"refuse\" nor \"per-node\"",
                 self.transactions.cross_slot
             ));
+        }
+        if self.backend.flush_delay_ms > MAX_FLUSH_DELAY_MS {
+            p.push(format!("backend.flush_delay_ms: must be at most {MAX_FLUSH_DELAY_MS}"));
         }
         if self.backend.dedicated_idle_per_node > self.backend.dedicated_max_per_node {
             p.push("backend.dedicated_idle_per_node: must be at most backend.dedicated_max_per_node".into());

@@ -35,6 +35,7 @@ pub fn backend_options(config: &Config) -> Result<BackendOptions, String> {
         dedicated_idle: config.backend.dedicated_idle_per_node,
         tls: None,
         readonly: false,
+        flush_delay: std::time::Duration::from_millis(config.backend.flush_delay_ms),
     };
     if let Some(files) = config.backend.tls_files() {
         let c =

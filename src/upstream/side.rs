@@ -83,7 +83,14 @@ impl Side {
     /// A side connection to `addr` named `heatshield-<purpose>`, with `base`'s TLS,
     /// credentials and timeouts, RESP2, database 0. Nothing is connected yet.
     pub fn new(addr: impl Into<Arc<str>>, base: &BackendOptions, purpose: &'static str) -> Side {
-        let opts = BackendOptions { resp3: false, tracking: None, dedicated: false, readonly: false, ..base.clone() };
+        let opts = BackendOptions {
+            resp3: false,
+            tracking: None,
+            dedicated: false,
+            readonly: false,
+            flush_delay: Duration::ZERO,
+            ..base.clone()
+        };
         Side {
             addr: addr.into(),
             opts,
