@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # What heatshield saves the cluster: the masters' CPU per request with the clients
 # straight on the cluster (`redis-benchmark --cluster`) and through one heatshield worker,
-# and heatshield's own CPU per request, for GET and SET at -P1 and -P16 and several client
-# counts (docs/design/performance.md, "The cluster's side"; the README shows the table).
+# heatshield's own CPU per request, and the median latency redis-benchmark saw each way,
+# for GET and SET at -P1 and -P16 and several client counts (docs/design/performance.md,
+# "The cluster's side"; the README shows the table). With --conf, e.g. a [backend]
+# section with flush_delay_ms, the same with those settings.
 #
 #   scripts/bench-backend.sh [--clients "50 400 2000"] [--tests "get set"] [--pipelines "1 16"]
 #                            [--rounds N] [--bin BINARY] [--conf EXTRA.toml]
@@ -58,7 +60,8 @@ cpu() { # summed utime + stime of the given pids, in clock ticks
   echo "$t"
 }
 tck=$(getconf CLK_TCK)
-# run DIRECT|PROXY TEST P C: prints masters' and heatshield's µs per request
+# run DIRECT|PROXY TEST P C: prints masters' and heatshield's µs per request, and the
+# median latency redis-benchmark saw (ms)
 run() {
   local mode=$1 t=$2 p=$3 c=$4 n
   n=${BACKEND_REQUESTS_P1:-300000}
@@ -73,8 +76,10 @@ run() {
   fi
   m1=$(cpu "${masters[@]}") h1=$(cpu "$proxy")
   grep -q "requests per second" "$W/last.log" || { cat "$W/last.log" >&2; echo "redis-benchmark failed" >&2; exit 1; }
-  awk -v m=$((m1 - m0)) -v h=$((h1 - h0)) -v n="$n" -v k="$tck" \
-    'BEGIN {printf "%.2f %.2f\n", m / k * 1e6 / n, h / k * 1e6 / n}'
+  local p50
+  p50=$(grep -ao 'p50=[0-9.]*' "$W/last.log" | tail -1 | cut -d= -f2)
+  awk -v m=$((m1 - m0)) -v h=$((h1 - h0)) -v n="$n" -v k="$tck" -v l="${p50:-nan}" \
+    'BEGIN {printf "%.2f %.2f %s\n", m / k * 1e6 / n, h / k * 1e6 / n, l}'
 }
 # warm up: connections made, keys written
 redis-benchmark -h 127.0.0.1 -p "$LISTEN" -c 50 -n 200000 -r 100000 -d 100 -P 16 -t set -q >/dev/null 2>&1
@@ -83,11 +88,11 @@ for r in $(seq "$rounds"); do
   for c in $clients; do
     for t in $tests; do
       for p in $pipes; do
-        read -r md _ < <(run direct "$t" "$p" "$c")
-        read -r mp hp < <(run proxy "$t" "$p" "$c")
-        res[$t $p $c]+="$md $mp $hp;"
-        printf 'round %d: %s -P%s, %s clients: masters %s µs/request direct, %s through heatshield; heatshield %s\n' \
-          "$r" "${t^^}" "$p" "$c" "$md" "$mp" "$hp" >&2
+        read -r md _ ld < <(run direct "$t" "$p" "$c")
+        read -r mp hp lp < <(run proxy "$t" "$p" "$c")
+        res[$t $p $c]+="$md $mp $hp $ld $lp;"
+        printf 'round %d: %s -P%s, %s clients: masters %s µs/request direct, %s through heatshield; heatshield %s; p50 %s / %s ms\n' \
+          "$r" "${t^^}" "$p" "$c" "$md" "$mp" "$hp" "$ld" "$lp" >&2
       done
     done
   done
@@ -95,8 +100,8 @@ done
 echo
 echo "Masters' CPU per request (µs, the 3 masters together), direct and through one heatshield worker; $rounds round(s), median (min-max)"
 echo
-echo "| workload | clients | masters, direct | masters, through heatshield | ratio | heatshield's own |"
-echo "|---|---|---|---|---|---|"
+echo "| workload | clients | masters, direct | masters, through heatshield | ratio | heatshield's own | p50 latency (ms), direct / through |"
+echo "|---|---|---|---|---|---|---|"
 for t in $tests; do
   for p in $pipes; do
     for c in $clients; do
@@ -111,7 +116,10 @@ def f(i):
 ratios = [r[1] / r[0] for r in rows if r[0] > 0]
 rm = statistics.median(ratios) if ratios else float('nan')
 rs = f"{rm:.2f}×" if len(ratios) <= 1 else f"{rm:.2f}× ({min(ratios):.2f}-{max(ratios):.2f})"
-print(f"| {name} | {clients} | {f(0)} | {f(1)} | {rs} | {f(2)} |")
+def lat(i):
+    v = [r[i] for r in rows if r[i] == r[i]]
+    return f"{statistics.median(v):.3f}" if v else "?"
+print(f"| {name} | {clients} | {f(0)} | {f(1)} | {rs} | {f(2)} | {lat(3)} / {lat(4)} |")
 EOF
     done
   done
