@@ -4,7 +4,8 @@
 //! or a split command once for all of its requests, not once each) and is answered as
 //! without it; the paths on a dedicated connection (WATCH, blocking commands), a
 //! connection busy with a batch's worth and a start with a hold above the limit are the
-//! other cells (docs/architecture.md, "Every feature on every path").
+//! other cells (docs/architecture.md, "Every feature on every path"). The shared paths
+//! are tried on Redis 7.0 and on Valkey 9.1.
 
 mod common;
 
@@ -27,8 +28,7 @@ struct Setup {
     _dirs: (tempfile::TempDir, tempfile::TempDir),
 }
 
-fn setup() -> Setup {
-    let cluster = RedisCluster::start();
+fn setup(cluster: RedisCluster) -> Setup {
     let owners = SlotOwners::read(&cluster);
     let conf = |read_from: &str| {
         format!(
@@ -64,7 +64,15 @@ fn not_held(what: &str, took: Duration) {
 
 #[test]
 fn every_shared_path_waits_the_hold_once_and_is_answered_as_without_it() {
-    let s = setup();
+    shared_paths_hold_once(&setup(RedisCluster::start()));
+}
+
+#[test]
+fn on_valkey_every_shared_path_waits_the_hold_once() {
+    shared_paths_hold_once(&setup(RedisCluster::start_valkey(&[])));
+}
+
+fn shared_paths_hold_once(s: &Setup) {
     let port = s.proxy.port();
     let keys = s.owners.key_per_master("fd:k");
     let (k0, k1, k2) = (&keys[0].1, &keys[1].1, &keys[2].1);
@@ -131,7 +139,7 @@ fn every_shared_path_waits_the_hold_once_and_is_answered_as_without_it() {
 
 #[test]
 fn dedicated_and_busy_connections_are_not_held() {
-    let s = setup();
+    let s = setup(RedisCluster::start());
     let port = s.proxy.port();
     let keys = s.owners.key_per_master("fd:d");
     let (k0, k1) = (&keys[0].1, &keys[1].1);
