@@ -48,8 +48,9 @@ fn hotkeys_counts_what_heatshield_serves() {
         for _ in 0..5 {
             assert!(c.cmd(&["GET", "hk:small"]).is_nil());
         }
-        // a script that keeps the server busy a few ms, on its key
-        let busy = "local i = 0 while i < 300000 do i = i + 1 end return 1";
+        // a script that keeps the server busy some 40 ms, on its key (at 6 ms, a loaded
+        // machine's 20 SETs of 10 KB once took longer, waiting included)
+        let busy = "local i = 0 while i < 3000000 do i = i + 1 end return 1";
         for _ in 0..3 {
             assert_eq!(c.cmd(&["EVAL", busy, "1", "hk:slow"]), V::Int(1));
         }
