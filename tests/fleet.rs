@@ -979,3 +979,53 @@ fn a_colocation_rule_rolled_out_instance_by_instance_never_writes_a_key_under_tw
     assert_eq!(digest(&proxies[0]), Some(next));
     assert_eq!(Conn::connect(proxies[0].port()).cmd(&["INCR", "ro:n"]), V::Int(new as i64 + 1));
 }
+
+/// The fleet's bucket script (`TOKENS`, docs/fleet.md) on the servers themselves, Redis
+/// 7.0.15 and Valkey 9.1: a bucket starts empty, fills at the rule's rate up to its burst
+/// and gives what an ask wants within that; an ask that empties it first (the one that
+/// ends a change-over, so that what the bucket gathered meanwhile does not follow the
+/// parts' burst) gets nothing and is told to wait an interval, and the bucket fills again.
+#[test]
+fn the_buckets_script_starts_empty_fills_gives_and_empties() {
+    let redis = common::redis::RedisServer::standalone(&[]);
+    let valkey = common::redis::RedisServer::standalone_of(&common::redis::valkey_server_required(), &[]);
+    for port in [redis.port(), valkey.port()] {
+        let mut c = Conn::connect(port);
+        // a rule of 100/s with a burst of 20: an interval of 10 ms, a tolerance of 200 ms
+        let ask = |c: &mut Conn, want: u64, burn: bool| -> (i64, i64) {
+            let r = c.cmd(&[
+                "EVAL",
+                heatshield::services::fleet::TOKENS,
+                "1",
+                "{f}:bucket",
+                "10000.000",
+                "200000.000",
+                &want.to_string(),
+                if burn { "1" } else { "0" },
+            ]);
+            let v = r.items();
+            (v[0].int(), v[1].int())
+        };
+        let (n, wait) = ask(&mut c, 5, false);
+        assert_eq!(n, 0, "a new bucket is empty");
+        assert!(wait > 0 && wait <= 10_000, "one token an interval away: {wait} µs");
+        thread::sleep(Duration::from_millis(400));
+        assert_eq!(ask(&mut c, 5, false).0, 5, "filled: what is asked");
+        let n = ask(&mut c, 100, false).0;
+        assert!((15..=17).contains(&n), "within the burst: the rest of it (and a refill's token or two), {n}");
+        thread::sleep(Duration::from_millis(400));
+        let (n, wait) = ask(&mut c, 5, true);
+        let emptied = Instant::now();
+        assert_eq!(n, 0, "emptied first: nothing");
+        assert_eq!(wait, 10_000, "the next token an interval away");
+        thread::sleep(Duration::from_millis(50));
+        let n = ask(&mut c, 100, false).0;
+        let ms = emptied.elapsed().as_millis() as i64;
+        assert!(
+            n >= 4 && n <= (ms / 10 + 1).min(19),
+            "refilled at the rate only: {n} tokens {ms} ms after it was emptied"
+        );
+        thread::sleep(Duration::from_millis(400));
+        assert_eq!(ask(&mut c, 100, false).0, 20, "full again: the burst");
+    }
+}

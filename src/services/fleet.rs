@@ -507,26 +507,31 @@ redis.call('PEXPIRE', KEYS[2], 60000)
 return redis.call('HGETALL', KEYS[1])";
 
 /// The script that gives an instance tokens from the fleet's buckets: for each key, its
-/// interval and tolerance (GCRA, microseconds, the rule's whole rate and burst) and how
-/// many tokens the instance wants; returns, for each, how many it got and the
-/// microseconds until the bucket has one more. Redis's clock is every instance's. A
-/// bucket starts empty (the key had its parts of the rule until it was watched), and goes
-/// 10 s after it was last full.
-const TOKENS: &str = "\
+/// interval and tolerance (GCRA, microseconds, the rule's whole rate and burst), how
+/// many tokens the instance wants, and 1 to empty the bucket first (the end of the
+/// fleet's change-over for the key: [`Lease::burn_until`]) or 0; returns, for each, how
+/// many it got and the microseconds until the bucket has one more. Redis's clock is every
+/// instance's. A bucket starts empty (the key had its parts of the rule until it was
+/// watched), and goes 10 s after it was last full.
+///
+/// [`Lease::burn_until`]: crate::services::ratelimit::share::Lease::burn_until
+pub const TOKENS: &str = "\
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local out = {}
 for i, k in ipairs(KEYS) do
-  local iv = tonumber(ARGV[3 * i - 2])
-  local tol = tonumber(ARGV[3 * i - 1])
-  local want = tonumber(ARGV[3 * i])
+  local iv = tonumber(ARGV[4 * i - 3])
+  local tol = tonumber(ARGV[4 * i - 2])
+  local want = tonumber(ARGV[4 * i - 1])
   local was = tonumber(redis.call('GET', k) or '')
   local tat = was or (now + tol)
   if tat < now then tat = now end
+  local burnt = ARGV[4 * i] == '1' and tat < now + tol
+  if burnt then tat = now + tol end
   local n = math.floor((now + tol - tat) / iv)
   if n > want then n = want end
   if n < 0 then n = 0 end
-  if n > 0 or not was then
+  if n > 0 or not was or burnt then
     tat = tat + n * iv
     redis.call('SET', k, string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 10000)
   end
@@ -568,9 +573,11 @@ pub fn start_tokens(fleet: Arc<Fleet>, limiter: Arc<Limiter>, cluster: Arc<Clust
             if leases.is_empty() {
                 continue;
             }
-            let outcome = ask_tokens(&fleet, &cluster, &mut link, &leases).await;
-            let now = limiter.now();
             use std::sync::atomic::Ordering::Relaxed;
+            let asked = limiter.now();
+            let burns: Vec<u64> = leases.iter().map(|l| l.burn_until.load(Relaxed)).collect();
+            let outcome = ask_tokens(&fleet, &cluster, &mut link, &leases, &burns, asked).await;
+            let now = limiter.now();
             match outcome {
                 Ok(grants) => {
                     let g = crate::metrics::global();
@@ -580,7 +587,11 @@ pub fn start_tokens(fleet: Arc<Fleet>, limiter: Arc<Limiter>, cluster: Arc<Clust
                         // the others try again within a second of their own failure
                         limiter.tokens.both_until.store(now + RETRY_NS + 10 * TOKENS_EVERY.as_nanos() as u64, Relaxed);
                     }
-                    for (l, (n, wait_us)) in leases.iter().zip(grants) {
+                    for ((l, (n, wait_us)), &burn) in leases.iter().zip(grants).zip(&burns) {
+                        if burn > asked {
+                            // emptied: not again (unless a new change-over ended meanwhile)
+                            let _ = l.burn_until.compare_exchange(burn, 0, Relaxed, Relaxed);
+                        }
                         l.tokens.fetch_add(n, Relaxed);
                         l.not_before.store(if n == 0 { now + wait_us * 1000 } else { 0 }, Relaxed);
                         l.asking.store(false, Relaxed);
@@ -608,13 +619,15 @@ async fn ask_tokens(
     cluster: &Cluster,
     link: &mut Option<Side>,
     leases: &[Arc<crate::services::ratelimit::share::Lease>],
+    burns: &[u64],
+    now: u64,
 ) -> Result<Vec<(u64, u64)>, String> {
     use std::sync::atomic::Ordering::Relaxed;
     let side = link_to_master(fleet, cluster, link, "fleet-tokens")?;
     let count = leases.len().to_string();
     let mut args: Vec<Vec<u8>> = vec![b"EVAL".to_vec(), TOKENS.as_bytes().to_vec(), count.into_bytes()];
     args.extend(leases.iter().map(|l| l.bucket.to_vec()));
-    for l in leases {
+    for (l, &burn) in leases.iter().zip(burns) {
         let (interval, tolerance) = l.whole;
         // up to an ask's worth held (and what the requests that found none asked for,
         // within that)
@@ -624,6 +637,7 @@ async fn ask_tokens(
         args.push(format!("{:.3}", interval as f64 / 1000.0).into_bytes());
         args.push(format!("{:.3}", tolerance as f64 / 1000.0).into_bytes());
         args.push(want.to_string().into_bytes());
+        args.push(if burn > now { b"1".to_vec() } else { b"0".to_vec() });
     }
     let req = Request::from_args(&args);
     let reply =
@@ -796,6 +810,10 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
             *me.keys.entry(k).or_default() += d;
         }
     }
+    // the keys this report says it watches for the first time: if every other member
+    // said so already, this report ends the change-over for them
+    let fresh: std::collections::HashSet<(String, Vec<u8>)> =
+        smoothed.keys().filter(|k| !round.smoothed.contains_key(*k)).cloned().collect();
     round.smoothed = smoothed;
     for (ri, key, throttles) in &seen.throttled {
         if let Some((r, id)) = ids.get(*ri) {
@@ -822,7 +840,8 @@ async fn sync(fleet: &Fleet, limiter: &Limiter, cluster: &Cluster, round: &mut R
             .into_iter()
             .map(|(ri, k, s, settled)| {
                 let bucket = fleet.config.bucket(&ids[ri].1, &k);
-                (ri, k.into_boxed_slice(), s, bucket, settled)
+                let ends = settled && fresh.contains(&(ids[ri].1.clone(), k.clone()));
+                (ri, k.into_boxed_slice(), s, bucket, settled, ends)
             })
             .collect(),
         members: reports.len(),

@@ -301,8 +301,10 @@ pub struct Seen {
 }
 
 /// A key the fleet watches: rule index, key, this instance's share of it, the key's
-/// bucket in Redis.
-pub type Watch = (usize, Box<[u8]>, f64, Box<[u8]>, bool);
+/// bucket in Redis, whether every member said it watches the key ([`Plan::leases`]), and
+/// whether this instance's report was the last to say so (it ends the change-over: its
+/// next ask empties the bucket, [`share::Lease::burn_until`]).
+pub type Watch = (usize, Box<[u8]>, f64, Box<[u8]>, bool, bool);
 
 /// What the fleet decided for this instance ([`Limiter::fleet_apply`]).
 pub struct Plan {
@@ -487,7 +489,7 @@ impl Limiter {
             r.local.set(r.interval, r.spec.burst, s);
         }
         let mut leases = share::Leases::default();
-        for (ri, key, s, bucket, settled) in &plan.leases {
+        for (ri, key, s, bucket, settled, ends) in &plan.leases {
             let Some(r) = state.rules.get(*ri).filter(|r| r.per_key) else { continue };
             let tag = table::tag(self.hasher.hash_one(&key[..]), r.salt);
             let lease = match state.leases.get(&tag) {
@@ -495,8 +497,17 @@ impl Limiter {
                 None => Arc::new(share::Lease::new(*ri, key.clone(), bucket.clone(), r.interval, r.tolerance)),
             };
             // until every member said it watches the key, some may still draw on their
-            // parts (a member joining later makes it so again)
+            // parts (a member joining later makes it so again); when this instance's
+            // report is the one that ends that, it empties the bucket at once: what the
+            // bucket gathered while some member took no token must not follow the
+            // parts' burst within one second (the others, settling after it, do not:
+            // they would throw away what the bucket gathered since)
+            let ending = *settled && lease.both_until.load(Ordering::Relaxed) == u64::MAX;
             lease.both_until.store(if *settled { 0 } else { u64::MAX }, Ordering::Relaxed);
+            if ending && *ends {
+                lease.burn_until.store(self.now() + share::BURN_WITHIN_NS, Ordering::Relaxed);
+                lease.ask(&self.tokens);
+            }
             lease.part.set(r.interval, r.spec.burst, *s);
             // what one ask takes at most: TOKENS_ASKED of the rule's rate times this
             // instance's share of the key's demand, or over the members if more (the
@@ -854,6 +865,14 @@ impl Limiter {
                     if self.tokens.drawing() {
                         let t = tables.get_or_insert_with(|| b.cache()).load();
                         if l.settling(now, &self.tokens) {
+                            // a token is looked for first: a request refused for want of
+                            // one does not spend the part (with a key of a few requests
+                            // a second, refused requests would spend it all, and the key
+                            // would admit a tenth of its rate until the change-over ends)
+                            if l.tokens.load(Ordering::Relaxed) == 0 {
+                                l.refused(1, now, &self.tokens);
+                                return self.finish(r, ri, key, false, false);
+                            }
                             let (i, t_) = Self::settling_part(l, r);
                             if b.update(t, h, tag, now, take(i, t_)) == table::Update::Applied(false) {
                                 return self.finish(r, ri, key, false, false);
@@ -1030,6 +1049,50 @@ mod tests {
         }
         assert!(l.check(get, [&b"k7"[..]].into_iter(), now, false).is_err());
         assert_eq!(l.tracked_keys(), 3000);
+    }
+
+    /// The plan in which this instance's report ends the change-over for a key (it was
+    /// the last to say it watches the key) has it ask at once, emptying the key's bucket
+    /// (within a second); one that another member's report settled does not, later plans
+    /// do not renew it, and a plan that is not settled again (a member joined) leads to a
+    /// new one.
+    #[test]
+    fn the_change_overs_end_empties_the_bucket_once() {
+        let t = CommandTable::new();
+        let l = Limiter::new(
+            compile(&[rule("r", "k:*", 100.0, 10, "per-key", "all")], &t).unwrap(),
+            100,
+            Default::default(),
+        );
+        let plan = |settled: bool, ends: bool| Plan {
+            rules: l.state.load_full().rules.clone(),
+            shares: vec![1.0 / 3.0],
+            leases: vec![(0, b"k:a".to_vec().into(), 1.0, b"bucket".to_vec().into(), settled, ends)],
+            members: 3,
+        };
+        let lease = || l.state.load_full().leases.values().next().expect("the key is leased").clone();
+        let burn = || lease().burn_until.load(Ordering::Relaxed);
+        l.fleet_apply(&plan(false, false));
+        assert!(lease().settling(l.now(), &l.tokens), "unsettled: part and token");
+        assert_eq!(burn(), 0, "no bucket emptied while the fleet changes over");
+        // settled by another member's report: no emptying here
+        l.fleet_apply(&plan(true, false));
+        assert!(!lease().settling(l.now(), &l.tokens), "settled: tokens alone");
+        assert_eq!(burn(), 0, "another member's report ended the change-over");
+        l.fleet_apply(&plan(false, false));
+        let before = l.now();
+        l.fleet_apply(&plan(true, true));
+        assert!(!lease().settling(l.now(), &l.tokens), "settled: tokens alone");
+        let first = burn();
+        assert!(first >= before + share::BURN_WITHIN_NS && first <= l.now() + share::BURN_WITHIN_NS);
+        assert!(lease().asking.load(Ordering::Relaxed), "and asks at once, demand or not");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        l.fleet_apply(&plan(true, true));
+        assert_eq!(burn(), first, "a later settled plan does not empty it again");
+        l.fleet_apply(&plan(false, false));
+        assert!(lease().settling(l.now(), &l.tokens), "a member joined: part and token again");
+        l.fleet_apply(&plan(true, true));
+        assert!(burn() > first, "and its end empties the bucket again");
     }
 
     #[test]

@@ -61,6 +61,10 @@ pub fn scaled(interval: u64, burst: u64, share: f64) -> (u64, u64) {
     (i, ((i as f64) * burst).min((u64::MAX / 4) as f64) as u64)
 }
 
+/// How long after the fleet's change-over for a key (every member said it watches it)
+/// this instance's next ask still empties the key's bucket first ([`Lease::burn_until`]).
+pub const BURN_WITHIN_NS: u64 = 1_000_000_000;
+
 /// A key the fleet watches, under one rule.
 pub struct Lease {
     /// The rule's index in the rules the lease was made for.
@@ -89,6 +93,11 @@ pub struct Lease {
     /// may still draw on their parts), 0 after (docs/fleet.md, "While the fleet changes
     /// over").
     pub both_until: AtomicU64,
+    /// Until this time (the limiter's clock) this instance's next ask empties the bucket
+    /// before it takes tokens: set when the change-over ends here. Until every member
+    /// watched the key, those that did not took no token for its requests, so the bucket
+    /// filled meanwhile, and its burst would follow the parts' within one second.
+    pub burn_until: AtomicU64,
 }
 
 impl Lease {
@@ -106,6 +115,7 @@ impl Lease {
             asking: AtomicBool::new(false),
             not_before: AtomicU64::new(0),
             both_until: AtomicU64::new(u64::MAX),
+            burn_until: AtomicU64::new(0),
         }
     }
 
