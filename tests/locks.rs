@@ -423,7 +423,9 @@ fn twenty_thousand_parked_waiters_do_not_go_quadratic() {
     const CONNS: usize = 800;
     const PER_CONN: usize = 25;
     const PAIRS: usize = 10_000;
-    const WAIT_MS: u64 = 6000;
+    // long enough for the parking and five timed runs under load (about 0.85 s each
+    // with both cores busy elsewhere)
+    const WAIT_MS: u64 = 8000;
     // pipelined, so the proxy's cost a request is small beside what a release's wake-up
     // would cost if the lock task looked at every waiter
     let pairs: Vec<Vec<Vec<u8>>> = (0..100)
@@ -445,13 +447,19 @@ fn twenty_thousand_parked_waiters_do_not_go_quadratic() {
         }
         t.elapsed()
     };
-    // (each timing is the proxy's CPU time over three runs, and the fastest run's wall
-    // time: other processes' load on the machine moves wall time, hardly the CPU time
-    // the same work takes)
+    // (each timing is the least CPU time of the proxy in five runs, and the fastest
+    // run's wall time. Other processes' load moves even the CPU time the same work
+    // takes: in one CI run the sum over three runs was 1.51x with nothing quadratic.
+    // A lock task that scans every waiter pays in every run, so the least still shows
+    // it.)
     let fastest = |c: &mut Conn| {
-        let cpu = proxy.cpu_ticks();
-        let wall = churn(c).min(churn(c)).min(churn(c));
-        (proxy.cpu_ticks() - cpu, wall)
+        (0..5)
+            .map(|_| {
+                let cpu = proxy.cpu_ticks();
+                let wall = churn(c);
+                (proxy.cpu_ticks() - cpu, wall)
+            })
+            .fold((u64::MAX, Duration::MAX), |(c0, w0), (c1, w1)| (c0.min(c1), w0.min(w1)))
     };
     let mut holder = Conn::connect(port);
     for i in 0..KEYS {
@@ -500,11 +508,12 @@ fn twenty_thousand_parked_waiters_do_not_go_quadratic() {
     }
     let took = started.elapsed();
     eprintln!(
-        "3 x {PAIRS} ACQUIRE/RELEASE pairs (proxy CPU ticks, fastest run's wall time): {alone:?} alone, {churned:?} with {} waiters parked, 1 without (parked after {parked:?}); all timed out after WAIT {WAIT_MS} in {took:?}",
+        "{PAIRS} ACQUIRE/RELEASE pairs, least of 5 runs (proxy CPU ticks, wall time): {alone:?} alone, {churned:?} with {} waiters parked, 1 without (parked after {parked:?}); all timed out after WAIT {WAIT_MS} in {took:?}",
         CONNS * PER_CONN
     );
-    // (healthy: 0.99-1.15 in runs on 2 cores; a lock task that scans every waiter at
-    // each wake-up: 2.1x, when its backlog does not outlast the waits)
+    // (healthy, least of 5 runs: 1.00-1.08 on 2 cores, 1.06-1.13 with both cores kept
+    // busy by other processes; a lock task that scans every waiter at each wake-up:
+    // 2.5x)
     let ratio = churned.0 as f64 / alone.0.max(1) as f64;
     assert!(
         ratio < 1.5,
@@ -512,7 +521,7 @@ fn twenty_thousand_parked_waiters_do_not_go_quadratic() {
         churned.0,
         alone.0
     );
-    assert!(took < Duration::from_secs(12), "{} waiters took {took:?}", CONNS * PER_CONN);
+    assert!(took < Duration::from_millis(WAIT_MS + 6000), "{} waiters took {took:?}", CONNS * PER_CONN);
     assert_eq!(holder.cmd(&["LOCK.RELEASE", "lk:many:0", "holder"]), V::Int(1));
     // the first waiter, first in lk:many:0's line, gets it
     token(&first.read_reply());
