@@ -289,7 +289,9 @@ pub struct BackendConfig {
     pub seeds: Vec<String>,
     /// The server in standalone mode, HOST:PORT.
     pub address: Option<String>,
-    /// Pipelined connections per backend node (per protocol), shared by all clients.
+    /// Pipelined connections per backend node (per worker and protocol), shared by that
+    /// worker's clients. One by default: a worker is one thread, so a second connection
+    /// adds no parallelism, only smaller batches (more system calls and wake-ups a request).
     pub connections_per_node: usize,
     pub connect_timeout_ms: u64,
     /// A backend that does not reply within this long is treated as failed.
@@ -356,7 +358,7 @@ impl Default for BackendConfig {
             mode: "cluster".into(),
             seeds: vec![],
             address: None,
-            connections_per_node: 2,
+            connections_per_node: 1,
             connect_timeout_ms: 1_000,
             command_timeout_ms: 5_000,
             refresh_interval_ms: 5_000,
