@@ -94,15 +94,11 @@ pub fn slot(key: &[u8]) -> u16 {
     crc16(k) % 16384
 }
 
+/// Redis Cluster's CRC16 (XMODEM), from the `crc` crate as in heatshield.
+const XMODEM: crc::Crc<u16, crc::Table<16>> = crc::Crc::<u16, crc::Table<16>>::new(&crc::CRC_16_XMODEM);
+
 fn crc16(b: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in b {
-        crc ^= (byte as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc
+    XMODEM.checksum(b)
 }
 
 /// --cluster and --listen from the command line (other arguments ignored).
