@@ -22,6 +22,10 @@
 #
 # Default load: GET -P16 over 100k random keys, 50 clients, $REQUESTS requests (2M).
 # AB_METRICS=1 turns the Prometheus exporter on for both (ports 7520 and 7521).
+# AB_HOT_KEY=1 sets the key redis-benchmark reads without -r (key:__rand_int__, 100
+# bytes) once the cluster is up, for the hot-key row: heatshield's cache on with
+# B@benches/configs/defaults.toml, e.g. `AB_HOT_KEY=1 scripts/bench-ab.sh mithril
+# target/release/heatshield@benches/configs/defaults.toml 6 -t get -P 1`.
 # Ports (127.0.0.1): cluster 7000-7002, heatshield 7420 and 7421. Needs ../shared/bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +45,9 @@ cleanup() { stop_proxies; "$H/cluster.sh" stop "$W/cluster" >/dev/null 2>&1 || t
 trap cleanup EXIT
 cleanup
 "$H/cluster.sh" start "$W/cluster" 7000 3 0 >/dev/null
+if [[ -n ${AB_HOT_KEY:-} ]]; then
+  redis-cli -c -p 7000 set key:__rand_int__ "$(printf 'x%.0s' $(seq 100))" >/dev/null
+fi
 printf '[cache]\nenabled = false\n' >"$W/conf.toml"
 PEERS=${PEERS:-/tmp/peers}
 for spec in "$A" "$B"; do
