@@ -8,7 +8,12 @@
 //!   cannot recurse;
 //! - **resumable**: a request that arrives in pieces is parsed where the previous read
 //!   stopped (the state machine keeps its position and the argument offsets already
-//!   found), so a 100 MiB MSET costs one pass, not one pass per read;
+//!   found), so a 100 MiB MSET costs one pass, not one pass per read (a request not yet
+//!   whole is first looked at once by the one-pass reader below, which reads at most its
+//!   first 99 headers and keeps nothing);
+//! - **quick for the usual request**: one already whole in the buffer, of at most 99
+//!   arguments with short headers, is parsed in one pass that keeps no state between
+//!   arguments; anything else goes the resumable way, which gives the same request;
 //! - **zero-copy**: a complete request is split off the read buffer as one `Bytes` and its
 //!   arguments are offsets into it, so forwarding it means handing those bytes on.
 //!
