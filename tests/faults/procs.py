@@ -32,19 +32,23 @@ def _port_free(p):
 
 
 _taken = set()
+# the range free_port draws from: run.py's --ports narrows it, so that two harness runs
+# at once (the suite's tests/faults.rs runs two) never draw the same port
+PORTS = [20000, 29999]
 
 
 def free_port(rng=random, bus=True):
-    """A free port in 20000-29999 (and its bus port +10000 when `bus`), never one of the
-    reserved ones, never handed out twice by this process."""
+    """A free port in PORTS (20000-29999 unless narrowed; and its bus port +10000 when
+    `bus`), never one of the reserved ones, never handed out twice by this process."""
+    lo, hi = PORTS
     for _ in range(5000):
-        p = rng.randint(20000, 29999)
+        p = rng.randint(lo, hi)
         if p in _taken or p in FORBIDDEN or (bus and (p + 10000) in FORBIDDEN):
             continue
         if _port_free(p) and (not bus or _port_free(p + 10000)):
             _taken.add(p)
             return p
-    raise RuntimeError("no free port in 20000-29999")
+    raise RuntimeError(f"no free port in {lo}-{hi}")
 
 
 def conn(port, timeout=2.0):

@@ -11,7 +11,7 @@ a checker could not judge (no operation completed).
 
   run.py selftest
   run.py --heatshield BIN [--short] [--minutes N] [--seed S] [--out DIR]
-         [--only WORKLOAD,...] [--faults FAULT,...]
+         [--only WORKLOAD,...] [--faults FAULT,...] [--ports LO-HI]
 """
 
 import argparse
@@ -384,6 +384,7 @@ def main():
     ap.add_argument("--out", help="keep histories and logs here (default: a temp dir kept only on failure)")
     ap.add_argument("--only", type=lambda s: [x for x in s.split(",") if x], help=",".join(WORKLOADS))
     ap.add_argument("--faults", type=lambda s: [x for x in s.split(",") if x], help=",".join(faults.FAULTS))
+    ap.add_argument("--ports", help="draw ports from LO-HI, within 20000-29999 (default all of it)")
     args = ap.parse_args()
     if not args.heatshield:
         ap.error("--heatshield BIN (or HEATSHIELD_BIN) is required")
@@ -393,6 +394,14 @@ def main():
     for w in args.only or []:
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w}; known: {','.join(WORKLOADS)}")
+    if args.ports:
+        try:
+            lo, hi = (int(x) for x in args.ports.split("-"))
+        except ValueError:
+            ap.error("--ports LO-HI, e.g. 20000-24999")
+        if not 20000 <= lo < hi <= 29999 or hi - lo < 100:
+            ap.error("--ports: a range of at least 100 ports within 20000-29999")
+        procs.PORTS[:] = [lo, hi]
     args.heatshield = os.path.abspath(args.heatshield)
     return run(args)
 
