@@ -96,21 +96,29 @@ fn redirections_returned_by_scripts_never_reach_an_unannounced_address() {
     let fake = format!("127.0.0.1:{}", trap.port);
     let refused_before = counter(&env, "heatshield_redirections_refused_total");
     let mut sent = 0;
+    // (pipelined: each reply waits for a refresh of the slot map that confirms the
+    // address is not announced, and refreshes are at least a second apart, so one by one
+    // they took a second each)
+    let mut forms: Vec<(Vec<Vec<u8>>, String)> = vec![];
     for redirect in [format!("MOVED {slot} {fake}"), format!("ASK {slot} {fake}")] {
         let eval = format!("return redis.error_reply('{redirect}')");
-        let forms: Vec<Vec<&str>> = vec![
+        for args in [
             vec!["EVAL", &eval, "0"],
             vec!["EVAL", &eval, "1", key],
             vec!["EVAL_RO", &eval, "1", key],
             vec!["FCALL", "trust_err", "0", &redirect],
             vec!["FCALL", "trust_err", "1", key, &redirect],
             vec!["FCALL_RO", "trust_err_ro", "1", key, &redirect],
-        ];
-        for args in forms {
-            // the client gets the error exactly as the script returned it
-            assert_eq!(c.cmd(&args), V::Err(redirect.clone()), "{args:?}");
-            sent += 1;
+        ] {
+            forms.push((common::client::args(&args), redirect.clone()));
         }
+    }
+    let replies = c.pipeline(&forms.iter().map(|(args, _)| args.clone()).collect::<Vec<_>>());
+    assert_eq!(replies.len(), forms.len());
+    for ((args, redirect), reply) in forms.iter().zip(replies) {
+        // the client gets the error exactly as the script returned it
+        assert_eq!(reply, V::Err(redirect.clone()), "{:?}", String::from_utf8_lossy(&args.concat()));
+        sent += 1;
     }
     // a burst of them, pipelined, from several clients at once
     let eval = format!("return redis.error_reply('MOVED {slot} {fake}')");
