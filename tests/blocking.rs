@@ -126,11 +126,11 @@ fn a_blocked_client_is_served_by_a_later_push() {
 
 #[test]
 fn a_blocking_command_waits_past_the_command_timeout() {
-    // blocks clients on the shared masters (see exclusive_traffic)
-    let _traffic = common::shared_traffic();
-    let env = env();
+    // a cluster of its own: its client stays blocked for 11 s, which on the shared masters
+    // would hold back the tests that count their blocked clients (exclusive_traffic)
+    let cluster = common::RedisCluster::start();
     let (_dir, path) = config_file("[backend]\ncommand_timeout_ms = 300\n");
-    let proxy = Proxy::start_cluster(&env.cluster, &["--config", &path]);
+    let proxy = Proxy::start_cluster(&cluster, &["--config", &path]);
     let mut c = Conn::connect(proxy.port());
     let l = "{late}l";
     // its own timeout, 2 s, not the proxy's 300 ms (+ grace): Redis's timeout reply
